@@ -1,0 +1,216 @@
+"""ModelConfig: one normalized, frozen view of any supported HF config, with its layer plan.
+
+`ModelConfig.from_hf(path)` reads `config.json` (and `generation_config.json` for EOS ids),
+picks the family parser by `model_type`, and returns the same fields whatever names the
+family uses. `layer_plan[i] = (mixer, ffn)` drives everything downstream; nothing inspects
+modules at run time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+MIXERS = ("full_attention", "linear_attention")
+FFNS = ("mlp", "moe")
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rotary_dim: int
+    rope_theta: float
+    output_gate: bool  # q_proj also produces a per-head sigmoid gate on the attention output
+    qk_norm: bool
+    bias: bool = False
+
+
+@dataclass(frozen=True)
+class GDNSpec:
+    """Gated DeltaNet (linear attention) dimensions."""
+
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_kernel: int
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.head_k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.head_v_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    norm_topk_prob: bool
+    shared_expert_intermediate_size: int  # 0 when there is no shared expert
+    shared_expert_gate: bool
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    rms_norm_eps: float
+    norm_offset: float  # 1.0 for zero-centered RMSNorm weights (x * (1 + w))
+    hidden_act: str
+    tie_word_embeddings: bool
+    context_length: int
+    dtype: str  # the checkpoint's dtype name, e.g. "bfloat16"
+    layer_plan: tuple[tuple[str, str], ...]
+    eos_token_ids: tuple[int, ...]
+    attention: AttentionSpec
+    gdn: GDNSpec | None = None
+    moe: MoESpec | None = None
+    weight_prefix: str = "model."  # where the text model's weights live in the checkpoint
+    hf_text_config: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self):
+        for i, (mixer, ffn) in enumerate(self.layer_plan):
+            if mixer not in MIXERS or ffn not in FFNS:
+                raise ValueError(f"layer {i}: unknown plan entry ({mixer!r}, {ffn!r})")
+            if mixer == "linear_attention" and self.gdn is None:
+                raise ValueError(f"layer {i} is linear_attention but the config has no GDN dimensions")
+            if ffn == "moe" and self.moe is None:
+                raise ValueError(f"layer {i} is MoE but the config has no MoE dimensions")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_plan)
+
+    def layers_of(self, mixer: str) -> list[int]:
+        return [i for i, (m, _) in enumerate(self.layer_plan) if m == mixer]
+
+    @staticmethod
+    def from_hf(path: str) -> ModelConfig:
+        with open(os.path.join(path, "config.json")) as f:
+            hf = json.load(f)
+        model_type = hf.get("model_type", "")
+        parser = CONFIG_PARSERS.get(model_type)
+        if parser is None:
+            supported = ", ".join(sorted(CONFIG_PARSERS))
+            arch = (hf.get("architectures") or ["?"])[0]
+            raise ValueError(
+                f"unsupported model: model_type={model_type!r} ({arch}); supported model types: {supported}"
+            )
+        return parser(hf, _generation_eos(path))
+
+
+def _generation_eos(path: str) -> list[int]:
+    gen_path = os.path.join(path, "generation_config.json")
+    if not os.path.exists(gen_path):
+        return []
+    with open(gen_path) as f:
+        return _as_list(json.load(f).get("eos_token_id"))
+
+
+def _as_list(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
+
+
+def _rope_params(text: dict) -> tuple[float, float]:
+    """(rope_theta, partial_rotary_factor) from either the v5 `rope_parameters` dict or v4 fields."""
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", "mrope"):
+        raise ValueError(f"rope_type {rope_type!r} is not supported yet (supported: default)")
+    theta = rope.get("rope_theta", text.get("rope_theta", 10000.0))
+    partial = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 1.0))
+    return float(theta), float(partial)
+
+
+def _parse_qwen3_gdn(hf: dict, gen_eos: list[int]) -> ModelConfig:
+    """Qwen3-Next, Qwen3.5 and Qwen3.5-MoE: GDN + gated attention, dense MLP or MoE."""
+    text = hf.get("text_config", hf)
+    nested = text is not hf
+    n_layers = text["num_hidden_layers"]
+    layer_types = text.get("layer_types") or [
+        "linear_attention" if (i + 1) % text.get("full_attention_interval", 4) else "full_attention"
+        for i in range(n_layers)
+    ]
+    num_experts = text.get("num_experts", 0) or 0
+    moe = None
+    if num_experts > 0:
+        moe = MoESpec(
+            num_experts=num_experts,
+            top_k=text["num_experts_per_tok"],
+            intermediate_size=text["moe_intermediate_size"],
+            norm_topk_prob=text.get("norm_topk_prob", True),
+            shared_expert_intermediate_size=text.get("shared_expert_intermediate_size", 0) or 0,
+            shared_expert_gate=True,
+        )
+    sparse_step = text.get("decoder_sparse_step", 1)
+    mlp_only = set(text.get("mlp_only_layers") or [])
+
+    def ffn_of(i: int) -> str:
+        is_moe = moe is not None and i not in mlp_only and (i + 1) % sparse_step == 0
+        return "moe" if is_moe else "mlp"
+
+    head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+    theta, partial = _rope_params(text)
+    tie = hf.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+    return ModelConfig(
+        architecture=(hf.get("architectures") or ["Qwen3NextForCausalLM"])[0],
+        model_type=hf["model_type"],
+        vocab_size=text["vocab_size"],
+        hidden_size=text["hidden_size"],
+        intermediate_size=text.get("intermediate_size", 0) or 0,
+        rms_norm_eps=text.get("rms_norm_eps", 1e-6),
+        norm_offset=1.0,
+        hidden_act=text.get("hidden_act", "silu"),
+        tie_word_embeddings=bool(tie),
+        context_length=text.get("max_position_embeddings", 32768),
+        dtype=str(text.get("dtype") or text.get("torch_dtype") or hf.get("dtype") or "bfloat16"),
+        layer_plan=tuple((layer_types[i], ffn_of(i)) for i in range(n_layers)),
+        eos_token_ids=tuple(dict.fromkeys(gen_eos + _as_list(text.get("eos_token_id"))
+                                          + _as_list(hf.get("eos_token_id")))),
+        attention=AttentionSpec(
+            num_heads=text["num_attention_heads"],
+            num_kv_heads=text["num_key_value_heads"],
+            head_dim=head_dim,
+            rotary_dim=int(head_dim * partial),
+            rope_theta=theta,
+            output_gate=True,
+            qk_norm=True,
+            bias=text.get("attention_bias", False),
+        ),
+        gdn=GDNSpec(
+            num_k_heads=text["linear_num_key_heads"],
+            num_v_heads=text["linear_num_value_heads"],
+            head_k_dim=text["linear_key_head_dim"],
+            head_v_dim=text["linear_value_head_dim"],
+            conv_kernel=text.get("linear_conv_kernel_dim", 4),
+        ),
+        moe=moe,
+        weight_prefix="model.language_model." if nested else "model.",
+        hf_text_config=text,
+    )
+
+
+CONFIG_PARSERS: dict[str, Callable[[dict, list[int]], ModelConfig]] = {
+    "qwen3_next": _parse_qwen3_gdn,
+    "qwen3_5": _parse_qwen3_gdn,
+    "qwen3_5_text": _parse_qwen3_gdn,
+    "qwen3_5_moe": _parse_qwen3_gdn,
+    "qwen3_5_moe_text": _parse_qwen3_gdn,
+}

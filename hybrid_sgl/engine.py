@@ -1,0 +1,253 @@
+"""Engine: the in-process API (mirrors sglang.Engine), used by the HTTP server and tests.
+
+    engine = Engine(model_path=..., dtype="float32", chunked_prefill_size=512)
+    engine.generate("Hello", {"max_new_tokens": 8, "temperature": 0})
+    engine.shutdown()
+
+Requests run on the engine thread (EngineLoop); this class validates and tokenizes inputs,
+hands requests over, and assembles SGLang-shaped outputs from the updates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from hybrid_sgl.config import ModelConfig
+from hybrid_sgl.outputs import OutputState
+from hybrid_sgl.runner.model_runner import ModelRunner
+from hybrid_sgl.sampling_params import SamplingParams
+from hybrid_sgl.scheduler.engine_loop import EngineLoop, ReqUpdate
+from hybrid_sgl.scheduler.request import Req
+from hybrid_sgl.scheduler.scheduler import Scheduler
+from hybrid_sgl.server_args import ServerArgs
+from hybrid_sgl.tokenizer import StopStringChecker, load_tokenizer
+from hybrid_sgl.version import __version__
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Prepared:
+    req: Req
+    out: OutputState
+
+
+class Engine:
+    def __init__(self, model_path: str | None = None, **server_args):
+        self.server_args = ServerArgs(model_path=model_path, **server_args).resolved()
+        args = self.server_args
+        _configure_logging(args.log_level)
+        self.model_config = ModelConfig.from_hf(args.model_path)
+        self.tokenizer = load_tokenizer(args.tokenizer_path)
+        self.runner = ModelRunner(args, self.model_config)
+        self.scheduler = Scheduler(self.runner, chunked_prefill_size=args.chunked_prefill_size,
+                                   stop_string_checker=StopStringChecker(self.tokenizer))
+        self.loop = EngineLoop(self.scheduler)
+        self.loop.start()
+        self._ids = itertools.count()
+
+    # ---- public API ------------------------------------------------------------------------------
+    def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
+                 logprob_start_len=None, top_logprobs_num=None, stream: bool = False,
+                 return_text_in_logprobs: bool = False, rid=None):
+        """prompt / input_ids: one or a batch. Returns a dict (single request, n = 1) or a list of
+        dicts; with stream=True an iterator of dicts (batch items carry "index")."""
+        prepared, single = self.prepare(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
+                                        top_logprobs_num, return_text_in_logprobs, rid)
+        updates: queue.Queue = queue.Queue()
+        self._submit(prepared, updates.put)
+        if stream:
+            return self._stream_sync(prepared, updates, single)
+        self._wait_sync(prepared, updates)
+        results = [p.out.to_dict() for p in prepared]
+        return results[0] if single else results
+
+    async def async_generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
+                             logprob_start_len=None, top_logprobs_num=None, stream: bool = False,
+                             return_text_in_logprobs: bool = False, rid=None):
+        """Like generate; with stream=True returns an async iterator of dicts."""
+        prepared, single = self.prepare(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
+                                        top_logprobs_num, return_text_in_logprobs, rid)
+        gen = self.stream_updates(prepared)
+        if stream:
+            return self._stream_async(gen, single)
+        async for _ in gen:
+            pass
+        results = [p.out.to_dict() for p in prepared]
+        return results[0] if single else results
+
+    def shutdown(self) -> None:
+        self.loop.shutdown()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+
+    def abort(self, rid: str) -> None:
+        self.loop.abort(rid)
+
+    def run_on_engine(self, fn, timeout: float | None = 60.0):
+        """Run fn(scheduler) on the engine thread between steps and return its result."""
+        return self.loop.call(fn).result(timeout)
+
+    def check_integrity(self) -> None:
+        self.run_on_engine(lambda s: s.allocator.check_integrity())
+
+    def server_info(self) -> dict:
+        plan = self.runner.plan
+        return {**{k: v for k, v in vars(self.server_args).items()},
+                "version": __version__,
+                "max_total_num_tokens": plan.max_total_tokens,
+                "max_running_requests": plan.max_running_requests,
+                "context_length": self.runner.context_length,
+                "state_bytes_per_request": plan.state_bytes_per_request,
+                "kv_bytes_per_token": plan.kv_bytes_per_token}
+
+    # ---- requests --------------------------------------------------------------------------------
+    def prepare(self, prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num,
+                return_text_in_logprobs, rid) -> tuple[list[_Prepared], bool]:
+        """Validate and tokenize; one _Prepared per generated sequence (prompt-major, n per prompt).
+        Raises ValueError with the cause for any bad input."""
+        if (prompt is None) == (input_ids is None):
+            raise ValueError("give exactly one of text/prompt and input_ids")
+        if prompt is not None:
+            single = isinstance(prompt, str)
+            texts = [prompt] if single else prompt
+            if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+                raise ValueError("text must be a string or a non-empty list of strings")
+            id_lists = [self.tokenizer.encode(t) for t in texts]
+        else:
+            single = bool(input_ids) and all(isinstance(t, int) for t in input_ids)
+            id_lists = [input_ids] if single else input_ids
+            if not isinstance(id_lists, list) or not id_lists or not all(
+                    isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)
+                    for ids in id_lists):
+                raise ValueError("input_ids must be a list of token ids or a non-empty list of such lists")
+        count = len(id_lists)
+        per = lambda value, name: _per_item(value, count, name)  # noqa: E731
+        params_list = per(sampling_params, "sampling_params")
+        lp_list, start_list = per(return_logprob, "return_logprob"), per(logprob_start_len, "logprob_start_len")
+        top_list, rid_list = per(top_logprobs_num, "top_logprobs_num"), per(rid, "rid")
+        prepared = []
+        for i, ids in enumerate(id_lists):
+            params = SamplingParams.from_dict(params_list[i])
+            params.verify(self.model_config.vocab_size)
+            want_lp = bool(lp_list[i])
+            start = self._logprob_start(start_list[i], len(ids), want_lp)
+            top = self._top_logprobs(top_list[i])
+            self.scheduler.validate(ids, params.max_new_tokens)
+            for j in range(params.n):
+                rid_j = rid_list[i] or uuid.uuid4().hex
+                if params.n > 1:
+                    rid_j = f"{rid_j}-{j}"
+                req = Req(rid=rid_j, prompt_ids=list(ids), params=params, return_logprob=want_lp,
+                          logprob_start_len=start, top_logprobs_num=top)
+                if params.sampling_seed is not None:
+                    req.generator = torch.Generator(device=self.runner.device).manual_seed(
+                        (params.sampling_seed + j) % (1 << 63))
+                out = OutputState(rid=rid_j, params=params, tokenizer=self.tokenizer, return_logprob=want_lp,
+                                  top_logprobs_num=top, return_text_in_logprobs=bool(return_text_in_logprobs))
+                prepared.append(_Prepared(req, out))
+        return prepared, single and len(prepared) == 1
+
+    def _logprob_start(self, value, prompt_len: int, want: bool) -> int:
+        if not want or value is None or value == -1:
+            return prompt_len
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"logprob_start_len must be -1 or a non-negative integer, got {value!r}")
+        if value > prompt_len:
+            raise ValueError(f"logprob_start_len={value} is larger than the prompt ({prompt_len} tokens)")
+        return value
+
+    def _top_logprobs(self, value) -> int:
+        if value is None:
+            return 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"top_logprobs_num must be a non-negative integer, got {value!r}")
+        if value > self.model_config.vocab_size:
+            raise ValueError(f"top_logprobs_num={value} exceeds the vocabulary size {self.model_config.vocab_size}")
+        return value
+
+    def _submit(self, prepared: list[_Prepared], callback) -> None:
+        for p in prepared:
+            self.loop.submit(p.req, callback)
+
+    # ---- waiting for results ---------------------------------------------------------------------
+    def _wait_sync(self, prepared: list[_Prepared], updates: queue.Queue) -> None:
+        by_rid = {p.req.rid: p.out for p in prepared}
+        pending = len(by_rid)
+        while pending:
+            u: ReqUpdate = updates.get()
+            out = by_rid[u.rid]
+            out.apply(u)
+            pending -= out.finished
+
+    def _stream_sync(self, prepared: list[_Prepared], updates: queue.Queue, single: bool) -> Iterator[dict]:
+        by_rid = {p.req.rid: (i, p.out) for i, p in enumerate(prepared)}
+        pending = len(by_rid)
+        try:
+            while pending:
+                u = updates.get()
+                index, out = by_rid[u.rid]
+                out.apply(u)
+                pending -= out.finished
+                yield _with_index(out.to_dict(stream=True), index, single)
+        finally:
+            for p in prepared:
+                if not p.out.finished:
+                    self.loop.abort(p.req.rid)
+
+    async def stream_updates(self, prepared: list[_Prepared]) -> AsyncIterator[tuple[int, OutputState]]:
+        """Submit and yield (index, output state) after each update; aborts what is unfinished if the
+        consumer stops early (e.g. an HTTP client disconnects)."""
+        loop = asyncio.get_running_loop()
+        updates: asyncio.Queue = asyncio.Queue()
+        self._submit(prepared, lambda u: loop.call_soon_threadsafe(updates.put_nowait, u))
+        by_rid = {p.req.rid: (i, p.out) for i, p in enumerate(prepared)}
+        pending = len(by_rid)
+        try:
+            while pending:
+                u = await updates.get()
+                index, out = by_rid[u.rid]
+                out.apply(u)
+                pending -= out.finished
+                yield index, out
+        finally:
+            for p in prepared:
+                if not p.out.finished:
+                    self.loop.abort(p.req.rid)
+
+    async def _stream_async(self, gen, single: bool) -> AsyncIterator[dict]:
+        async for index, out in gen:
+            yield _with_index(out.to_dict(stream=True), index, single)
+
+
+def _per_item(value, count: int, name: str) -> list:
+    if isinstance(value, list) and (name != "sampling_params" or all(isinstance(v, dict) for v in value)):
+        if len(value) != count:
+            raise ValueError(f"{name} has {len(value)} entries for {count} prompts")
+        return value
+    return [value] * count
+
+
+def _with_index(d: dict, index: int, single: bool) -> dict:
+    if not single:
+        d["index"] = index
+    return d
+
+
+def _configure_logging(level: str) -> None:
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(format="[%(asctime)s %(name)s] %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("hybrid_sgl").setLevel(level.upper())

@@ -1,0 +1,70 @@
+"""Gated full attention (Qwen3-Next / Qwen3.5): q/k RMSNorm, partial rotary, paged KV, and a
+per-head sigmoid gate on the output. q_proj produces [q | gate] per head; q, k, v projections
+are fused into one matmul."""
+
+import torch
+from torch import nn
+
+from hybrid_sgl.config import AttentionSpec
+from hybrid_sgl.layers.backends import AttentionOps
+from hybrid_sgl.layers.norm import RMSNorm
+from hybrid_sgl.layers.rotary import RotaryEmbedding
+from hybrid_sgl.runner.forward_batch import ForwardBatch
+
+
+class GatedAttention(nn.Module):
+    def __init__(self, *, spec: AttentionSpec, hidden_size: int, eps: float, norm_offset: float,
+                 kv_index: int, rotary: RotaryEmbedding, ops: AttentionOps):
+        super().__init__()
+        self.spec = spec
+        self.kv_index = kv_index  # which KV-pool layer is ours
+        self.ops = ops
+        self.rotary = rotary
+        hq, hkv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.q_size = hq * d * (2 if spec.output_gate else 1)
+        self.kv_size = hkv * d
+        self.scale = d**-0.5
+        self.qkv_proj = nn.Linear(hidden_size, self.q_size + 2 * self.kv_size, bias=spec.bias)
+        self.o_proj = nn.Linear(hq * d, hidden_size, bias=spec.bias)
+        self.q_norm = RMSNorm(d, eps, norm_offset)
+        self.k_norm = RMSNorm(d, eps, norm_offset)
+
+    def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        """x: [T, H] -> [T, H]."""
+        hq, hkv, d = self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim
+        t = x.shape[0]
+        qg, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.spec.output_gate:
+            qg = qg.view(t, hq, 2 * d)
+            q, gate = qg[..., :d], qg[..., d:].reshape(t, hq * d)
+        else:
+            q, gate = qg.view(t, hq, d), None
+        q = self.q_norm(q)  # [T, Hq, D]
+        k = self.k_norm(k.reshape(t, hkv, d))  # [T, Hkv, D]
+        q, k = self.rotary(fb.positions, q, k)
+        v = v.reshape(t, hkv, d)
+        k_cache, v_cache = fb.kv_pool.layer(self.kv_index)
+        self.ops.store_kv(k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=fb.slot_mapping)
+        if fb.is_decode:
+            o = self.ops.decode(q=q, k_cache=k_cache, v_cache=v_cache, block_table=fb.block_table,
+                                seq_lens=fb.seq_lens, scale=self.scale)
+        else:
+            o = self.ops.extend(q=q, k_cache=k_cache, v_cache=v_cache, block_table=fb.block_table,
+                                cu_seqlens_q=fb.cu_seqlens, seq_lens=fb.seq_lens, scale=self.scale)
+        o = o.reshape(t, hq * d)
+        if gate is not None:
+            o = o * torch.sigmoid(gate)
+        return self.o_proj(o)
+
+    def load_weight(self, name: str, tensor: torch.Tensor) -> None:
+        """Checkpoint names: {q,k,v,o}_proj.{weight,bias}, {q,k}_norm.weight."""
+        proj, _, kind = name.partition(".")
+        offsets = {"q_proj": (0, self.q_size), "k_proj": (self.q_size, self.kv_size),
+                   "v_proj": (self.q_size + self.kv_size, self.kv_size)}
+        if proj in offsets:
+            start, size = offsets[proj]
+            getattr(self.qkv_proj, kind).data[start:start + size].copy_(tensor)
+        elif proj in ("o_proj", "q_norm", "k_norm"):
+            getattr(getattr(self, proj), kind).data.copy_(tensor)
+        else:
+            raise KeyError(name)

@@ -1,0 +1,108 @@
+"""Kernel backends by registry.
+
+A backend is a frozen bundle of functions that share the keyword signatures of the torch
+references in `triton_kernels/`. Factories import lazily; a backend whose import fails is
+"unavailable". `auto` takes the first available backend in the device's preference order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class AttentionOps:
+    name: str
+    store_kv: Callable
+    extend: Callable
+    decode: Callable
+
+
+@dataclass(frozen=True)
+class LinearAttnOps:
+    name: str
+    conv_prefill: Callable
+    conv_update: Callable
+    gdn_prefill: Callable
+    gdn_decode: Callable
+
+
+@dataclass(frozen=True)
+class MoEOps:
+    name: str
+    fused_moe: Callable
+
+
+def _torch_attention() -> AttentionOps:
+    from triton_kernels import paged_attention as pa
+
+    return AttentionOps("torch", pa.store_kv_ref, pa.paged_attention_extend_ref, pa.paged_attention_decode_ref)
+
+
+def _triton_attention() -> AttentionOps:
+    from triton_kernels import paged_attention as pa
+
+    return AttentionOps("triton", pa.store_kv, pa.paged_attention_extend, pa.paged_attention_decode)
+
+
+def _vllm_attention() -> AttentionOps:
+    from triton_kernels import paged_attention as pa
+    from triton_kernels import vllm_attention as va
+
+    return AttentionOps("vllm", pa.store_kv, va.vllm_attention_extend, va.vllm_attention_decode)
+
+
+def _torch_linear_attn() -> LinearAttnOps:
+    from triton_kernels import causal_conv1d as conv
+    from triton_kernels import gdn_chunk, gdn_recurrent
+
+    return LinearAttnOps("torch", conv.causal_conv1d_prefill_ref, conv.causal_conv1d_update_ref,
+                         gdn_chunk.gdn_prefill_ref, gdn_recurrent.gdn_decode_ref)
+
+
+def _triton_linear_attn() -> LinearAttnOps:
+    from triton_kernels import causal_conv1d as conv
+    from triton_kernels import gdn_chunk, gdn_recurrent
+
+    return LinearAttnOps("triton", conv.causal_conv1d_prefill, conv.causal_conv1d_update,
+                         gdn_chunk.gdn_prefill, gdn_recurrent.gdn_decode)
+
+
+def _torch_moe() -> MoEOps:
+    from triton_kernels import fused_moe
+
+    return MoEOps("torch", fused_moe.fused_moe_ref)
+
+
+def _triton_moe() -> MoEOps:
+    from triton_kernels import fused_moe
+
+    return MoEOps("triton", fused_moe.fused_moe)
+
+
+REGISTRY: dict[str, dict[str, Callable]] = {
+    "attention": {"torch": _torch_attention, "triton": _triton_attention, "vllm": _vllm_attention},
+    "linear_attention": {"torch": _torch_linear_attn, "triton": _triton_linear_attn},
+    "moe": {"torch": _torch_moe, "triton": _triton_moe},
+}
+
+PREFERENCE = {"cuda": ("triton", "torch"), "cpu": ("torch",)}
+
+
+def resolve_backend(kind: str, requested: str, device: str):
+    """The ops bundle for `kind` ("attention", "linear_attention", "moe")."""
+    factories = REGISTRY[kind]
+    if requested != "auto":
+        if requested not in factories:
+            raise ValueError(f"unknown {kind} backend {requested!r}; choose from {sorted(factories)}")
+        try:
+            return factories[requested]()
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"{kind} backend {requested!r} is not available here: {e}") from e
+    for name in PREFERENCE[device]:
+        try:
+            return factories[name]()
+        except (ImportError, AttributeError):
+            continue
+    raise ValueError(f"no {kind} backend is available on {device}")

@@ -1,0 +1,118 @@
+"""One allocator for both pools: state slots (one per running request) and KV pages.
+
+A running request owns one slot; its page table is row `slot` of `page_table`
+(`[num_slots + 1, max_pages_per_request]`, int32, on the device), so a batch's block table
+is one gather by slot. Pages carry reference counts so that a prefix cache can share them.
+"""
+
+import torch
+
+
+class OutOfPages(Exception):
+    pass
+
+
+class Allocator:
+    def __init__(self, *, num_slots: int, num_pages: int, page_size: int, max_pages_per_request: int,
+                 device: torch.device | str):
+        self.num_slots = num_slots
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.pad_slot = num_slots
+        self.pad_page = num_pages
+        self.max_pages_per_request = max_pages_per_request
+        self.free_slots = list(range(num_slots - 1, -1, -1))
+        self.free_pages = list(range(num_pages - 1, -1, -1))
+        self.page_refs = [0] * num_pages
+        self.slot_pages: list[list[int] | None] = [None] * num_slots  # None = slot free
+        self.page_table = torch.full((num_slots + 1, max_pages_per_request), num_pages,
+                                     dtype=torch.int32, device=device)
+
+    # ---- queries -------------------------------------------------------------------------------
+    @property
+    def num_free_slots(self) -> int:
+        return len(self.free_slots)
+
+    @property
+    def num_free_pages(self) -> int:
+        return len(self.free_pages)
+
+    def pages_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)
+
+    def extra_pages_needed(self, slot: int, num_tokens: int) -> int:
+        """Pages the slot still needs so that `num_tokens` tokens fit."""
+        return max(0, self.pages_for(num_tokens) - len(self.slot_pages[slot]))
+
+    # ---- slots ---------------------------------------------------------------------------------
+    def alloc_slot(self) -> int | None:
+        if not self.free_slots:
+            return None
+        slot = self.free_slots.pop()
+        self.slot_pages[slot] = []
+        return slot
+
+    def free_slot(self, slot: int) -> None:
+        """Release the slot and drop its references on its pages."""
+        pages = self.slot_pages[slot]
+        if pages is None:
+            raise RuntimeError(f"double free of state slot {slot}")
+        for page in pages:
+            self._unref(page)
+        self.slot_pages[slot] = None
+        self.page_table[slot].fill_(self.pad_page)
+        self.free_slots.append(slot)
+
+    # ---- pages ---------------------------------------------------------------------------------
+    def grow(self, slot: int, num_tokens: int) -> None:
+        """Give the slot enough pages for `num_tokens` tokens, or raise OutOfPages (no change)."""
+        need = self.extra_pages_needed(slot, num_tokens)
+        if need == 0:
+            return
+        pages = self.slot_pages[slot]
+        if len(pages) + need > self.max_pages_per_request:
+            raise ValueError(f"{num_tokens} tokens exceed the per-request limit of "
+                             f"{self.max_pages_per_request * self.page_size}")
+        if need > len(self.free_pages):
+            raise OutOfPages(f"need {need} pages, {len(self.free_pages)} free")
+        new = [self.free_pages.pop() for _ in range(need)]
+        for page in new:
+            self.page_refs[page] = 1
+        start = len(pages)
+        pages.extend(new)
+        self.page_table[slot, start:start + need] = torch.tensor(new, dtype=torch.int32)
+
+    def _unref(self, page: int) -> None:
+        self.page_refs[page] -= 1
+        if self.page_refs[page] < 0:
+            raise RuntimeError(f"page {page} released more often than taken")
+        if self.page_refs[page] == 0:
+            self.free_pages.append(page)
+
+    # ---- integrity -----------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Every slot is free xor owned; every page's refcount equals its owners; the device page
+        table mirrors the host lists. Raises AssertionError on the first violation."""
+        free_slots = set(self.free_slots)
+        assert len(free_slots) == len(self.free_slots), "a slot is on the free list twice"
+        for slot in range(self.num_slots):
+            owned = self.slot_pages[slot] is not None
+            assert owned != (slot in free_slots), f"slot {slot} is both/neither free and owned"
+        refs = [0] * self.num_pages
+        table = self.page_table.cpu()
+        for slot, pages in enumerate(self.slot_pages):
+            row = table[slot].tolist()
+            if pages is None:
+                assert all(p == self.pad_page for p in row), f"free slot {slot} has a page table"
+                continue
+            assert row[: len(pages)] == pages, f"slot {slot}: device page table differs from host"
+            assert all(p == self.pad_page for p in row[len(pages):]), f"slot {slot}: stale pages"
+            for page in pages:
+                refs[page] += 1
+        assert all(p == self.pad_page for p in table[self.pad_slot].tolist()), "pad slot has pages"
+        free_pages = set(self.free_pages)
+        assert len(free_pages) == len(self.free_pages), "a page is on the free list twice"
+        for page in range(self.num_pages):
+            assert refs[page] == self.page_refs[page], (
+                f"page {page}: refcount {self.page_refs[page]} but {refs[page]} owners")
+            assert (refs[page] == 0) == (page in free_pages), f"page {page}: free list disagrees"

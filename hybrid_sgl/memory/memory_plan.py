@@ -1,0 +1,92 @@
+"""Split the memory budget into state slots and KV pages, and say so.
+
+budget = what the device can give the pools: on CUDA, free memory after weights and a
+profiled warm-up minus the (1 - mem_fraction_static) reserve; on CPU, mem_fraction_static of
+available RAM. Slots are sized first (each running request needs one), pages take the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hybrid_sgl.config import ModelConfig
+
+MAX_RUNNING_GPU = 256
+MAX_RUNNING_CPU = 32
+STATE_SHARE = 0.5  # at most this share of the budget goes to state slots when sizing them by default
+
+
+@dataclass(frozen=True)
+class StateShapes:
+    num_layers: int
+    conv_shape: tuple[int, int]
+    conv_dtype: torch.dtype
+    ssm_shape: tuple[int, ...]
+    ssm_dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    budget_bytes: int
+    state_bytes_per_request: int
+    kv_bytes_per_token: int
+    max_running_requests: int
+    page_size: int
+    num_pages: int
+    context_length: int
+
+    @property
+    def max_total_tokens(self) -> int:
+        return self.num_pages * self.page_size
+
+    def describe(self) -> str:
+        gib = 1 << 30
+        return (f"memory plan: budget {self.budget_bytes / gib:.2f} GiB | state {self.state_bytes_per_request / 2**20:.2f}"
+                f" MiB/request x {self.max_running_requests} requests | KV {self.kv_bytes_per_token} B/token x "
+                f"{self.max_total_tokens} tokens ({self.num_pages} pages of {self.page_size}) | "
+                f"context length {self.context_length}")
+
+
+def plan_memory(*, config: ModelConfig, state: StateShapes | None, kv_dtype: torch.dtype, budget_bytes: int,
+                on_gpu: bool, page_size: int, context_length: int, max_running_requests: int | None,
+                max_total_tokens: int | None) -> MemoryPlan:
+    from hybrid_sgl.memory.kv_pool import KVPool
+    from hybrid_sgl.memory.state_pool import StatePool
+
+    attn = config.attention
+    kv_per_token = KVPool.bytes_per_token(len(config.layers_of("full_attention")), attn.num_kv_heads,
+                                          attn.head_dim, kv_dtype)
+    state_per_req = 0
+    if state is not None:
+        state_per_req = StatePool.bytes_per_slot(state.num_layers, state.conv_shape, state.conv_dtype,
+                                                 state.ssm_shape, state.ssm_dtype)
+    running = max_running_requests
+    if running is None:
+        cap = MAX_RUNNING_GPU if on_gpu else MAX_RUNNING_CPU
+        running = cap if state_per_req == 0 else min(cap, int(budget_bytes * STATE_SHARE) // state_per_req)
+    if running < 1:
+        raise ValueError(f"not enough memory for one request: state needs {state_per_req} bytes per request, "
+                         f"the budget is {budget_bytes} bytes; raise --mem-fraction-static or use a smaller model")
+    left = budget_bytes - running * state_per_req
+    tokens = left // max(kv_per_token, 1)
+    tokens = min(tokens, running * context_length)  # more could never be used at once
+    if max_total_tokens is not None:
+        tokens = min(tokens, max_total_tokens)
+    num_pages = tokens // page_size
+    if num_pages < 1:
+        raise ValueError(f"no room for KV pages: {running} requests x {state_per_req} bytes of state leave "
+                         f"{left} bytes of a {budget_bytes}-byte budget; lower --max-running-requests or "
+                         "raise --mem-fraction-static")
+    return MemoryPlan(budget_bytes=budget_bytes, state_bytes_per_request=state_per_req,
+                      kv_bytes_per_token=kv_per_token, max_running_requests=running, page_size=page_size,
+                      num_pages=num_pages, context_length=min(context_length, num_pages * page_size))
+
+
+def available_ram_bytes() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("MemAvailable not found in /proc/meminfo")

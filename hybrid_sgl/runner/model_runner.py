@@ -1,0 +1,194 @@
+"""ModelRunner: owns the model, the pools and the allocator; runs one scheduled batch per call.
+
+run(mode, items) builds a ForwardBatch, runs the model, computes logits only for the rows
+that need them (sampling rows and requested prompt-logprob rows), samples, and returns one
+ItemResult per item. It never changes request state: the scheduler applies the results.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from hybrid_sgl.config import ModelConfig
+from hybrid_sgl.layers.backends import resolve_backend
+from hybrid_sgl.memory.allocator import Allocator
+from hybrid_sgl.memory.kv_pool import KVPool
+from hybrid_sgl.memory.memory_plan import MemoryPlan, StateShapes, available_ram_bytes, plan_memory
+from hybrid_sgl.memory.state_pool import StatePool
+from hybrid_sgl.models.loader import build_model
+from hybrid_sgl.models.qwen3_next import Backends
+from hybrid_sgl.runner.forward_batch import ForwardBatch, ForwardMode
+from hybrid_sgl.runner.sampler import logprobs_of, sample
+from hybrid_sgl.scheduler.request import Req
+from hybrid_sgl.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class BatchItem:
+    req: Req
+    start: int  # first position computed in this step
+    end: int  # one past the last
+    sample: bool  # sample the next token from the last row
+
+
+@dataclass
+class ItemResult:
+    next_token: int | None = None
+    token_logprob: float | None = None
+    top_logprobs: list = field(default_factory=list)
+    # prompt positions whose logprob was computed this step: (position, logprob, top pairs)
+    input_logprobs: list[tuple[int, float, list]] = field(default_factory=list)
+
+
+class ModelRunner:
+    def __init__(self, args: ServerArgs, config: ModelConfig):
+        self.args = args
+        self.config = config
+        self.device = torch.device(args.device)
+        self.dtype = self._resolve_dtype(args.dtype, config)
+        self.context_length = args.context_length or config.context_length
+        if self.context_length > config.context_length:
+            raise ValueError(f"context_length={self.context_length} exceeds the model's "
+                             f"max_position_embeddings={config.context_length}")
+        backends = Backends(
+            attention=resolve_backend("attention", args.attention_backend, self.device.type),
+            linear_attention=resolve_backend("linear_attention", args.linear_attn_backend, self.device.type),
+            moe=resolve_backend("moe", "auto", self.device.type),
+        )
+        if args.random_seed is not None:
+            torch.manual_seed(args.random_seed)
+        self.model = build_model(config, backends, dtype=self.dtype, device=self.device,
+                                 max_positions=self.context_length, load_format=args.load_format,
+                                 model_path=args.model_path, seed=args.random_seed)
+        self.state_shapes = self._state_shapes()
+        self.plan = self._plan_memory()
+        self.context_length = self.plan.context_length  # one request alone always fits
+        self.state_pool, self.kv_pool, self.allocator = self._make_pools(self.plan)
+        for line in self.model.dispatch_plan():
+            logger.info(line)
+        logger.info(self.plan.describe())
+
+    # ---- setup -----------------------------------------------------------------------------------
+    @staticmethod
+    def _resolve_dtype(name: str, config: ModelConfig) -> torch.dtype:
+        if name == "auto":
+            return DTYPES.get(config.dtype, torch.bfloat16) if torch.cuda.is_available() else torch.float32
+        return DTYPES[name]
+
+    def _state_shapes(self) -> StateShapes | None:
+        gdn, n = self.config.gdn, len(self.config.layers_of("linear_attention"))
+        if n == 0:
+            return None
+        return StateShapes(num_layers=n, conv_shape=(gdn.conv_kernel - 1, gdn.conv_dim), conv_dtype=self.dtype,
+                           ssm_shape=(gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim),
+                           ssm_dtype=DTYPES[self.args.mamba_ssm_dtype])
+
+    def _budget_bytes(self) -> int:
+        frac = self.args.mem_fraction_static
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            return int(free - total * (1 - frac) - self._activation_reserve())
+        return int(available_ram_bytes() * frac)
+
+    def _activation_reserve(self) -> int:
+        """Upper estimate of the transient memory of the largest step (chunk activations + logits)."""
+        c = self.config
+        tokens = self.args.chunked_prefill_size if self.args.chunked_prefill_size > 0 else self.context_length
+        widest = max(c.hidden_size * 4, 2 * max(c.intermediate_size, 1), c.gdn.conv_dim * 2 if c.gdn else 0,
+                     c.attention.num_heads * c.attention.head_dim * 3)
+        per_token = widest * self.dtype.itemsize * 6
+        return tokens * per_token + 256 * c.vocab_size * 4 * 3 + (512 << 20)
+
+    def _plan_memory(self) -> MemoryPlan:
+        return plan_memory(config=self.config, state=self.state_shapes, kv_dtype=self.dtype,
+                           budget_bytes=self._budget_bytes(), on_gpu=self.device.type == "cuda",
+                           page_size=self.args.page_size, context_length=self.context_length,
+                           max_running_requests=self.args.max_running_requests,
+                           max_total_tokens=self.args.max_total_tokens)
+
+    def _make_pools(self, plan: MemoryPlan):
+        s, attn = self.state_shapes, self.config.attention
+        state_pool = None
+        if s is not None:
+            state_pool = StatePool(num_layers=s.num_layers, num_slots=plan.max_running_requests,
+                                   conv_shape=s.conv_shape, conv_dtype=s.conv_dtype, ssm_shape=s.ssm_shape,
+                                   ssm_dtype=s.ssm_dtype, device=self.device)
+        n_attn = len(self.config.layers_of("full_attention"))
+        kv_pool = None
+        if n_attn:
+            kv_pool = KVPool(num_layers=n_attn, num_pages=plan.num_pages, page_size=plan.page_size,
+                             num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim, dtype=self.dtype,
+                             device=self.device)
+        allocator = Allocator(num_slots=plan.max_running_requests, num_pages=plan.num_pages,
+                              page_size=plan.page_size,
+                              max_pages_per_request=-(-self.context_length // plan.page_size), device=self.device)
+        return state_pool, kv_pool, allocator
+
+    # ---- one step --------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def run(self, mode: ForwardMode, items: list[BatchItem]) -> list[ItemResult]:
+        fb = ForwardBatch.build(mode=mode, token_runs=[it.req.fill_ids[it.start:it.end] for it in items],
+                                prefix_lens=[it.start for it in items], slots=[it.req.slot for it in items],
+                                page_table=self.allocator.page_table, page_size=self.allocator.page_size,
+                                kv_pool=self.kv_pool, state_pool=self.state_pool, device=self.device)
+        hidden = self.model(fb)
+        rows, sample_rows, lp_rows = self._logit_rows(items)
+        results = [ItemResult() for _ in items]
+        if not rows:
+            return results
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+        if sample_rows:
+            self._sample(logits, items, results, sample_rows)
+        if lp_rows:
+            self._input_logprobs(logits, items, results, lp_rows)
+        return results
+
+    def _logit_rows(self, items: list[BatchItem]):
+        """Rows of the packed batch that need logits. sample_rows: (item, logits row);
+        lp_rows: (item, logits row, prompt position p whose logits score token p + 1)."""
+        rows, sample_rows, lp_rows, offset = [], [], [], 0
+        for i, it in enumerate(items):
+            req = it.req
+            if req.wants_input_logprobs():
+                lo = req.input_logprob_pos - 1
+                for p in range(max(it.start, lo), min(it.end, len(req.prompt_ids) - 1)):
+                    lp_rows.append((i, len(rows), p))
+                    rows.append(offset + p - it.start)
+            if it.sample:
+                last = offset + it.end - it.start - 1
+                if rows and rows[-1] == last:
+                    sample_rows.append((i, len(rows) - 1))
+                else:
+                    sample_rows.append((i, len(rows)))
+                    rows.append(last)
+            offset += it.end - it.start
+        return rows, sample_rows, lp_rows
+
+    def _sample(self, logits, items, results, sample_rows) -> None:
+        idx = torch.tensor([r for _, r in sample_rows], device=self.device)
+        reqs = [items[i].req for i, _ in sample_rows]
+        chosen = logits[idx]
+        next_ids = sample(chosen, reqs, self.config.eos_token_ids)
+        want = [r.return_logprob for r in reqs]
+        top_k = max([r.top_logprobs_num for r in reqs if r.return_logprob], default=0)
+        lps, tops = logprobs_of(chosen, next_ids, top_k) if any(want) else (None, None)
+        for j, ((i, _), token) in enumerate(zip(sample_rows, next_ids.tolist())):
+            results[i].next_token = token
+            if want[j]:
+                results[i].token_logprob = lps[j]
+                results[i].top_logprobs = tops[j][: reqs[j].top_logprobs_num]
+
+    def _input_logprobs(self, logits, items, results, lp_rows) -> None:
+        idx = torch.tensor([r for _, r, _ in lp_rows], device=self.device)
+        targets = torch.tensor([items[i].req.prompt_ids[p + 1] for i, _, p in lp_rows], device=self.device)
+        top_k = max(items[i].req.top_logprobs_num for i, _, _ in lp_rows)
+        lps, tops = logprobs_of(logits[idx], targets, top_k)
+        for (i, _, p), lp, top in zip(lp_rows, lps, tops):
+            results[i].input_logprobs.append((p + 1, lp, top[: items[i].req.top_logprobs_num]))

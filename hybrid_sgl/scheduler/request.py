@@ -1,0 +1,80 @@
+"""Req: one generation request and its state machine.
+
+WAITING --admit--> RUNNING (owns a state slot and pages) --finish/abort--> FINISHED
+RUNNING --preempt--> WAITING (slot and pages released; recomputed from its tokens later)
+
+Invariant while RUNNING: the pool holds state and KV for `fill_ids[:num_computed]`. The last
+sampled token is not computed yet, so a decoding request has `num_computed == len(fill_ids) - 1`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from hybrid_sgl.sampling_params import SamplingParams
+
+
+class ReqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Req:
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = 0  # first prompt position whose logprob is returned (resolved, >= 0)
+    top_logprobs_num: int = 0
+    arrival: int = 0  # admission order, for FCFS and for choosing whom to preempt
+    arrival_time: float = 0.0  # time.monotonic() when the engine received it
+
+    status: ReqStatus = ReqStatus.WAITING
+    output_ids: list[int] = field(default_factory=list)
+    slot: int | None = None
+    num_computed: int = 0
+    finish_reason: dict | None = None
+    num_preemptions: int = 0
+    generator: torch.Generator | None = None
+    # logprobs: (logprob or None, token id); top lists hold (logprob, token id) pairs
+    input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_logprob_pos: int = 0  # next prompt position whose logprob is still to be computed
+    stop_checker: object | None = None  # callable(req) -> matched stop string or None
+
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def remaining(self) -> int:
+        """Tokens of fill_ids not yet in the pool."""
+        return self.seq_len - self.num_computed
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.status is ReqStatus.RUNNING and self.num_computed > 0 and self.remaining == 1
+
+    @property
+    def finished(self) -> bool:
+        return self.status is ReqStatus.FINISHED
+
+    def wants_input_logprobs(self) -> bool:
+        return self.return_logprob and self.input_logprob_pos < len(self.prompt_ids)
+
+    def finish(self, reason: dict) -> None:
+        """reason: SGLang's finish_reason JSON, e.g. {"type": "stop", "matched": 2},
+        {"type": "length", "length": 16}, {"type": "abort", "message": ...}."""
+        self.status = ReqStatus.FINISHED
+        self.finish_reason = reason
