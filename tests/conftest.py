@@ -23,7 +23,7 @@ def tiny_checkpoint(tmp_path_factory):
     built: dict[tuple, str] = {}
 
     def get(family: str = "qwen3_5", **overrides) -> str:
-        key = (family, tuple(sorted(overrides.items())))
+        key = (family, repr(sorted(overrides.items())))
         if key not in built:
             path = str(tmp_path_factory.mktemp(family))
             built[key] = make_checkpoint(path, family, **overrides)

@@ -1,0 +1,144 @@
+"""Scheduler invariants with a stand-in runner: random arrive / step / abort sequences never leak
+or double-allocate slots or pages, every batch is consistent with the pools, and every request
+ends (finished or aborted) with nothing left allocated."""
+
+import random
+from types import SimpleNamespace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybrid_sgl.memory.allocator import Allocator
+from hybrid_sgl.runner.forward_batch import ForwardMode
+from hybrid_sgl.runner.model_runner import ItemResult
+from hybrid_sgl.sampling_params import SamplingParams
+from hybrid_sgl.scheduler.request import Req, ReqStatus
+from hybrid_sgl.scheduler.scheduler import AdmissionError, Scheduler
+
+EOS = 0
+
+
+class FakeRunner:
+    """Checks each batch against the allocator and returns random tokens."""
+
+    def __init__(self, *, num_slots, num_pages, page_size, context_length, chunk, seed):
+        self.allocator = Allocator(num_slots=num_slots, num_pages=num_pages, page_size=page_size,
+                                   max_pages_per_request=-(-context_length // page_size), device="cpu")
+        self.context_length = context_length
+        self.config = SimpleNamespace(vocab_size=50, eos_token_ids=(EOS,))
+        self.chunk = chunk
+        self.rng = random.Random(seed)
+        self.batches = []
+
+    def run(self, mode, items):
+        slots = [it.req.slot for it in items]
+        assert len(set(slots)) == len(slots) and None not in slots
+        if mode is ForwardMode.DECODE:
+            assert all(it.end - it.start == 1 and it.start > 0 for it in items)
+        else:
+            assert sum(it.end - it.start for it in items) <= self.chunk
+        for it in items:
+            req = it.req
+            assert req.status is ReqStatus.RUNNING
+            assert it.start == req.num_computed and it.end <= req.seq_len
+            assert len(self.allocator.slot_pages[req.slot]) * self.allocator.page_size >= it.end
+        self.batches.append((mode, len(items)))
+        return [ItemResult(next_token=self.rng.randrange(50) if it.sample else None) for it in items]
+
+
+def check(s: Scheduler):
+    s.allocator.check_integrity()
+    running_slots = [r.slot for r in s.running]
+    assert None not in running_slots and len(set(running_slots)) == len(running_slots)
+    assert s.allocator.num_free_slots == s.allocator.num_slots - len(running_slots)
+    assert all(r.slot is None and r.status is ReqStatus.WAITING for r in s.waiting)
+
+
+events = st.lists(st.one_of(
+    st.tuples(st.just("arrive"), st.integers(1, 40), st.integers(0, 30)),
+    st.tuples(st.just("step"), st.integers(1, 4), st.just(0)),
+    st.tuples(st.just("abort"), st.integers(0, 100), st.just(0)),
+), min_size=1, max_size=40)
+
+
+@settings(max_examples=120, deadline=None)
+@given(events, st.integers(0, 10_000), st.sampled_from([3, 8, 64]))
+def test_random_workloads_keep_pools_consistent(sequence, seed, chunk):
+    runner = FakeRunner(num_slots=3, num_pages=14, page_size=4, context_length=48, chunk=chunk, seed=seed)
+    s = Scheduler(runner, chunked_prefill_size=chunk)
+    reqs: list[Req] = []
+    for kind, a, b in sequence:
+        if kind == "arrive":
+            req = Req(rid=f"r{len(reqs)}", prompt_ids=[1] * a, params=SamplingParams(max_new_tokens=b))
+            try:
+                s.add(req)
+                reqs.append(req)
+            except AdmissionError:
+                assert a + b > runner.context_length
+        elif kind == "step":
+            for _ in range(a):
+                s.step()
+                check(s)
+        elif reqs:
+            s.abort(reqs[a % len(reqs)].rid)
+        check(s)
+    for _ in range(2000):
+        if not s.has_work:
+            break
+        s.step()
+        check(s)
+    assert not s.has_work, "the scheduler stopped making progress"
+    assert all(r.finished for r in reqs)
+    assert s.allocator.num_free_pages == s.allocator.num_pages
+    for r in reqs:
+        if r.finish_reason["type"] == "length":
+            assert len(r.output_ids) == r.params.max_new_tokens
+        elif r.finish_reason["type"] == "stop":
+            assert r.output_ids[-1] == EOS
+
+
+def test_memory_pressure_preempts_newest_and_recomputes():
+    """Pages for 2 full requests only: the third must wait or be preempted, and all finish."""
+    runner = FakeRunner(num_slots=3, num_pages=8, page_size=4, context_length=16, chunk=64, seed=1)
+    runner.config.eos_token_ids = ()
+    s = Scheduler(runner, chunked_prefill_size=64)
+    reqs = [Req(rid=f"r{i}", prompt_ids=[1] * 6, params=SamplingParams(max_new_tokens=10)) for i in range(3)]
+    for r in reqs:
+        s.add(r)
+    while s.has_work:
+        s.step()
+        check(s)
+    assert all(len(r.output_ids) == 10 for r in reqs)
+    assert s.num_preemptions > 0
+    assert max(r.num_preemptions for r in reqs) == reqs[-1].num_preemptions  # the newest pays
+
+
+def test_long_prefill_interleaves_with_decode():
+    """While a long prompt is chunked, decoding requests get a step between its chunks."""
+    runner = FakeRunner(num_slots=2, num_pages=64, page_size=4, context_length=200, chunk=8, seed=0)
+    runner.config.eos_token_ids = ()
+    s = Scheduler(runner, chunked_prefill_size=8)
+    s.add(Req(rid="short", prompt_ids=[1] * 3, params=SamplingParams(max_new_tokens=30)))
+    s.step()  # prefill of the short request
+    s.add(Req(rid="long", prompt_ids=[1] * 64, params=SamplingParams(max_new_tokens=1)))
+    while s.has_work:
+        s.step()
+    modes = [m for m, _ in runner.batches]
+    first_long = 1
+    extend_steps = [i for i, m in enumerate(modes) if m is ForwardMode.EXTEND and i >= first_long]
+    assert len(extend_steps) == 8  # 64 tokens in chunks of 8
+    assert all(modes[i + 1] is ForwardMode.DECODE for i in extend_steps[:-1])
+
+
+def test_requests_that_can_never_fit_are_rejected_with_the_cause():
+    runner = FakeRunner(num_slots=2, num_pages=8, page_size=4, context_length=32, chunk=8, seed=0)
+    s = Scheduler(runner, chunked_prefill_size=8)
+    for prompt, max_new, cause in [([1] * 32, 1, "context length"), ([1] * 20, 20, "exceeds the context"),
+                                   ([], 1, "empty"), ([1, 99], 1, "outside the vocabulary")]:
+        try:
+            s.add(Req(rid="x", prompt_ids=prompt, params=SamplingParams(max_new_tokens=max_new)))
+        except AdmissionError as e:
+            assert cause in str(e)
+        else:
+            raise AssertionError(f"accepted {len(prompt)} tokens + {max_new}")
+    assert not s.has_work
