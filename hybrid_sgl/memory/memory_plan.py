@@ -42,11 +42,11 @@ class MemoryPlan:
         return self.num_pages * self.page_size
 
     def describe(self) -> str:
-        gib = 1 << 30
-        return (f"memory plan: budget {self.budget_bytes / gib:.2f} GiB | state {self.state_bytes_per_request / 2**20:.2f}"
-                f" MiB/request x {self.max_running_requests} requests | KV {self.kv_bytes_per_token} B/token x "
-                f"{self.max_total_tokens} tokens ({self.num_pages} pages of {self.page_size}) | "
-                f"context length {self.context_length}")
+        return (f"memory plan: budget {self.budget_bytes / 2**30:.2f} GiB"
+                f" | state {self.state_bytes_per_request / 2**20:.2f} MiB/request"
+                f" x {self.max_running_requests} requests"
+                f" | KV {self.kv_bytes_per_token} B/token x {self.max_total_tokens} tokens"
+                f" ({self.num_pages} pages of {self.page_size}) | context length {self.context_length}")
 
 
 def plan_memory(*, config: ModelConfig, state: StateShapes | None, kv_dtype: torch.dtype, budget_bytes: int,

@@ -41,7 +41,7 @@ def iter_checkpoint(path: str, progress: bool = True) -> Iterator[tuple[str, tor
     with tqdm(total=total, desc="loading weights", unit="tensor", disable=not progress) as bar:
         for file in files:
             with safe_open(file, framework="pt") as f:
-                for name in f.keys():
+                for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
                     yield name, f.get_tensor(name)
                     bar.update(1)
 
