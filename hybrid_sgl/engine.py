@@ -46,10 +46,10 @@ class Engine:
         args = self.server_args
         _configure_logging(args.log_level)
         self.model_config = ModelConfig.from_hf(args.model_path)
-        self.tokenizer = load_tokenizer(args.tokenizer_path)
+        self.tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args.tokenizer_path)
         self.runner = ModelRunner(args, self.model_config)
         self.scheduler = Scheduler(self.runner, chunked_prefill_size=args.chunked_prefill_size,
-                                   stop_string_checker=StopStringChecker(self.tokenizer))
+                                   stop_string_checker=StopStringChecker(self.tokenizer) if self.tokenizer else None)
         self.loop = EngineLoop(self.scheduler)
         self.loop.start()
         self._ids = itertools.count()
@@ -125,6 +125,8 @@ class Engine:
             texts = [prompt] if single else prompt
             if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
                 raise ValueError("text must be a string or a non-empty list of strings")
+            if self.tokenizer is None:
+                raise ValueError("this server runs with skip_tokenizer_init: send input_ids, not text")
             id_lists = [self.tokenizer.encode(t) for t in texts]
         else:
             single = bool(input_ids) and all(isinstance(t, int) for t in input_ids)
@@ -142,6 +144,8 @@ class Engine:
         for i, ids in enumerate(id_lists):
             params = SamplingParams.from_dict(params_list[i])
             params.verify(self.model_config.vocab_size)
+            if params.stop and self.tokenizer is None:
+                raise ValueError("stop strings need a tokenizer; this server runs with skip_tokenizer_init")
             want_lp = bool(lp_list[i])
             start = self._logprob_start(start_list[i], len(ids), want_lp)
             top = self._top_logprobs(top_list[i])

@@ -40,12 +40,15 @@ class ServerArgs:
     chunked_prefill_size: int = _f(8192, "Most prompt tokens computed in one step; longer prompts are "
                                    "split into chunks. -1 disables chunking.")
     page_size: int = _f(16, "Tokens per KV-cache page.")
-    attention_backend: str = _f("auto", "Full-attention kernels. auto: triton on CUDA, torch on CPU.",
+    attention_backend: str = _f("auto", "Full-attention kernels. auto: the fastest available on the device "
+                                "(triton on CUDA, torch on CPU).",
                                 ["auto", "torch", "triton", "vllm"])
     linear_attn_backend: str = _f("auto", "Linear-attention (GDN) and conv kernels. auto: triton on "
                                   "CUDA, torch on CPU.", ["auto", "torch", "triton"])
     mamba_ssm_dtype: str = _f("float32", "dtype of recurrent (SSM / GDN) states.",
                               ["float32", "bfloat16", "float16"])
+    skip_tokenizer_init: bool = _f(False, "Load no tokenizer: requests must send input_ids; outputs carry ids "
+                                   "and empty text.")
     load_format: str = _f("auto", "auto/safetensors: read the checkpoint; dummy: random weights of the "
                           "real shapes from config.json alone.", ["auto", "safetensors", "dummy"])
     tp_size: int = _f(1, "Tensor-parallel size (only 1 is supported yet).")
@@ -77,8 +80,6 @@ class ServerArgs:
             tokenizer_path=self.tokenizer_path or model_path,
             device=device,
             mem_fraction_static=self.mem_fraction_static or (0.85 if on_gpu else 0.25),
-            attention_backend=_backend(self.attention_backend, on_gpu),
-            linear_attn_backend=_backend(self.linear_attn_backend, on_gpu),
             served_model_name=self.served_model_name or model_path,
         )
 
@@ -86,19 +87,15 @@ class ServerArgs:
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         for f in dataclasses.fields(ServerArgs):
             flag = "--" + f.name.replace("_", "-")
-            kind = _cli_type(f)
-            parser.add_argument(flag, type=kind, default=f.default, help=f.metadata["help"],
+            if f.type == "bool":  # a bare flag switches it on, as in SGLang
+                parser.add_argument(flag, action="store_true", default=f.default, help=f.metadata["help"])
+                continue
+            parser.add_argument(flag, type=_cli_type(f), default=f.default, help=f.metadata["help"],
                                 choices=f.metadata.get("choices"))
 
     @staticmethod
     def from_cli_args(args: argparse.Namespace) -> ServerArgs:
         return ServerArgs(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServerArgs)})
-
-
-def _backend(name: str, on_gpu: bool) -> str:
-    if name != "auto":
-        return name
-    return "triton" if on_gpu else "torch"
 
 
 def _cli_type(f: dataclasses.Field):
