@@ -101,6 +101,10 @@ def main() -> None:
     a = p.parse_args()
     bw = copy_bandwidth()
     ours = bench_ours(a.decode_tokens)
+    import gc
+
+    gc.collect()
+    torch.cuda.empty_cache()
     hf = {} if a.skip_hf else bench_hf(max(8, a.decode_tokens // 4))
     roof_b1 = bw / WEIGHT_BYTES
     print(f"\ncopy bandwidth {bw / 1e12:.2f} TB/s; batch-1 decode roofline {roof_b1:.0f} tok/s (weights only)")
