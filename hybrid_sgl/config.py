@@ -166,6 +166,8 @@ def _parse_qwen3_gdn(hf: dict, gen_eos: list[int]) -> ModelConfig:
         is_moe = moe is not None and i not in mlp_only and (i + 1) % sparse_step == 0
         return "moe" if is_moe else "mlp"
 
+    if text.get("hidden_act", "silu") not in ("silu", "swish"):
+        raise ValueError(f"hidden_act {text['hidden_act']!r} is not supported (supported: silu)")
     head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
     theta, partial = _rope_params(text)
     tie = hf.get("tie_word_embeddings", text.get("tie_word_embeddings", False))

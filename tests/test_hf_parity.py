@@ -127,8 +127,8 @@ VARIANTS = {
                                                                "partial_rotary_factor": 0.5},
                     layer_types=["full_attention", "linear_attention", "linear_attention", "full_attention"]),
     # sparse-step MoE with dense layers, no top-k renormalization, conv width 3
-    "qwen3_next": dict(decoder_sparse_step=2, mlp_only_layers=[3], norm_topk_prob=False,
-                       linear_conv_kernel_dim=3, num_experts=6, num_experts_per_tok=3),
+    "qwen3_next": dict(decoder_sparse_step=2, mlp_only_layers=[3], norm_topk_prob=False, attention_bias=True,
+                       linear_conv_kernel_dim=3, num_experts=6, num_experts_per_tok=3, tie_word_embeddings=True),
     "qwen3_5_moe": dict(num_experts=8, num_experts_per_tok=1, linear_num_key_heads=4, linear_num_value_heads=4),
 }
 

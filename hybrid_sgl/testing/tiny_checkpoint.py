@@ -87,5 +87,5 @@ def _randomize_gates(model, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name or name.endswith(("dt_bias", "A_log")):
+            if "norm" in name or name.endswith(("dt_bias", "A_log", ".bias")):
                 p.add_(torch.randn(p.shape, generator=gen) * 0.1)
