@@ -16,12 +16,12 @@ from hybrid_sgl.scheduler.request import Req
 def sample(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, ...]) -> torch.Tensor:
     """logits: [N, V] float32 (not modified). Returns next token ids [N] int64 on logits' device."""
     logits = _adjust(logits, reqs, eos_ids)
-    greedy = torch.tensor([r.params.greedy for r in reqs], device=logits.device)
     out = logits.argmax(dim=-1)
-    if bool(greedy.all()):
+    sampled = [i for i, r in enumerate(reqs) if not r.params.greedy]
+    if not sampled:
         return out
-    rows = (~greedy).nonzero().flatten()
-    sub = [reqs[i] for i in rows.tolist()]
+    rows = torch.tensor(sampled, device=logits.device)
+    sub = [reqs[i] for i in sampled]
     probs = _filtered_probs(logits[rows], sub)
     noise = torch.empty_like(probs)
     unseeded = [j for j, r in enumerate(sub) if r.generator is None]
