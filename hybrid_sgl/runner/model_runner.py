@@ -93,18 +93,38 @@ class ModelRunner:
     def _budget_bytes(self) -> int:
         frac = self.args.mem_fraction_static
         if self.device.type == "cuda":
+            peak = self._profile_step_bytes()
             free, total = torch.cuda.mem_get_info(self.device)
-            return int(free - total * (1 - frac) - self._activation_reserve())
+            logger.info("profiled warm-up step: %.2f GiB of activations", peak / 2**30)
+            return int(free - total * (1 - frac) - peak)
         return int(available_ram_bytes() * frac)
 
-    def _activation_reserve(self) -> int:
-        """Upper estimate of the transient memory of the largest step (chunk activations + logits)."""
-        c = self.config
+    @torch.inference_mode()
+    def _profile_step_bytes(self) -> int:
+        """Peak transient memory of the largest step: a prefill chunk at chunked_prefill_size, run on
+        throw-away pools of one slot, plus logits for a full decode batch."""
         tokens = self.args.chunked_prefill_size if self.args.chunked_prefill_size > 0 else self.context_length
-        widest = max(c.hidden_size * 4, 2 * max(c.intermediate_size, 1), c.gdn.conv_dim * 2 if c.gdn else 0,
-                     c.attention.num_heads * c.attention.head_dim * 3)
-        per_token = widest * self.dtype.itemsize * 6
-        return tokens * per_token + 256 * c.vocab_size * 4 * 3 + (512 << 20)
+        tokens = min(tokens, self.context_length)
+        plan = MemoryPlan(budget_bytes=0, state_bytes_per_request=0, kv_bytes_per_token=0, max_running_requests=1,
+                          page_size=self.args.page_size, num_pages=-(-tokens // self.args.page_size),
+                          context_length=tokens)
+        state_pool, kv_pool, allocator = self._make_pools(plan, context_length=tokens)
+        slot = allocator.alloc_slot()
+        allocator.grow(slot, tokens)
+        ids = torch.randint(0, self.config.vocab_size, (tokens,)).tolist()
+        fb = ForwardBatch.build(mode=ForwardMode.EXTEND, token_runs=[ids], prefix_lens=[0], slots=[slot],
+                                page_table=allocator.page_table, page_size=plan.page_size, kv_pool=kv_pool,
+                                state_pool=state_pool, device=self.device)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        hidden = self.model(fb)
+        rows = min(tokens, self.args.max_running_requests or 256)
+        self.model.compute_logits(hidden[-rows:]).softmax(-1)
+        peak = torch.cuda.max_memory_allocated(self.device) - base
+        del fb, hidden, state_pool, kv_pool, allocator
+        torch.cuda.empty_cache()
+        return peak
 
     def _plan_memory(self) -> MemoryPlan:
         return plan_memory(config=self.config, state=self.state_shapes, kv_dtype=self.dtype,
@@ -113,7 +133,7 @@ class ModelRunner:
                            max_running_requests=self.args.max_running_requests,
                            max_total_tokens=self.args.max_total_tokens)
 
-    def _make_pools(self, plan: MemoryPlan):
+    def _make_pools(self, plan: MemoryPlan, context_length: int | None = None):
         s, attn = self.state_shapes, self.config.attention
         state_pool = None
         if s is not None:
@@ -128,7 +148,8 @@ class ModelRunner:
                              device=self.device)
         allocator = Allocator(num_slots=plan.max_running_requests, num_pages=plan.num_pages,
                               page_size=plan.page_size,
-                              max_pages_per_request=-(-self.context_length // plan.page_size), device=self.device)
+                              max_pages_per_request=-(-(context_length or self.context_length) // plan.page_size),
+                              device=self.device)
         return state_pool, kv_pool, allocator
 
     # ---- one step --------------------------------------------------------------------------------
