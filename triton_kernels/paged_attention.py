@@ -340,11 +340,11 @@ def paged_attention_extend(
 
 @triton.jit
 def _decode_kernel(
-    q, k_cache, v_cache, block_table, seq_lens, o, part_o, part_lse, qk_scale,
+    q, k_cache, v_cache, block_table, seq_lens, o, part_o, part_lse, qk_scale, num_splits,
     stride_qb, stride_qh, stride_qd, stride_kp, stride_ks, stride_kh, stride_kd,
     stride_vp, stride_vs, stride_vh, stride_vd, stride_bt, stride_ob, stride_oh, stride_od,
     NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     i_b = tl.program_id(0)
@@ -352,10 +352,10 @@ def _decode_kernel(
     i_s = tl.program_id(2)
     seq_len = tl.load(seq_lens + i_b)
     n_tiles = tl.cdiv(seq_len, BLOCK_N)
-    tiles_per_split = tl.maximum(tl.cdiv(n_tiles, NUM_SPLITS), 1)
+    tiles_per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), 1)
     t_lo = i_s * tiles_per_split
     t_hi = tl.minimum(t_lo + tiles_per_split, n_tiles)
-    if NUM_SPLITS > 1:  # noqa: SIM102 (constexpr branch)
+    if SPLIT:  # noqa: SIM102 (constexpr branch)
         if t_lo >= t_hi:
             return  # the reduce kernel reads only splits that hold tokens
 
@@ -382,31 +382,31 @@ def _decode_kernel(
         mask = (k_pos < seq_len)[None, :]
         m_i, l_i, acc = _online_softmax_step(b_q, b_k, b_v, m_i, l_i, acc, qk_scale, mask, True, PRECISION)
 
-    acc = tl.where(l_i[:, None] > 0, acc / l_i[:, None], 0.0)  # seq_len 0 (padding rows): zeros
-    if NUM_SPLITS == 1:
+    acc = acc / tl.maximum(l_i, 1.0)[:, None]  # l_i >= 1 (the max term is 1) or 0 for seq_len 0: zeros
+    if not SPLIT:
         p_o = o + i_b.to(tl.int64) * stride_ob
         tl.store(p_o + i_h[:, None] * stride_oh + o_d[None, :] * stride_od, acc.to(o.dtype.element_ty),
                  mask=m_gd)
     else:
-        # partials: part_o [B, Hq, NUM_SPLITS, HEAD_DIM], part_lse [B, Hq, NUM_SPLITS] (log2 units)
-        row = (i_b * NUM_HEADS + i_h).to(tl.int64) * NUM_SPLITS + i_s  # [G_PAD]
+        # partials: part_o [B, Hq, num_splits, HEAD_DIM], part_lse [B, Hq, num_splits] (log2 units)
+        row = (i_b * NUM_HEADS + i_h).to(tl.int64) * num_splits + i_s  # [G_PAD]
         tl.store(part_o + row[:, None] * HEAD_DIM + o_d[None, :], acc, mask=m_gd)
         tl.store(part_lse + row, m_i + tl.log2(l_i), mask=o_g < G)
 
 
 @triton.jit
 def _decode_reduce_kernel(
-    part_o, part_lse, seq_lens, o, stride_ob, stride_oh, stride_od,
+    part_o, part_lse, seq_lens, o, num_splits, stride_ob, stride_oh, stride_od,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_S: tl.constexpr,
 ):
     i_b = tl.program_id(0)
     i_h = tl.program_id(1)
     seq_len = tl.load(seq_lens + i_b)
     n_tiles = tl.cdiv(seq_len, BLOCK_N)
-    tiles_per_split = tl.maximum(tl.cdiv(n_tiles, NUM_SPLITS), 1)
+    tiles_per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), 1)
     n_splits = tl.cdiv(n_tiles, tiles_per_split)  # splits that hold tokens, as the main kernel made them
-    row = (i_b * NUM_HEADS + i_h).to(tl.int64) * NUM_SPLITS
+    row = (i_b * NUM_HEADS + i_h).to(tl.int64) * num_splits
     o_s = tl.arange(0, BLOCK_S)
     o_d = tl.arange(0, D_PAD)
     m_d = o_d < HEAD_DIM
@@ -424,7 +424,7 @@ def _decode_reduce_kernel(
                       mask=m_s[:, None] & m_d[None, :], other=0.0)
         acc += tl.sum(w[:, None] * b_o, 0)
         den += tl.sum(w, 0)
-    out = tl.where(den > 0, acc / den, 0.0)
+    out = acc / tl.maximum(den, 1.0)  # den >= 1 (the max split weighs 1) or 0 for seq_len 0: zeros
     p_o = o + i_b.to(tl.int64) * stride_ob + i_h * stride_oh
     tl.store(p_o + o_d * stride_od, out.to(o.dtype.element_ty), mask=m_d)
 
@@ -453,7 +453,7 @@ def _paged_attention_decode(*, q, k_cache, v_cache, block_table, seq_lens, scale
     if b == 0:
         return o
     cfg = dict(config or _decode_config(b, hkv, d, block_table.shape[1] * page_size, q.device))
-    splits = cfg["NUM_SPLITS"]
+    splits = cfg.pop("NUM_SPLITS")
     g = hq // hkv
     if splits > 1:
         part_o = torch.empty((b, hq, splits, d), dtype=torch.float32, device=q.device)
@@ -462,16 +462,15 @@ def _paged_attention_decode(*, q, k_cache, v_cache, block_table, seq_lens, scale
         part_o = part_lse = o  # unused
     d_pad = triton.next_power_of_2(d)
     _decode_kernel[(b, hkv, splits)](
-        q, k_cache, v_cache, block_table, seq_lens, o, part_o, part_lse, scale * LOG2E,
+        q, k_cache, v_cache, block_table, seq_lens, o, part_o, part_lse, scale * LOG2E, splits,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), block_table.stride(0), *o.stride(),
         NUM_HEADS=hq, G=g, G_PAD=max(16, triton.next_power_of_2(g)), PAGE_SIZE=page_size,
-        HEAD_DIM=d, D_PAD=d_pad, PRECISION=_precision(q.dtype), **cfg,
+        HEAD_DIM=d, D_PAD=d_pad, SPLIT=splits > 1, PRECISION=_precision(q.dtype), **cfg,
     )
     if splits > 1:
         _decode_reduce_kernel[(b, hq)](
-            part_o, part_lse, seq_lens, o, *o.stride(),
-            NUM_HEADS=hq, HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=cfg["BLOCK_N"], NUM_SPLITS=splits,
-            BLOCK_S=min(16, triton.next_power_of_2(splits)), num_warps=4,
+            part_o, part_lse, seq_lens, o, splits, *o.stride(),
+            NUM_HEADS=hq, HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=cfg["BLOCK_N"], BLOCK_S=16, num_warps=4,
         )
     return o
 
