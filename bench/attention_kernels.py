@@ -117,7 +117,7 @@ def decode_case(batch: int, length: int, copy_bw: float, tune: bool, report) -> 
     row.update({f"{k}_metric": metric(row[k]) for k in ("ours", "vllm", "sdpa") if k in row})
 
     if tune:
-        default = pa._decode_config(batch, HKV, D, block_table.shape[1] * PAGE_SIZE, q.device)
+        default = pa._decode_config(batch, HKV, D, block_table.shape[1] * PAGE_SIZE, DTYPE, q.device)
         results = []
         for block_n, warps, stages in [(16, 4, 3), (32, 4, 2), (32, 4, 3), (32, 4, 4), (32, 8, 3),
                                        (64, 4, 2), (64, 4, 3), (64, 8, 2)]:
@@ -176,7 +176,7 @@ def prefill_case(prefix: int, new: int, tune: bool, report) -> dict:
     row.update({f"{k}_metric": metric(row[k]) for k in ("ours", "vllm", "sdpa", "flash_varlen") if k in row})
 
     if tune and new <= 4096:
-        default = pa._extend_config(new, HQ, D, q.device)
+        default = pa._extend_config(new, HQ, D, DTYPE, q.device)
         results = []
         for bm, bn, warps, stages in [(128, 64, 8, 2), (128, 32, 8, 3), (128, 32, 8, 2), (128, 64, 4, 2),
                                       (64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 3), (128, 128, 8, 1)]:

@@ -163,8 +163,10 @@ def _load_kv_tile(p_cache, p_pages, o_n, o_d, seq_len, stride_p, stride_s, strid
     else:
         page = tl.load(p_pages + o_n // PAGE_SIZE).to(tl.int64)
     p = p_cache + (page * stride_p + (o_n % PAGE_SIZE) * stride_s)[:, None] + o_d[None, :] * stride_d
-    if MASK_N:
+    if MASK_N and HEAD_DIM != D_PAD:
         b = tl.load(p, mask=m_n[:, None] & (o_d < HEAD_DIM)[None, :], other=0.0)
+    elif MASK_N:
+        b = tl.load(p, mask=m_n[:, None], other=0.0)
     elif HEAD_DIM != D_PAD:
         b = tl.load(p, mask=(o_d < HEAD_DIM)[None, :], other=0.0)
     else:
@@ -175,13 +177,14 @@ def _load_kv_tile(p_cache, p_pages, o_n, o_d, seq_len, stride_p, stride_s, strid
 @triton.jit
 def _online_softmax_step(b_q, b_k, b_v, m_i, l_i, acc, qk_scale, mask,
                          MASKED: tl.constexpr, PRECISION: tl.constexpr):
-    """One KV tile: scores in log2 units, running max m_i, running sum l_i, unnormalized acc."""
-    s = tl.dot(b_q, tl.trans(b_k.to(b_q.dtype)), input_precision=PRECISION) * qk_scale  # [M, N]
+    """One KV tile. m_i: running max of the scores in log2 units (qk_scale = scale * log2 e);
+    l_i: running sum; acc: unnormalized output. exp2(s * qk_scale - m) is one FMA and one ex2."""
+    s = tl.dot(b_q, tl.trans(b_k.to(b_q.dtype)), input_precision=PRECISION)  # [M, N] raw scores
     if MASKED:
         s = tl.where(mask, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
     alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    p = tl.exp2(s * qk_scale - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = tl.dot(p.to(b_q.dtype), b_v.to(b_q.dtype), acc * alpha[:, None], input_precision=PRECISION)
     return m_new, l_i, acc
@@ -285,11 +288,14 @@ def _extend_kernel(
     tl.store(p_o + o_m[:, None] * stride_ot + o_d[None, :] * stride_od, acc.to(o.dtype.element_ty), mask=m_qd)
 
 
-def _extend_config(num_tokens: int, num_heads: int, head_dim: int, device: torch.device) -> dict:
-    """BLOCK_M, BLOCK_N, num_warps, num_stages. Hopper-shaped on CUDA; tiny in the interpreter."""
+def _extend_config(num_tokens: int, num_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> dict:
+    """BLOCK_M, BLOCK_N, num_warps, num_stages. Hopper-shaped on CUDA (Q tile plus num_stages
+    K and V tiles fit in shared memory); tiny in the interpreter."""
     if device.type != "cuda":
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
     d_pad = triton.next_power_of_2(head_dim)
+    if dtype == torch.float32:  # tests only: dots run on FMA units (ieee), tiles sized for the 4-byte rows
+        return dict(BLOCK_M=64, BLOCK_N=16 if d_pad >= 256 else 32, num_warps=4, num_stages=2)
     if triton.cdiv(num_tokens, 128) * num_heads < 2 * _num_sms(device):  # too few 128-row blocks
         return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2 if d_pad >= 256 else 3)
     if d_pad >= 256:
@@ -307,7 +313,7 @@ def _paged_attention_extend(*, q, k_cache, v_cache, block_table, cu_seqlens_q, s
     o = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
     if t == 0 or b == 0:
         return o
-    cfg = config or _extend_config(t, hq, d, q.device)
+    cfg = config or _extend_config(t, hq, d, q.dtype, q.device)
     grid = (hq, t // cfg["BLOCK_M"] + b)
     _extend_kernel[grid](
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, o, scale * LOG2E, b,
@@ -373,7 +379,15 @@ def _decode_kernel(
     m_i = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([G_PAD], dtype=tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
-    for t in range(t_lo, t_hi):
+    n_full = seq_len // BLOCK_N
+    for t in range(t_lo, tl.minimum(t_hi, n_full)):  # full tiles
+        k_pos = t * BLOCK_N + o_n
+        b_k = _load_kv_tile(p_k, p_pages, k_pos, o_d, seq_len, stride_kp, stride_ks, stride_kd,
+                            PAGE_SIZE, HEAD_DIM, D_PAD, False)
+        b_v = _load_kv_tile(p_v, p_pages, k_pos, o_d, seq_len, stride_vp, stride_vs, stride_vd,
+                            PAGE_SIZE, HEAD_DIM, D_PAD, False)
+        m_i, l_i, acc = _online_softmax_step(b_q, b_k, b_v, m_i, l_i, acc, qk_scale, None, False, PRECISION)
+    for t in range(tl.maximum(t_lo, n_full), t_hi):  # the sequence's partial last tile, if in this split
         k_pos = t * BLOCK_N + o_n
         b_k = _load_kv_tile(p_k, p_pages, k_pos, o_d, seq_len, stride_kp, stride_ks, stride_kd,
                             PAGE_SIZE, HEAD_DIM, D_PAD, True)
@@ -429,15 +443,17 @@ def _decode_reduce_kernel(
     tl.store(p_o + o_d * stride_od, out.to(o.dtype.element_ty), mask=m_d)
 
 
-def _decode_config(batch: int, num_kv_heads: int, head_dim: int, max_len: int, device: torch.device) -> dict:
+def _decode_config(batch: int, num_kv_heads: int, head_dim: int, max_len: int, dtype: torch.dtype,
+                   device: torch.device) -> dict:
     """BLOCK_N, NUM_SPLITS, num_warps, num_stages. Split the sequence until the grid holds
     ~4 programs per SM, keeping at least 4 tiles per split. No device sync: max_len is the
     block table's capacity."""
     if device.type != "cuda":
         block_n, warps, stages = 16, 4, 1
     else:
-        block_n = 32 if triton.next_power_of_2(head_dim) >= 256 else 64
-        warps, stages = 4, 3
+        row_bytes = triton.next_power_of_2(head_dim) * dtype.itemsize
+        block_n = 16 if row_bytes >= 1024 else 32 if row_bytes >= 512 else 64
+        warps, stages = 4, 2 if dtype == torch.float32 else 3
     programs = batch * num_kv_heads
     max_splits = max(1, triton.cdiv(triton.cdiv(max_len, block_n), 4))
     splits = max(1, min(triton.cdiv(4 * _num_sms(device), programs), max_splits))
@@ -452,7 +468,7 @@ def _paged_attention_decode(*, q, k_cache, v_cache, block_table, seq_lens, scale
     o = torch.empty((b, hq, d), dtype=q.dtype, device=q.device)
     if b == 0:
         return o
-    cfg = dict(config or _decode_config(b, hkv, d, block_table.shape[1] * page_size, q.device))
+    cfg = dict(config or _decode_config(b, hkv, d, block_table.shape[1] * page_size, q.dtype, q.device))
     splits = cfg.pop("NUM_SPLITS")
     g = hq // hkv
     if splits > 1:
