@@ -1,0 +1,57 @@
+"""python -m hybrid_sgl.launch_server [--model-path DIR] [--port 30000] ...
+
+Loads the model (the bundled tiny one without --model-path), logs the layer plan and the memory
+plan, and serves SGLang's native API and the OpenAI-compatible API until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+
+import uvicorn
+
+from hybrid_sgl.server_args import ServerArgs
+
+logger = logging.getLogger("hybrid_sgl.launch_server")
+
+
+def parse_args(argv: list[str] | None = None) -> ServerArgs:
+    parser = argparse.ArgumentParser(
+        prog="python -m hybrid_sgl.launch_server",
+        description="Serve a hybrid LLM with SGLang's native API (/generate) and the OpenAI-compatible "
+                    "API (/v1/completions, /v1/chat/completions).")
+    ServerArgs.add_cli_args(parser)
+    return ServerArgs.from_cli_args(parser.parse_args(argv))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from hybrid_sgl.engine import Engine
+    from hybrid_sgl.server.app import create_app
+
+    try:
+        engine = Engine(**dataclasses.asdict(args))
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        app = create_app(engine)
+        resolved = engine.server_args
+        url = f"http://{resolved.host}:{resolved.port}"
+        logger.info("serving %s at %s (native API: %s/generate, OpenAI API: %s/v1)%s", resolved.served_model_name,
+                    url, url, url, "; API key required" if resolved.api_key else "")
+        config = uvicorn.Config(app, host=resolved.host, port=resolved.port, log_level=resolved.log_level,
+                                access_log=resolved.log_level == "debug", timeout_graceful_shutdown=5,
+                                timeout_keep_alive=30)
+        uvicorn.Server(config).run()
+    finally:
+        engine.shutdown()
+        logger.info("shut down")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""POST /v1/chat/completions: the tokenizer's chat template, then the engine; streaming and not."""
+
+from __future__ import annotations
+
+import contextlib
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from hybrid_sgl.server.errors import ApiError, json_response, parse_body
+from hybrid_sgl.server.generation import (
+    SSE_DONE,
+    ClientDisconnected,
+    ServerContext,
+    engine_error,
+    get_context,
+    run_to_end,
+    sse,
+    sse_error,
+    stream_outputs,
+)
+from hybrid_sgl.server.native import CLIENT_CLOSED, streaming_response
+from hybrid_sgl.server.openai_common import (
+    TokenText,
+    chat_logprobs,
+    check_request,
+    finish_fields,
+    max_new_tokens_for,
+    new_id,
+    now,
+    sampling_params,
+    stream_usage_chunk,
+    usage,
+)
+from hybrid_sgl.server.protocol import ChatCompletionRequest, ChatMessage
+
+router = APIRouter()
+
+
+def _message_dict(i: int, m: ChatMessage) -> dict:
+    if m.tool_calls:
+        raise ApiError("tool calls are not supported yet", param=f"messages.{i}.tool_calls")
+    content = m.content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if part.type != "text" or part.text is None:
+                raise ApiError(f"content parts of type {part.type!r} are not supported yet (text only)",
+                               param=f"messages.{i}.content")
+            texts.append(part.text)
+        content = "\n".join(texts)
+    message = {"role": m.role, "content": content or ""}
+    if m.name is not None:
+        message["name"] = m.name
+    if m.tool_call_id is not None:
+        message["tool_call_id"] = m.tool_call_id
+    return message
+
+
+def render_chat(ctx: ServerContext, req: ChatCompletionRequest) -> list[int]:
+    """Prompt token ids from the tokenizer's chat template."""
+    tok = ctx.engine.tokenizer
+    if not tok.chat_template:
+        raise ApiError("this model's tokenizer has no chat template; use /v1/completions with a prompt")
+    messages = [_message_dict(i, m) for i, m in enumerate(req.messages)]
+    kwargs = dict(req.chat_template_kwargs or {})
+    for reserved in ("conversation", "messages", "tokenize", "add_generation_prompt", "continue_final_message"):
+        if reserved in kwargs:
+            raise ApiError(f"chat_template_kwargs must not set {reserved!r}", param="chat_template_kwargs")
+    continue_final = bool(req.continue_final_message)
+    add_prompt = req.add_generation_prompt is not False and not continue_final
+    try:
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_prompt,
+                                       continue_final_message=continue_final, **kwargs)
+    except Exception as e:  # jinja's raise_exception, bad roles/ordering, bad kwargs: the request's fault
+        raise ApiError(f"the chat template rejected the messages: {e}", param="messages") from None
+    return tok.encode(text, add_special_tokens=False)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request):
+    ctx = get_context(request)
+    req = await parse_body(request, ChatCompletionRequest)
+    check_request(req)
+    if req.tools:
+        raise ApiError("tools (function calling) are not supported yet", param="tools")
+    if req.tool_choice not in (None, "none", "auto"):
+        raise ApiError("tool_choice is not supported yet (no tools)", param="tool_choice")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise ApiError("top_logprobs requires logprobs to be true", param="top_logprobs")
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    if max_tokens is not None and max_tokens < 1:
+        raise ApiError(f"{field} must be at least 1, got {max_tokens}", param=field)
+    ids = render_chat(ctx, req)
+    n = req.n or 1
+    params = sampling_params(req, max_new_tokens_for(ctx, len(ids), max_tokens))
+    rid = req.rid or new_id("chatcmpl")
+    want_lp = bool(req.logprobs)
+    prepared, _ = ctx.engine.prepare(None, params, ids, want_lp, None, req.top_logprobs or 0, True, rid)
+    base = {"id": rid, "object": "chat.completion", "created": now(), "model": req.model or ctx.served_model_name}
+    tt: TokenText = request.app.state.token_text
+    if req.stream:
+        return streaming_response(_stream(ctx, request, prepared, req, {**base, "object": "chat.completion.chunk"}, tt))
+    try:
+        outputs = await run_to_end(ctx, request, prepared)
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_CLOSED)
+    choices = []
+    for i, out in enumerate(outputs):
+        logprobs = None
+        if want_lp:
+            logprobs = {"content": chat_logprobs(tt, out.output_logprobs, out.output_top_logprobs)}
+        choices.append({"index": i, "message": {"role": "assistant", "content": out.final_text()},
+                        "logprobs": logprobs, **finish_fields(out)})
+    return json_response({**base, "choices": choices, "usage": usage(outputs, n)})
+
+
+async def _stream(ctx: ServerContext, request: Request, prepared, req: ChatCompletionRequest, base: dict,
+                  tt: TokenText):
+    n = req.n or 1
+    count = len(prepared)
+    sent_text = [0] * count
+    sent_lp = [0] * count
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+    outputs = [p.out for p in prepared]
+
+    def chunk(i: int, delta: dict, logprobs, finish: dict, out) -> str:
+        body = {**base, "choices": [{"index": i, "delta": delta, "logprobs": logprobs, **finish}]}
+        if include_usage:
+            body["usage"] = stream_usage_chunk(base, [out], 1)["usage"] if continuous else None
+        return sse(body)
+
+    for i, out in enumerate(outputs):  # the first chunk of each choice carries the role
+        yield chunk(i, {"role": "assistant", "content": ""}, None, {"finish_reason": None}, out)
+    async with contextlib.aclosing(stream_outputs(ctx, request, prepared)) as updates:
+        try:
+            async for i, out in updates:
+                error = engine_error(out)
+                if error is not None:
+                    yield sse_error(*error)
+                    break
+                text = out.streaming_text()
+                delta = text[sent_text[i]:]
+                sent_text[i] = len(text)
+                logprobs = None
+                if req.logprobs and len(out.output_logprobs) > sent_lp[i]:
+                    start = sent_lp[i]
+                    logprobs = {"content": chat_logprobs(tt, out.output_logprobs[start:],
+                                                         out.output_top_logprobs[start:])}
+                    sent_lp[i] = len(out.output_logprobs)
+                if not delta and logprobs is None and not out.finished:
+                    continue
+                yield chunk(i, {"content": delta} if delta else {}, logprobs, finish_fields(out), out)
+        except ClientDisconnected:
+            return
+    if include_usage:
+        yield sse(stream_usage_chunk(base, outputs, n))
+    yield SSE_DONE
