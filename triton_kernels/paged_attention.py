@@ -294,10 +294,12 @@ def _extend_config(num_tokens: int, num_heads: int, head_dim: int, dtype: torch.
     if device.type != "cuda":
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
     d_pad = triton.next_power_of_2(head_dim)
-    if dtype == torch.float32:  # tests only: dots run on FMA units (ieee), tiles sized for the 4-byte rows
-        return dict(BLOCK_M=64, BLOCK_N=16 if d_pad >= 256 else 32, num_warps=4, num_stages=2)
+    if dtype == torch.float32:  # for tests: ieee dots run on FMA units; small tiles keep them out of spills
+        return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=2)
     if triton.cdiv(num_tokens, 128) * num_heads < 2 * _num_sms(device):  # too few 128-row blocks
-        return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2 if d_pad >= 256 else 3)
+        if d_pad >= 256:  # two warpgroups split the 64 x 256 accumulator
+            return dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2)
+        return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
     if d_pad >= 256:
         return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)
     return dict(BLOCK_M=128, BLOCK_N=64, num_warps=4 if d_pad <= 64 else 8, num_stages=3)
@@ -452,7 +454,7 @@ def _decode_config(batch: int, num_kv_heads: int, head_dim: int, max_len: int, d
         block_n, warps, stages = 16, 4, 1
     else:
         row_bytes = triton.next_power_of_2(head_dim) * dtype.itemsize
-        block_n = 16 if row_bytes >= 1024 else 32 if row_bytes >= 512 else 64
+        block_n = 16 if dtype == torch.float32 else 32 if row_bytes >= 512 else 64
         warps, stages = 4, 2 if dtype == torch.float32 else 3
     programs = batch * num_kv_heads
     max_splits = max(1, triton.cdiv(triton.cdiv(max_len, block_n), 4))
