@@ -7,6 +7,208 @@ request, oldest first). Prefill reads the initial state of each sequence from it
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from triton_kernels.varlen import locate_chunk, num_virtual_chunks
+
+
+@triton.jit(do_not_specialize=["N"])
+def _causal_conv1d_prefill_kernel(
+    x,
+    weight,
+    bias,
+    conv_states,
+    cu_seqlens,
+    state_slots,
+    has_initial_state,
+    y,
+    stride_x_t,
+    stride_s,
+    N,
+    D: tl.constexpr,
+    W: tl.constexpr,
+    BT: tl.constexpr,
+    BD: tl.constexpr,
+    BW: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    USE_SILU: tl.constexpr,
+):
+    """One program per (channel block, chunk of BT tokens of one sequence). Taps that reach before
+    the sequence start read the slot's conv state (or zeros). The program holding a sequence's
+    first chunk also writes its final conv state: it is the only reader of the initial one."""
+    i_d, i_c = tl.program_id(0), tl.program_id(1)
+    i_n, i_t, bos, eos = locate_chunk(cu_seqlens, i_c, N, BT, BLOCK_N)
+    length = eos - bos
+    if (i_t > 0) & (i_t * BT >= length):
+        return
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    o_t = i_t * BT + tl.arange(0, BT)  # positions in the sequence
+    m_t = o_t < length
+    slot = tl.load(state_slots + i_n).to(tl.int64)
+    # taps may read the conv state from position `first` on (1 - W with an initial state, else 0);
+    # flags enter masks as bounds: the interpreter cannot broadcast a scalar bool into a mask
+    first = (1 - W) * (tl.load(has_initial_state + i_n) != 0).to(tl.int32)
+    p_x = x + bos * stride_x_t
+    p_s = conv_states + slot * stride_s
+
+    b_y = tl.zeros([BT, BD], dtype=tl.float32)
+    if HAS_BIAS:
+        b_y += tl.load(bias + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
+    for j in tl.static_range(W):
+        o_p = o_t + (j - (W - 1))  # position of tap j; < 0 is row o_p + W - 1 of the conv state
+        m_x = (m_t & (o_p >= 0))[:, None] & m_d[None, :]
+        b_in = tl.load(p_x + o_p[:, None] * stride_x_t + o_d[None, :], mask=m_x, other=0.0).to(tl.float32)
+        if i_t == 0:
+            m_s = (m_t & (o_p < 0) & (o_p >= first))[:, None] & m_d[None, :]
+            p_in = p_s + (o_p + W - 1)[:, None] * D + o_d[None, :]
+            b_in += tl.load(p_in, mask=m_s, other=0.0).to(tl.float32)
+        b_y += b_in * tl.load(weight + o_d * W + j, mask=m_d, other=0.0).to(tl.float32)[None, :]
+    if USE_SILU:
+        b_y = b_y * tl.sigmoid(b_y)
+    p_y = y + (bos + o_t)[:, None] * D + o_d[None, :]
+    tl.store(p_y, b_y.to(y.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
+
+    if i_t == 0:
+        tl.debug_barrier()  # every thread's reads of the initial state come before the writes below
+        # row j of the final state holds position length - (W - 1) + j: from x, or from the initial state
+        o_j = tl.arange(0, BW)
+        o_f = length - (W - 1) + o_j
+        m_j = (o_j < W - 1)[:, None] & m_d[None, :]
+        m_fx = m_j & (o_f >= 0)[:, None]
+        m_fs = m_j & ((o_f < 0) & (o_f >= first))[:, None]
+        b_f = tl.load(p_x + o_f[:, None] * stride_x_t + o_d[None, :], mask=m_fx, other=0.0).to(tl.float32)
+        b_f += tl.load(p_s + (o_f + W - 1)[:, None] * D + o_d[None, :], mask=m_fs, other=0.0).to(tl.float32)
+        tl.debug_barrier()
+        tl.store(p_s + o_j[:, None] * D + o_d[None, :], b_f.to(conv_states.dtype.element_ty), mask=m_j)
+
+
+@triton.jit
+def _causal_conv1d_update_kernel(
+    x,
+    weight,
+    bias,
+    conv_states,
+    state_slots,
+    y,
+    stride_x_b,
+    stride_s,
+    pad_slot,
+    D: tl.constexpr,
+    W: tl.constexpr,
+    BD: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    USE_SILU: tl.constexpr,
+):
+    """One program per (channel block, request): reads the W - 1 state rows and the new input
+    once, writes the output and the shifted state rows."""
+    i_d, i_b = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    p_y = y + i_b * D + o_d
+    slot = tl.load(state_slots + i_b).to(tl.int64)
+    if slot == pad_slot:
+        tl.store(p_y, tl.zeros([BD], dtype=tl.float32).to(y.dtype.element_ty), mask=m_d)
+        return
+    p_s = conv_states + slot * stride_s + o_d
+
+    b_y = tl.zeros([BD], dtype=tl.float32)
+    if HAS_BIAS:
+        b_y += tl.load(bias + o_d, mask=m_d, other=0.0).to(tl.float32)
+    for j in tl.static_range(W - 1):
+        b_s = tl.load(p_s + j * D, mask=m_d, other=0.0)
+        b_y += b_s.to(tl.float32) * tl.load(weight + o_d * W + j, mask=m_d, other=0.0).to(tl.float32)
+        if j > 0:
+            tl.store(p_s + (j - 1) * D, b_s, mask=m_d)
+    b_x = tl.load(x + i_b * stride_x_b + o_d, mask=m_d, other=0.0).to(tl.float32)
+    b_y += b_x * tl.load(weight + o_d * W + (W - 1), mask=m_d, other=0.0).to(tl.float32)
+    tl.store(p_s + (W - 2) * D, b_x.to(conv_states.dtype.element_ty), mask=m_d)
+    if USE_SILU:
+        b_y = b_y * tl.sigmoid(b_y)
+    tl.store(p_y, b_y.to(y.dtype.element_ty), mask=m_d)
+
+
+def _check_conv_args(x, weight, bias, conv_states, activation):
+    D, W = weight.shape
+    assert x.ndim == 2 and x.shape[1] == D and x.stride(1) == 1, f"x {tuple(x.shape)} strides {x.stride()}"
+    assert W >= 2 and weight.is_contiguous(), f"weight {tuple(weight.shape)} must be a contiguous [D, W>=2]"
+    assert bias is None or bias.shape == (D,)
+    assert conv_states.shape[1:] == (W - 1, D), f"conv_states {tuple(conv_states.shape)} != [S, {W - 1}, {D}]"
+    assert conv_states.stride()[1:] == (D, 1), "conv_states must be contiguous within a slot"
+    if activation not in (None, "silu", "swish"):
+        raise ValueError(f"unsupported conv1d activation {activation!r}; expected 'silu' or None")
+    return D, W
+
+
+def _conv_prefill_fwd(x, weight, bias, conv_states, cu_seqlens, state_slots, has_initial_state, activation,
+                      BT=64, BD=128, num_warps=8):
+    D, W = _check_conv_args(x, weight, bias, conv_states, activation)
+    T, N = x.shape[0], state_slots.shape[0]
+    assert cu_seqlens.shape == (N + 1,) and has_initial_state.shape == (N,)
+    assert W - 1 <= BT
+    y = torch.empty(T, D, dtype=x.dtype, device=x.device)
+    if N == 0:
+        return y
+    grid = (triton.cdiv(D, BD), num_virtual_chunks(T, N, BT))
+    _causal_conv1d_prefill_kernel[grid](
+        x, weight, bias, conv_states, cu_seqlens, state_slots, has_initial_state, y,
+        x.stride(0), conv_states.stride(0), N,
+        D=D, W=W, BT=BT, BD=BD, BW=triton.next_power_of_2(W - 1), BLOCK_N=64,
+        HAS_BIAS=bias is not None, USE_SILU=activation is not None, num_warps=num_warps,
+    )
+    return y
+
+
+def _conv_update_fwd(x, weight, bias, conv_states, state_slots, pad_slot, activation, BD=None, num_warps=None):
+    D, W = _check_conv_args(x, weight, bias, conv_states, activation)
+    B = x.shape[0]
+    assert state_slots.shape == (B,)
+    y = torch.empty(B, D, dtype=x.dtype, device=x.device)
+    if B == 0:
+        return y
+    if BD is None:  # small batches: more, narrower programs
+        BD, num_warps = (256, 2) if B < 32 else (1024, 4)
+    BD = min(BD, triton.next_power_of_2(D))
+    grid = (triton.cdiv(D, BD), B)
+    _causal_conv1d_update_kernel[grid](
+        x, weight, bias, conv_states, state_slots, y, x.stride(0), conv_states.stride(0), pad_slot,
+        D=D, W=W, BD=BD, HAS_BIAS=bias is not None, USE_SILU=activation is not None, num_warps=num_warps,
+    )
+    return y
+
+
+def causal_conv1d_prefill(
+    *,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_states: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    state_slots: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    activation: str | None = "silu",
+) -> torch.Tensor:
+    """Triton version of causal_conv1d_prefill_ref (same arguments and result); x may have a row
+    stride larger than D. Final conv states are written into the slots."""
+    return _conv_prefill_fwd(x, weight, bias, conv_states, cu_seqlens, state_slots, has_initial_state,
+                             activation)
+
+
+def causal_conv1d_update(
+    *,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_states: torch.Tensor,
+    state_slots: torch.Tensor,
+    pad_slot: int = -1,
+    activation: str | None = "silu",
+) -> torch.Tensor:
+    """Triton version of causal_conv1d_update_ref (same arguments and result); x may have a row
+    stride larger than D. Conv states are updated in place."""
+    return _conv_update_fwd(x, weight, bias, conv_states, state_slots, pad_slot, activation)
 
 
 def _activate(x: torch.Tensor, activation: str | None) -> torch.Tensor:

@@ -9,10 +9,95 @@ which is the token-by-token recurrence of gdn_recurrent.py, computed with matmul
 """
 
 import torch
+import triton
 
+from triton_kernels.gdn_chunk_parts import (
+    _gdn_chunk_intra_kernel,
+    _gdn_chunk_output_kernel,
+    _gdn_chunk_state_kernel,
+)
 from triton_kernels.gdn_gating import gdn_gating_ref, l2norm_ref
+from triton_kernels.varlen import num_virtual_chunks
 
 CHUNK_SIZE = 64
+
+
+def _state_config(num_seqs: int, HV: int, V: int) -> tuple[int, int, int]:
+    """(BV, num_warps, num_stages) of the sequential state kernel; narrower V blocks when there are
+    too few (sequence, head) pairs to fill the GPU. Chosen by hand, not autotuned: the kernel
+    updates the state pool in place, so the autotuner's repeated runs would corrupt it."""
+    BV = 64 if num_seqs * HV * triton.cdiv(V, 64) >= 256 else 32
+    return min(BV, max(16, triton.next_power_of_2(V))), 4, 2
+
+
+def _gdn_prefill_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, cu_seqlens, state_slots, has_initial_state,
+                     scale, state_config=None):
+    T, HK, K = q.shape
+    HV, V = v.shape[1:]
+    N = state_slots.shape[0]
+    assert k.shape == q.shape and v.shape[0] == T and HV % HK == 0, (q.shape, k.shape, v.shape)
+    assert q.dtype == k.dtype == v.dtype, (q.dtype, k.dtype, v.dtype)
+    assert a.shape == (T, HV) and b.shape == (T, HV), (a.shape, b.shape)
+    assert A_log.shape == (HV,) and dt_bias.shape == (HV,)
+    assert 16 <= K <= 128 and 16 <= V <= 256, f"head dims K={K}, V={V}: supported are 16 <= K <= 128, 16 <= V <= 256"
+    assert ssm_states.shape[1:] == (HV, K, V), f"ssm_states {tuple(ssm_states.shape)} != [S, {HV}, {K}, {V}]"
+    assert ssm_states.stride()[1:] == (K * V, V, 1), "ssm_states must be contiguous within a slot"
+    assert cu_seqlens.shape == (N + 1,) and has_initial_state.shape == (N,)
+    for name, x in (("q", q), ("k", k), ("v", v), ("a", a), ("b", b)):
+        assert x.stride(-1) == 1, f"{name} needs a unit stride on its last dim; got strides {x.stride()}"
+    o = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
+    if N == 0:
+        return o
+    BT, BK = CHUNK_SIZE, triton.next_power_of_2(K)
+    NC = num_virtual_chunks(T, N, BT)
+    g_cum = torch.empty(T, HV, dtype=torch.float32, device=v.device)
+    kn = torch.empty(T, HK, K, dtype=k.dtype, device=k.device)
+    w = torch.empty(T, HV, K, dtype=k.dtype, device=k.device)
+    u = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
+    v_new = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
+    h = torch.empty(NC, HV, K, V, dtype=k.dtype, device=k.device)
+
+    _gdn_chunk_intra_kernel[(NC, HV)](
+        k, v, a, b, A_log, dt_bias, g_cum, kn, w, u, cu_seqlens,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0), N,
+        HK=HK, HV=HV, K=K, V=V, BT=BT, BLOCK_N=64,
+    )
+    BV_state, num_warps, num_stages = state_config or _state_config(N, HV, V)
+    _gdn_chunk_state_kernel[(triton.cdiv(V, BV_state), HV, N)](
+        kn, w, u, g_cum, h, v_new, ssm_states, cu_seqlens, state_slots, has_initial_state, ssm_states.stride(0),
+        HK=HK, HV=HV, K=K, V=V, BT=BT, BK=min(BK, 64), BV=BV_state, num_warps=num_warps, num_stages=num_stages,
+    )
+    _gdn_chunk_output_kernel[lambda meta: (NC, HV, triton.cdiv(V, meta["BV"]))](
+        q, kn, v_new, h, g_cum, o, cu_seqlens, q.stride(0), q.stride(1), scale, N,
+        HK=HK, HV=HV, K=K, V=V, BT=BT, BK=BK, BLOCK_N=64,
+    )
+    return o
+
+
+def gdn_prefill(
+    *,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    ssm_states: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    state_slots: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    scale: float | None = None,
+    chunk_size: int = CHUNK_SIZE,
+) -> torch.Tensor:
+    """Triton version of gdn_prefill_ref (same arguments and result). q, k, v, a, b may be strided
+    views; initial states come from the pool slots and final states go back in place. The result
+    does not depend on chunk_size, which the kernels fix at 64."""
+    if chunk_size != CHUNK_SIZE:
+        raise ValueError(f"gdn_prefill runs chunks of {CHUNK_SIZE} tokens; got chunk_size={chunk_size}")
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return _gdn_prefill_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, cu_seqlens, state_slots,
+                            has_initial_state, scale)
 
 
 def _chunked_delta_rule(q, k, v, g, beta, state, chunk_size):

@@ -9,8 +9,133 @@ State pool: `[num_slots, Hv, K, V]` (float32 by default).
 """
 
 import torch
+import triton
+import triton.language as tl
 
-from triton_kernels.gdn_gating import gdn_gating_ref, l2norm_ref
+from triton_kernels.gdn_gating import gdn_gate, gdn_gating_ref, l2norm, l2norm_ref
+
+
+@triton.jit
+def _gdn_decode_kernel(
+    q,
+    k,
+    v,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    ssm_states,
+    state_slots,
+    o,
+    stride_q_b,
+    stride_q_h,
+    stride_k_b,
+    stride_k_h,
+    stride_v_b,
+    stride_v_h,
+    stride_a_b,
+    stride_b_b,
+    stride_s,
+    pad_slot,
+    scale,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+):
+    """One program per (V block, value head, request): the [K, BV] state tile is read once,
+    decayed, delta-updated and written back; the output uses the updated tile."""
+    i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_hk = i_h // (HV // HK)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    p_o = o + (i_b * HV + i_h) * V + o_v
+
+    slot = tl.load(state_slots + i_b).to(tl.int64)
+    if slot == pad_slot:
+        tl.store(p_o, tl.zeros([BV], dtype=tl.float32).to(o.dtype.element_ty), mask=m_v)
+        return
+
+    p_s = ssm_states + slot * stride_s + i_h * K * V + o_k[:, None] * V + o_v[None, :]
+    m_s = m_k[:, None] & m_v[None, :]
+    b_s = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)  # [BK, BV]
+
+    b_q = tl.load(q + i_b * stride_q_b + i_hk * stride_q_h + o_k, mask=m_k, other=0.0)
+    b_k = tl.load(k + i_b * stride_k_b + i_hk * stride_k_h + o_k, mask=m_k, other=0.0)
+    b_v = tl.load(v + i_b * stride_v_b + i_h * stride_v_h + o_v, mask=m_v, other=0.0).to(tl.float32)
+    b_q = l2norm(b_q, 0) * scale
+    b_k = l2norm(b_k, 0)
+    b_g, b_beta = gdn_gate(tl.load(a + i_b * stride_a_b + i_h), tl.load(b + i_b * stride_b_b + i_h),
+                           tl.load(A_log + i_h).to(tl.float32), tl.load(dt_bias + i_h).to(tl.float32))
+
+    b_s = b_s * tl.exp(b_g)
+    b_u = b_beta * (b_v - tl.sum(b_s * b_k[:, None], 0))  # [BV]
+    b_s = b_s + b_k[:, None] * b_u[None, :]
+    b_o = tl.sum(b_s * b_q[:, None], 0)
+    tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_s)
+    tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_v)
+
+
+def _decode_config(batch: int, K: int, V: int) -> tuple[int, int]:
+    """(BV, num_warps): a [K, BV] fp32 tile of about 16 KiB per program; narrower tiles when
+    the batch is too small to fill the GPU."""
+    BK = triton.next_power_of_2(K)
+    BV = min(triton.next_power_of_2(V), max(8, 4096 // BK))
+    if batch < 16:
+        BV = max(8, BV // 2)
+    return BV, 4
+
+
+def _gdn_decode_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, pad_slot, scale,
+                    BV=None, num_warps=None):
+    B, HK, K = q.shape
+    HV, V = v.shape[1:]
+    assert k.shape == q.shape and v.shape[0] == B and HV % HK == 0, (q.shape, k.shape, v.shape)
+    assert a.shape == (B, HV) and b.shape == (B, HV), (a.shape, b.shape)
+    assert A_log.shape == (HV,) and dt_bias.shape == (HV,)
+    assert ssm_states.shape[1:] == (HV, K, V), f"ssm_states {tuple(ssm_states.shape)} != [S, {HV}, {K}, {V}]"
+    assert ssm_states.stride()[1:] == (K * V, V, 1), "ssm_states must be contiguous within a slot"
+    assert state_slots.shape == (B,)
+    for name, x in (("q", q), ("k", k), ("v", v), ("a", a), ("b", b)):
+        assert x.stride(-1) == 1, f"{name} needs a unit stride on its last dim; got strides {x.stride()}"
+    o = torch.empty(B, HV, V, dtype=v.dtype, device=v.device)
+    if B == 0:
+        return o
+    if BV is None:
+        BV, num_warps = _decode_config(B, K, V)
+    grid = (triton.cdiv(V, BV), HV, B)
+    _gdn_decode_kernel[grid](
+        q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, o,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
+        ssm_states.stride(0), pad_slot, scale,
+        HK=HK, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, num_warps=num_warps,
+    )
+    return o
+
+
+def gdn_decode(
+    *,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    ssm_states: torch.Tensor,
+    state_slots: torch.Tensor,
+    pad_slot: int = -1,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Triton version of gdn_decode_ref (same arguments and result). q, k, v, a, b may be strided
+    views (e.g. slices of one projection output); the state pool is updated in place."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return _gdn_decode_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, pad_slot, scale)
+
 
 
 def gdn_decode_ref(
