@@ -7,8 +7,10 @@ plan, and serves SGLang's native API and the OpenAI-compatible API until Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
+import signal
 import sys
 
 import uvicorn
@@ -46,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         config = uvicorn.Config(app, host=resolved.host, port=resolved.port, log_level=resolved.log_level,
                                 access_log=resolved.log_level == "debug", timeout_graceful_shutdown=5,
                                 timeout_keep_alive=30)
-        uvicorn.Server(config).run()
+        # uvicorn shuts down gracefully on SIGINT / SIGTERM, then re-raises the signal: end quietly.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        with contextlib.suppress(KeyboardInterrupt):
+            uvicorn.Server(config).run()
     finally:
         engine.shutdown()
         logger.info("shut down")
