@@ -7,7 +7,7 @@ import secrets
 from fastapi import FastAPI
 
 from hybrid_sgl.engine import Engine
-from hybrid_sgl.server import native, openai_chat, openai_common, openai_completions
+from hybrid_sgl.server import native, openai_chat, openai_common, openai_completions, tokenize
 from hybrid_sgl.server.errors import dumps, error_body, install_error_handlers
 from hybrid_sgl.server.generation import ServerContext
 from hybrid_sgl.server.metrics import Metrics
@@ -25,7 +25,7 @@ def create_app(engine: Engine) -> FastAPI:
                                   context_length=engine.runner.context_length)
     app.state.token_text = TokenText(engine.tokenizer)
     install_error_handlers(app)
-    for module in (native, openai_common, openai_completions, openai_chat):
+    for module in (native, openai_common, openai_completions, openai_chat, tokenize):
         app.include_router(module.router)
     if args.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=args.api_key)

@@ -20,6 +20,8 @@ from hybrid_sgl.outputs import OutputState
 from hybrid_sgl.server.errors import ApiError, dumps, error_body
 from hybrid_sgl.server.metrics import Metrics
 
+LARGE_BODY_BYTES = 64 << 10
+
 
 @dataclass
 class ServerContext:
@@ -35,6 +37,14 @@ class ClientDisconnected(Exception):
 
 def get_context(request: Request) -> ServerContext:
     return request.app.state.ctx
+
+
+async def off_loop(request: Request, fn, *args, **kwargs):
+    """fn(*args, **kwargs), on a worker thread when the request body is large (tokenizing a huge
+    prompt must not stall the other streams on the event loop)."""
+    if len(await request.body()) > LARGE_BODY_BYTES:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+    return fn(*args, **kwargs)
 
 
 async def _abort_on_disconnect(request: Request, ctx: ServerContext, prepared) -> None:

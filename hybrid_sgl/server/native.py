@@ -17,6 +17,7 @@ from hybrid_sgl.server.generation import (
     ServerContext,
     engine_error,
     get_context,
+    off_loop,
     run_to_end,
     sse,
     sse_error,
@@ -43,9 +44,9 @@ async def generate(request: Request):
     bad = unsupported_fields(body, GenerateRequest.NOT_SUPPORTED)
     if bad:
         raise ApiError(f"{bad[0]} is not supported yet", param=bad[0])
-    prepared, single = ctx.engine.prepare(body.text, body.sampling_params, body.input_ids, body.return_logprob,
-                                          body.logprob_start_len, body.top_logprobs_num,
-                                          body.return_text_in_logprobs, body.rid)
+    prepared, single = await off_loop(request, ctx.engine.prepare, body.text, body.sampling_params, body.input_ids,
+                                      body.return_logprob, body.logprob_start_len, body.top_logprobs_num,
+                                      body.return_text_in_logprobs, body.rid)
     if body.stream:
         return streaming_response(_generate_events(ctx, request, prepared, single, body.log_metrics))
     try:

@@ -14,6 +14,7 @@ from hybrid_sgl.server.generation import (
     ServerContext,
     engine_error,
     get_context,
+    off_loop,
     run_to_end,
     sse,
     sse_error,
@@ -92,7 +93,7 @@ async def chat_completions(request: Request):
     field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     if max_tokens is not None and max_tokens < 1:
         raise ApiError(f"{field} must be at least 1, got {max_tokens}", param=field)
-    ids = render_chat(ctx, req)
+    ids = await off_loop(request, render_chat, ctx, req)
     n = req.n or 1
     params = sampling_params(req, max_new_tokens_for(ctx, len(ids), max_tokens))
     rid = req.rid or new_id("chatcmpl")

@@ -14,6 +14,7 @@ from hybrid_sgl.server.generation import (
     ServerContext,
     engine_error,
     get_context,
+    off_loop,
     run_to_end,
     sse,
     sse_error,
@@ -70,7 +71,7 @@ async def completions(request: Request):
         raise ApiError("best_of different from n is not supported yet", param="best_of")
     if req.max_tokens is not None and (req.max_tokens < 0 or (req.max_tokens == 0 and not req.echo)):
         raise ApiError(f"max_tokens must be at least 1 (0 only with echo), got {req.max_tokens}", param="max_tokens")
-    ids_list, echo_texts = _prompts(ctx, req.prompt)
+    ids_list, echo_texts = await off_loop(request, _prompts, ctx, req.prompt)
     want_lp = req.logprobs is not None
     params = [sampling_params(req, max_new_tokens_for(ctx, len(ids), req.max_tokens))
               for ids in ids_list]

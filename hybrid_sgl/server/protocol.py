@@ -133,3 +133,19 @@ class ChatCompletionRequest(_OpenAISampling):
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool | None = True
     continue_final_message: bool | None = False
+
+
+class TokenizeRequest(_Strict):
+    model: str | None = None
+    prompt: str | list[str] | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool | None = True
+    continue_final_message: bool | None = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: list[int] | list[list[int]]
+    skip_special_tokens: bool = True

@@ -65,6 +65,7 @@ CASES = [
     ("/generate", {"input_ids": [5] * 1024}, 400, "context length"),
     ("/v1/completions", {"prompt": LONG_TEXT}, 400, "context length"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONG_TEXT}]}, 400, "context length"),
+    ("/generate", {"text": "word " * 40000}, 400, "context length"),  # tokenized off the event loop
     ("/generate", {"text": ""}, 400, "empty"),
     # out-of-vocabulary token ids
     ("/generate", {"input_ids": [1, 2, 10**6]}, 400, "vocabulary"),

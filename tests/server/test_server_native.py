@@ -208,3 +208,18 @@ def _metric_values(text: str) -> dict[str, float]:
             values.setdefault(name, float(value))  # first bucket for histograms; fine for these checks
     assert all(math.isfinite(v) for v in values.values())
     return values
+
+
+def test_tokenize_and_detokenize(url, tokenizer):
+    r = httpx.post(url + "/tokenize", json={"prompt": "Hello there"}).json()
+    assert r == {"tokens": tokenizer.encode("Hello there"), "count": len(tokenizer.encode("Hello there")),
+                 "max_model_len": 1024}
+    batch = httpx.post(url + "/v1/tokenize", json={"prompt": ["a b", "Hello"]}).json()
+    assert batch["tokens"] == [tokenizer.encode("a b"), tokenizer.encode("Hello")] and len(batch["count"]) == 2
+    messages = [{"role": "user", "content": "Hi"}]
+    chat = httpx.post(url + "/tokenize", json={"messages": messages}).json()
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert chat["tokens"] == tokenizer.encode(rendered, add_special_tokens=False)
+    text = httpx.post(url + "/detokenize", json={"tokens": r["tokens"]}).json()["text"]
+    assert text == "Hello there"
+    assert httpx.post(url + "/detokenize", json={"tokens": [10**7]}).status_code == 400
