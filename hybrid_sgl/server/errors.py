@@ -69,13 +69,20 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _int64(text: str) -> int:
+    value = int(text)
+    if not -(1 << 63) <= value < (1 << 63):
+        raise ValueError(f"integer {text} is out of the 64-bit range")
+    return value
+
+
 async def parse_body(request: Request, model: type[M]) -> M:
     """The request's JSON body validated against `model`, or ApiError(400) naming the cause."""
     raw = await request.body()
     if not raw.strip():
         raise ApiError("the request body is empty; send a JSON object")
     try:
-        data = json.loads(raw, parse_constant=_reject_constant)
+        data = json.loads(raw, parse_constant=_reject_constant, parse_int=_int64)
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(f"malformed JSON in the request body: {e}") from None
     if not isinstance(data, dict):

@@ -21,6 +21,7 @@ from hybrid_sgl.server.errors import ApiError, dumps, error_body
 from hybrid_sgl.server.metrics import Metrics
 
 LARGE_BODY_BYTES = 64 << 10
+MAX_SEQUENCES = 4096  # generated sequences (prompts x n) in one HTTP request
 
 
 @dataclass
@@ -37,6 +38,12 @@ class ClientDisconnected(Exception):
 
 def get_context(request: Request) -> ServerContext:
     return request.app.state.ctx
+
+
+def check_fanout(count: int) -> None:
+    if count > MAX_SEQUENCES:
+        raise ApiError(f"the request asks for {count} sequences (prompts x n); at most {MAX_SEQUENCES} are "
+                       "allowed in one request: split it")
 
 
 async def off_loop(request: Request, fn, *args, **kwargs):

@@ -15,6 +15,7 @@ from hybrid_sgl.server.generation import (
     SSE_DONE,
     ClientDisconnected,
     ServerContext,
+    check_fanout,
     engine_error,
     get_context,
     off_loop,
@@ -44,6 +45,7 @@ async def generate(request: Request):
     bad = unsupported_fields(body, GenerateRequest.NOT_SUPPORTED)
     if bad:
         raise ApiError(f"{bad[0]} is not supported yet", param=bad[0])
+    check_fanout(_num_sequences(body))
     prepared, single = await off_loop(request, ctx.engine.prepare, body.text, body.sampling_params, body.input_ids,
                                       body.return_logprob, body.logprob_start_len, body.top_logprobs_num,
                                       body.return_text_in_logprobs, body.rid)
@@ -78,6 +80,15 @@ def streaming_response(events) -> StreamingResponse:
     """SSE response; closing `events` afterwards aborts what is still running if the client left."""
     return StreamingResponse(events, media_type="text/event-stream", background=BackgroundTask(events.aclose),
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _num_sequences(body: GenerateRequest) -> int:
+    """Prompts x n, counted before anything is tokenized (malformed values are left to the engine)."""
+    single = isinstance(body.text, str) or bool(body.input_ids and isinstance(body.input_ids[0], int))
+    prompts = 1 if single else len(body.text or body.input_ids or [])
+    params = body.sampling_params if isinstance(body.sampling_params, list) else [body.sampling_params or {}] * prompts
+    ns = [p.get("n") for p in params]
+    return sum(n if isinstance(n, int) and n > 1 else 1 for n in ns)
 
 
 @router.get("/health")

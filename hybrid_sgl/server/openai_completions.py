@@ -12,6 +12,7 @@ from hybrid_sgl.server.generation import (
     SSE_DONE,
     ClientDisconnected,
     ServerContext,
+    check_fanout,
     engine_error,
     get_context,
     off_loop,
@@ -71,6 +72,8 @@ async def completions(request: Request):
         raise ApiError("best_of different from n is not supported yet", param="best_of")
     if req.max_tokens is not None and (req.max_tokens < 0 or (req.max_tokens == 0 and not req.echo)):
         raise ApiError(f"max_tokens must be at least 1 (0 only with echo), got {req.max_tokens}", param="max_tokens")
+    check_fanout(n * (len(req.prompt) if isinstance(req.prompt, list) and req.prompt
+                      and not isinstance(req.prompt[0], int) else 1))
     ids_list, echo_texts = await off_loop(request, _prompts, ctx, req.prompt)
     want_lp = req.logprobs is not None
     params = [sampling_params(req, max_new_tokens_for(ctx, len(ids), req.max_tokens))

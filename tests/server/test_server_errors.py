@@ -23,6 +23,7 @@ CASES = [
     ("/generate", b"", 400, "empty"),
     ("/generate", b'{"text": "a", "sampling_params": {"temperature": NaN}}', 400, "NaN"),
     ("/v1/completions", b"{model: x}", 400, "malformed JSON"),
+    ("/generate", b'{"text": "a", "sampling_params": {"top_k": 100000000000000000000}}', 400, "64-bit range"),
     # wrong types
     ("/generate", {"text": 5}, 400, "text"),
     ("/generate", {"text": "a", "sampling_params": "fast"}, 400, "sampling_params"),
@@ -47,6 +48,9 @@ CASES = [
     ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": -1}}, 400, "max_new_tokens"),
     ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 100000}}, 400, "context length"),
     ("/generate", {"text": "a", "sampling_params": {"n": 0}}, 400, "n must be"),
+    ("/generate", {"text": "a", "sampling_params": {"n": 10**9}}, 400, "at most 4096"),
+    ("/generate", {"text": ["a"] * 100, "sampling_params": {"n": 100}}, 400, "at most 4096"),
+    ("/v1/completions", {"prompt": ["a"] * 100, "n": 100}, 400, "at most 4096"),
     ("/generate", {"text": "a", "sampling_params": {"temperature": -0.5}}, 400, "temperature"),
     ("/generate", {"text": "a", "sampling_params": {"top_p": 0}}, 400, "top_p"),
     ("/generate", {"text": "a", "sampling_params": {"top_k": 0}}, 400, "top_k"),
