@@ -158,10 +158,9 @@ def _byte_decoder() -> dict[str, int]:
 
 
 def _is_byte_level(tokenizer: PreTrainedTokenizerBase) -> bool:
-    backend = getattr(tokenizer, "backend_tokenizer", None)  # slow tokenizers have none
-    if backend is None:
+    if not tokenizer.is_fast:  # only fast (Rust) tokenizers expose their pipeline
         return False
-    decoder = json.loads(backend.to_str()).get("decoder") or {}
+    decoder = json.loads(tokenizer.backend_tokenizer.to_str()).get("decoder") or {}
     kinds = [decoder.get("type")] + [d.get("type") for d in decoder.get("decoders", [])]
     return "ByteLevel" in kinds
 
