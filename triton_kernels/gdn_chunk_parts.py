@@ -57,11 +57,13 @@ def _store_rows(p, o_r, m_r, stride_t, o_c, m_c, b_x):
 
 @triton.jit
 def _decay(b_A, b_gamma_r, b_gamma_c, b_beta_r, DIAG: tl.constexpr):
-    """beta_r * A * exp(gamma_r - gamma_c); of a diagonal block only the strictly lower part."""
-    b_A = b_A * tl.exp(b_gamma_r[:, None] - b_gamma_c[None, :])
+    """beta_r * A * exp(gamma_r - gamma_c); of a diagonal block only the strictly lower part.
+    gamma never grows along the chunk, so the exponent is <= 0 wherever the block is used; the clamp
+    keeps exp finite above the diagonal."""
+    b_A = b_A * tl.exp(tl.minimum(b_gamma_r[:, None] - b_gamma_c[None, :], 0.0))
     if DIAG:
         o_i = tl.arange(0, b_A.shape[0])
-        b_A = tl.where(o_i[:, None] > o_i[None, :], b_A, 0.0)  # above it exp may overflow: select, not multiply
+        b_A = tl.where(o_i[:, None] > o_i[None, :], b_A, 0.0)
     return b_A * b_beta_r[:, None]
 
 
@@ -377,7 +379,7 @@ def _gdn_chunk_output_kernel(
     b_o = tl.dot(b_q, b_h) * tl.exp(b_g)[:, None]  # [BT, BV]: the state's part
     b_s = tl.dot(b_q, tl.trans(b_k))  # [BT, BT]
     m_s = (o_c[:, None] >= o_c[None, :]) & m_c[:, None]
-    b_s = tl.where(m_s, b_s * tl.exp(b_g[:, None] - b_g[None, :]), 0.0)
+    b_s = tl.where(m_s, b_s * tl.exp(tl.minimum(b_g[:, None] - b_g[None, :], 0.0)), 0.0)
     b_v = _load_rows(v_new + (t0 * HV + i_h) * V, o_c, m_c, HV * V, o_v, m_v)
     b_o += tl.dot(b_s.to(b_v.dtype), b_v)
     _store_rows(o + (t0 * HV + i_h) * V, o_c, m_c, HV * V, o_v, m_v, b_o)

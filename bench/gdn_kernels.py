@@ -1,0 +1,332 @@
+"""Gated DeltaNet kernels on one GPU: ours vs fla-core in the same run, at the ANCHORS.md shapes
+(Qwen3.5-9B linear attention: H_qk 16, H_v 32, K = V = 128, bf16 inputs, fp32 state; the conv over
+[q k v]: 8192 channels, width 4, bf16 conv state).
+
+    PYTHONPATH=. python bench/gdn_kernels.py [--no-tune] [--no-long] [--no-profile]
+
+Ours reads strided views of one projection row and updates the state pools in place through slot
+indices; fla (imported if installed) gets contiguous inputs, contiguous states and precomputed gates
+(untimed), as it needs. Ratios are fla's time / ours (> 1: ours is faster). "% BW" is the bytes that
+must move (states read + written, inputs, outputs) over the time, as a share of the copy bandwidth
+measured here. Every case also checks ours against the torch reference at that shape (relative L2
+error of outputs and states). The tuning sections time our kernels under other launch configs, to
+check the built-in choices; the profile sections split each prefill into its kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.testing
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from triton_kernels import causal_conv1d as conv  # noqa: E402
+from triton_kernels import gdn_chunk, gdn_recurrent  # noqa: E402
+
+try:
+    import fla
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+except ImportError as e:
+    fla, FLA_MISSING = None, str(e)
+
+HK, HV, K, V, WIDTH = 16, 32, 128, 128, 4
+CONV_DIM = 2 * HK * K + HV * V
+PROJ = CONV_DIM + HV * V + 2 * HV  # in_proj row: [q k v | z | b | a]
+DTYPE = torch.bfloat16
+DECODE_BATCHES = [1, 8, 64, 256]
+PREFILL_CASES = [(1, 4096), (1, 32768), (8, 4096)]  # (sequences, tokens each)
+STATE_BYTES = HV * K * V * 4
+DEVICE = "cuda"
+
+
+def bench_ms(fn: Callable) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def copy_bandwidth() -> float:
+    """Device copy bandwidth in bytes/s, counting read + write."""
+    x = torch.empty(1 << 30, dtype=torch.uint8, device=DEVICE)
+    y = torch.empty_like(x)
+    return 2 * x.numel() / (bench_ms(lambda: y.copy_(x)) * 1e-3)
+
+
+def copy_ms(num_bytes: int) -> float:
+    """Time of a device copy moving num_bytes in all (half read, half written)."""
+    x = torch.empty(max(num_bytes // 2, 1), dtype=torch.uint8, device=DEVICE)
+    y = torch.empty_like(x)
+    return bench_ms(lambda: y.copy_(x))
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((x.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
+
+
+def gdn_inputs(num_tokens: int, seed: int = 0) -> dict:
+    """q, k, v, a, b as strided views of one bf16 projection (as the model passes them), and the
+    per-head parameters."""
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    proj = torch.randn(num_tokens, PROJ, generator=g, device=DEVICE, dtype=DTYPE)
+    q, k, v, _, b, a = proj.split([HK * K, HK * K, HV * V, HV * V, HV, HV], dim=-1)
+    return dict(q=q.view(-1, HK, K), k=k.view(-1, HK, K), v=v.view(-1, HV, V), a=a, b=b,
+                A_log=torch.empty(HV, device=DEVICE).uniform_(0, 2.77, generator=g),  # A in [1, 16]
+                dt_bias=torch.empty(HV, device=DEVICE).uniform_(-4, -2, generator=g))
+
+
+def fla_args(x: dict) -> dict:
+    """fla's inputs: contiguous [1 or B, T, H, D], gates precomputed in float32."""
+    g = -x["A_log"].exp() * F.softplus(x["a"].float() + x["dt_bias"])
+    return dict(q=x["q"].contiguous(), k=x["k"].contiguous(), v=x["v"].contiguous(), g=g,
+                beta=x["b"].float().sigmoid())
+
+
+def state_pool(num_slots: int, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    return 0.1 * torch.randn(num_slots, HV, K, V, generator=g, device=DEVICE)
+
+
+def kernel_times(fn: Callable, iters: int = 5) -> list[tuple[str, float]]:
+    """(kernel name, ms per call) of the GPU kernels fn launches, slowest first."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = collections.defaultdict(float)
+    for evt in prof.events():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            totals[evt.name] += evt.time_range.elapsed_us() / 1e3 / iters
+    return sorted(totals.items(), key=lambda kv: -kv[1])
+
+
+def report_profile(name: str, fn: Callable, report) -> None:
+    times = kernel_times(fn)
+    report(f"  {name}: {sum(t for _, t in times):.3f} ms in kernels")
+    for kernel, t in times[:8]:
+        report(f"    {t:.3f} ms  {kernel[:90]}")
+
+
+def sweep(title: str, default: str, base_ms: float, configs: list, call: Callable, metric: Callable, report):
+    results = []
+    for cfg in configs:
+        try:
+            results.append((bench_ms(lambda cfg=cfg: call(cfg)), cfg))
+        except Exception as e:  # out of registers / shared memory
+            report(f"  {title}: {cfg} failed: {type(e).__name__}")
+    results.sort(key=lambda r: r[0])
+    report(f"\n{title} tuning (default {default}: {base_ms:.3f} ms)")
+    for ms, cfg in results[:6]:
+        report(f"  {ms:.3f} ms  {metric(ms)}  {cfg}")
+
+
+def decode_case(batch: int, copy_bw: float, tune: bool, report) -> dict:
+    x = gdn_inputs(batch, seed=batch)
+    num_slots = batch + 8
+    pad = num_slots - 1
+    slots = torch.randperm(num_slots - 1, device=DEVICE)[:batch].int()
+    states = state_pool(num_slots)
+    kw = dict(**x, state_slots=slots, pad_slot=pad)
+    row = dict(op="GDN decode", shape=f"B={batch}")
+    ours, ref, ref_init = states.clone(), states.clone(), states.clone()
+    o = gdn_recurrent.gdn_decode(**kw, ssm_states=ours)
+    o_ref = gdn_recurrent.gdn_decode_ref(**kw, ssm_states=ref)
+    row["err"] = f"o {rel_err(o, o_ref):.1e}, S {rel_err(ours, ref):.1e}"
+    row["ours"] = bench_ms(lambda: gdn_recurrent.gdn_decode(**kw, ssm_states=states))
+    moved = batch * (2 * STATE_BYTES + 2 * (2 * HK * K + 2 * HV * V + 2 * HV))
+    row["bw"] = lambda ms: moved / (ms * 1e-3) / copy_bw * 100
+    if fla is not None:
+        f = {name: t.unsqueeze(1) for name, t in fla_args(x).items()}  # [B, 1, H, D]: one token per sequence
+        h0 = ref_init[slots.long()].contiguous()  # the states ours started from
+
+        def run_fla():
+            return fused_recurrent_gated_delta_rule(**f, initial_state=h0, output_final_state=True,
+                                                    use_qk_l2norm_in_kernel=True)
+        o_fla, s_fla = run_fla()
+        row["err_fla"] = f"o {rel_err(o_fla[:, 0], o_ref):.1e}, S {rel_err(s_fla, ref[slots.long()]):.1e}"
+        row["fla"] = bench_ms(run_fla)
+    if tune:
+        BV, warps = gdn_recurrent._decode_config(batch, K, V)
+        configs = [(bv, w) for bv in (8, 16, 32, 64) for w in (1, 2, 4, 8) if bv * K >= 32 * w * 4]
+        sweep(f"GDN decode B={batch}", f"BV={BV}, num_warps={warps}", row["ours"], configs,
+              lambda c: gdn_recurrent._gdn_decode_fwd(**x, ssm_states=states, state_slots=slots, pad_slot=pad,
+                                                      scale=K**-0.5, BV=c[0], num_warps=c[1]),
+              lambda ms: f"{row['bw'](ms):5.1f} % BW", report)
+    return row
+
+
+def prefill_case(num_seqs: int, seqlen: int, tune: bool, profile: bool, report) -> dict:
+    total = num_seqs * seqlen
+    x = gdn_inputs(total, seed=total + num_seqs)
+    num_slots = num_seqs + 4
+    slots = torch.randperm(num_slots, device=DEVICE)[:num_seqs].int()
+    cu = torch.arange(0, total + 1, seqlen, device=DEVICE, dtype=torch.int32)
+    has_init = torch.ones(num_seqs, dtype=torch.bool, device=DEVICE)
+    states = state_pool(num_slots)
+    kw = dict(**x, cu_seqlens=cu, state_slots=slots, has_initial_state=has_init)
+    row = dict(op="GDN prefill", shape=f"B{num_seqs}·T{seqlen}")
+    ours, ref, ref_init = states.clone(), states.clone(), states.clone()
+    o = gdn_chunk.gdn_prefill(**kw, ssm_states=ours)
+    o_ref = gdn_chunk.gdn_prefill_ref(**kw, ssm_states=ref)
+    row["err"] = f"o {rel_err(o, o_ref):.1e}, S {rel_err(ours, ref):.1e}"
+    del o_ref
+    row["ours"] = bench_ms(lambda: gdn_chunk.gdn_prefill(**kw, ssm_states=states))
+    run_fla = None
+    if fla is not None:
+        f = {name: t.unsqueeze(0) for name, t in fla_args(x).items()}  # [1, T, H, D], varlen through cu_seqlens
+        h0 = ref_init[slots.long()].contiguous()  # the states ours started from
+        cu_long = cu.long()
+        run_fla = lambda: chunk_gated_delta_rule(**f, scale=K**-0.5, initial_state=h0,  # noqa: E731
+                                                 output_final_state=True, cu_seqlens=cu_long,
+                                                 use_qk_l2norm_in_kernel=True)
+        try:
+            o_fla, s_fla = run_fla()
+        except Exception as e:  # an fla without grouped value heads: give it repeated q, k
+            report(f"  fla chunk_gated_delta_rule with H={HK}, HV={HV} failed ({type(e).__name__}); "
+                   f"timing it with q, k repeated to {HV} heads")
+            f["q"], f["k"] = (f[n].repeat_interleave(HV // HK, dim=2) for n in ("q", "k"))
+            o_fla, s_fla = run_fla()
+        row["err_fla"] = f"o {rel_err(o_fla[0], o):.1e} vs ours, S {rel_err(s_fla, ref[slots.long()]):.1e}"
+        row["fla"] = bench_ms(run_fla)
+    if profile:
+        report(f"\nGDN prefill {row['shape']} kernels")
+        report_profile("ours", lambda: gdn_chunk.gdn_prefill(**kw, ssm_states=states), report)
+        if run_fla is not None:
+            report_profile("fla", run_fla, report)
+        for name in ("_gdn_chunk_intra_kernel", "_gdn_chunk_output_kernel"):
+            tuner = getattr(gdn_chunk, name)
+            report(f"  {name} autotuned: {getattr(tuner, 'best_config', 'n/a')}")
+    if tune:
+        default = gdn_chunk._state_config(num_seqs, HV, V)
+        configs = [(bv, w, s) for bv in (16, 32, 64) for w in (2, 4, 8) for s in (1, 2, 3)]
+        sweep(f"GDN prefill {row['shape']}, state kernel (BV, num_warps, num_stages)", str(default), row["ours"],
+              configs, lambda c: gdn_chunk._gdn_prefill_fwd(**kw, ssm_states=states, scale=K**-0.5, state_config=c),
+              lambda ms: f"{row['fla'] / ms:.2f}x fla" if "fla" in row else "", report)
+    return row
+
+
+def conv_weights(num_slots: int):
+    g = torch.Generator(device=DEVICE).manual_seed(3)
+    weight = (torch.randn(CONV_DIM, WIDTH, generator=g, device=DEVICE) / WIDTH).to(DTYPE)
+    states = torch.randn(num_slots, WIDTH - 1, CONV_DIM, generator=g, device=DEVICE).to(DTYPE)
+    return weight, states
+
+
+def conv_decode_case(batch: int, copy_bw: float, tune: bool, report) -> dict:
+    x = torch.randn(batch, PROJ, device=DEVICE, dtype=DTYPE)[:, :CONV_DIM]
+    num_slots = batch + 8
+    weight, states = conv_weights(num_slots)
+    slots = torch.randperm(num_slots - 1, device=DEVICE)[:batch].int()
+    kw = dict(x=x, weight=weight, bias=None, state_slots=slots, pad_slot=num_slots - 1)
+    row = dict(op="conv1d update", shape=f"B={batch}")
+    ours, ref = states.clone(), states.clone()
+    y = conv.causal_conv1d_update(**kw, conv_states=ours)
+    row["err"] = f"y {rel_err(y, conv.causal_conv1d_update_ref(**kw, conv_states=ref)):.1e}, " \
+                 f"S {rel_err(ours, ref):.1e}"
+    row["ours"] = bench_ms(lambda: conv.causal_conv1d_update(**kw, conv_states=states))
+    moved = batch * CONV_DIM * 2 * (2 * (WIDTH - 1) + 2)
+    row["copy"] = copy_ms(moved)
+    row["bw"] = lambda ms: moved / (ms * 1e-3) / copy_bw * 100
+    if tune:
+        configs = [(bd, w) for bd in (128, 256, 512, 1024, 2048) for w in (1, 2, 4, 8) if bd >= 32 * w]
+        sweep(f"conv1d update B={batch}", "(BD, num_warps) by batch", row["ours"], configs,
+              lambda c: conv._conv_update_fwd(x, weight, None, states, slots, num_slots - 1, "silu", BD=c[0],
+                                              num_warps=c[1]),
+              lambda ms: f"{row['bw'](ms):5.1f} % BW", report)
+    return row
+
+
+def conv_prefill_case(num_seqs: int, seqlen: int, copy_bw: float, tune: bool, report) -> dict:
+    total = num_seqs * seqlen
+    x = torch.randn(total, PROJ, device=DEVICE, dtype=DTYPE)[:, :CONV_DIM]
+    num_slots = num_seqs + 4
+    weight, states = conv_weights(num_slots)
+    kw = dict(x=x, weight=weight, bias=None, state_slots=torch.randperm(num_slots, device=DEVICE)[:num_seqs].int(),
+              cu_seqlens=torch.arange(0, total + 1, seqlen, device=DEVICE, dtype=torch.int32),
+              has_initial_state=torch.ones(num_seqs, dtype=torch.bool, device=DEVICE))
+    row = dict(op="conv1d prefill", shape=f"B{num_seqs}·T{seqlen}")
+    ours, ref = states.clone(), states.clone()
+    y = conv.causal_conv1d_prefill(**kw, conv_states=ours)
+    row["err"] = f"y {rel_err(y, conv.causal_conv1d_prefill_ref(**kw, conv_states=ref)):.1e}, " \
+                 f"S {rel_err(ours, ref):.1e}"
+    row["ours"] = bench_ms(lambda: conv.causal_conv1d_prefill(**kw, conv_states=states))
+    moved = total * CONV_DIM * 2 * 2 + num_seqs * (WIDTH - 1) * CONV_DIM * 2 * 2
+    row["copy"] = copy_ms(moved)
+    row["bw"] = lambda ms: moved / (ms * 1e-3) / copy_bw * 100
+    if tune:
+        configs = [(bt, bd, w) for bt, bd in ((16, 256), (32, 128), (32, 256), (64, 64), (64, 128), (128, 64))
+                   for w in (4, 8)]
+        sweep(f"conv1d prefill {row['shape']}", "BT=64, BD=128, num_warps=8", row["ours"], configs,
+              lambda c: conv._conv_prefill_fwd(kw["x"], weight, None, states, kw["cu_seqlens"], kw["state_slots"],
+                                               kw["has_initial_state"], "silu", BT=c[0], BD=c[1], num_warps=c[2]),
+              lambda ms: f"{row['bw'](ms):5.1f} % BW", report)
+    return row
+
+
+def table(gdn_rows: list[dict], conv_rows: list[dict]) -> str:
+    lines = ["| op | shape | ours ms | fla ms | fla/ours | ours % BW | fla % BW | ours vs ref | fla |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in gdn_rows:
+        has_fla, has_bw = "fla" in r, "bw" in r
+        lines.append(" | ".join([
+            f"| {r['op']}", r["shape"], f"{r['ours']:.3f}", f"{r['fla']:.3f}" if has_fla else "n/a",
+            f"{r['fla'] / r['ours']:.2f}x" if has_fla else "n/a",
+            f"{r['bw'](r['ours']):.1f}" if has_bw else "—",
+            f"{r['bw'](r['fla']):.1f}" if has_bw and has_fla else "—",
+            r["err"], r.get("err_fla", "n/a")]) + " |")
+    lines += ["", "| op | shape | ours ms | copy of its bytes ms | ours/copy | ours % BW | ours vs ref |",
+              "|---|---|---|---|---|---|---|"]
+    for r in conv_rows:
+        lines.append(f"| {r['op']} | {r['shape']} | {r['ours']:.3f} | {r['copy']:.3f} | {r['ours'] / r['copy']:.2f}x "
+                     f"| {r['bw'](r['ours']):.1f} | {r['err']} |")
+    return "\n".join(lines)
+
+
+def run(report: Callable[[str], None] = print, tune: bool = True, long: bool = True,
+        profile: bool = True) -> list[dict]:
+    """Benchmark every case; report(line) gets the environment, tuning and profile notes and the
+    markdown tables."""
+    assert torch.cuda.is_available(), "this benchmark needs a CUDA GPU"
+    torch.manual_seed(0)
+    props = torch.cuda.get_device_properties(0)
+    fla_from = f"fla {getattr(fla, '__version__', '?')}" if fla is not None else f"fla n/a: {FLA_MISSING}"
+    report(f"{props.name}, {props.multi_processor_count} SMs; torch {torch.__version__}, triton {triton.__version__}; "
+           f"{fla_from}")
+    copy_bw = copy_bandwidth()
+    report(f"copy bandwidth {copy_bw / 1e12:.2f} TB/s (read + write)")
+    report(f"H_qk {HK}, H_v {HV}, K {K}, V {V}, {str(DTYPE).split('.')[-1]} inputs, fp32 state; "
+           f"conv {CONV_DIM} channels, width {WIDTH}")
+    gdn_rows, conv_rows = [], []
+    for batch in DECODE_BATCHES:
+        gdn_rows.append(decode_case(batch, copy_bw, tune, report))
+    for num_seqs, seqlen in PREFILL_CASES:
+        if num_seqs * seqlen > 4096 and not long:
+            continue
+        gdn_rows.append(prefill_case(num_seqs, seqlen, tune, profile, report))
+        torch.cuda.empty_cache()
+    for batch in DECODE_BATCHES:
+        conv_rows.append(conv_decode_case(batch, copy_bw, tune, report))
+    for num_seqs, seqlen in PREFILL_CASES:
+        if num_seqs * seqlen > 4096 and not long:
+            continue
+        conv_rows.append(conv_prefill_case(num_seqs, seqlen, copy_bw, tune, report))
+    report("")
+    report(table(gdn_rows, conv_rows))
+    return gdn_rows + conv_rows
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--no-tune", action="store_true", help="skip timing our kernels under other launch configs")
+    ap.add_argument("--no-long", action="store_true", help="skip the 32768-token prefills")
+    ap.add_argument("--no-profile", action="store_true", help="skip the per-kernel split of the prefills")
+    args = ap.parse_args()
+    run(print, tune=not args.no_tune, long=not args.no_long, profile=not args.no_profile)
