@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
 from hybrid_sgl.engine import Engine
 from hybrid_sgl.server import native, openai_chat, openai_common, openai_completions, tokenize
@@ -29,6 +30,7 @@ def create_app(engine: Engine) -> FastAPI:
         app.include_router(module.router)
     if args.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=args.api_key)
+    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])
     return app
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+import time
 
 import httpx
 import pytest
@@ -223,3 +225,21 @@ def test_tokenize_and_detokenize(url, tokenizer):
     text = httpx.post(url + "/detokenize", json={"tokens": r["tokens"]}).json()["text"]
     assert text == "Hello there"
     assert httpx.post(url + "/detokenize", json={"tokens": [10**7]}).status_code == 400
+
+
+def test_abort_request(url):
+    result = {}
+
+    def run():
+        result["out"] = ok(url, text="Hello", rid="to-abort",
+                           sampling_params={"max_new_tokens": 900, "ignore_eos": True})
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while httpx.get(url + "/server_info").json()["internal_states"][0]["num_running_reqs"] == 0:
+        assert time.monotonic() < deadline
+    assert httpx.post(url + "/abort_request", json={"rid": "to-abort"}).status_code == 200
+    thread.join(30)
+    meta = result["out"]["meta_info"]
+    assert meta["finish_reason"]["type"] == "abort" and meta["completion_tokens"] < 900
