@@ -57,8 +57,6 @@ class OutputState:
         self.finish_reason = u.finish_reason
         self.prompt_tokens, self.completion_tokens, self.cached_tokens = (
             u.prompt_tokens, u.completion_tokens, u.cached_tokens)
-        if self.detok is not None and not self.finished:
-            self.detok.add(u.new_ids)
 
     # ---- text ------------------------------------------------------------------------------------
     def final_text(self) -> str:
@@ -82,6 +80,7 @@ class OutputState:
             return self.final_text()
         if self.detok is None:
             return ""
+        self.detok.add(self.output_ids[len(self.detok.ids):])  # decoded only when someone streams
         text = self.detok.text
         if self.params.stop:
             text = text[: len(text) - partial_stop_len(text, self.params.stop)]

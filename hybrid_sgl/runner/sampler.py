@@ -75,7 +75,7 @@ def _filtered_probs(logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
     probs = (logits / temp).softmax(dim=-1)
     sorted_p, order = probs.sort(dim=-1, descending=True)
     vocab = probs.shape[-1]
-    top_k = torch.tensor([r.params.top_k if r.params.top_k > 0 else vocab for r in reqs], device=dev)
+    top_k = torch.tensor([min(r.params.top_k, vocab) if r.params.top_k > 0 else vocab for r in reqs], device=dev)
     rank = torch.arange(vocab, device=dev)[None, :]
     sorted_p = sorted_p.masked_fill(rank >= top_k[:, None], 0.0)
     top_p = torch.tensor([r.params.top_p for r in reqs], device=dev)[:, None]
