@@ -45,31 +45,34 @@ def _causal_conv1d_prefill_kernel(
         return
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
-    o_t = i_t * BT + tl.arange(0, BT)  # positions in the sequence
-    m_t = o_t < length
+    t0 = i_t * BT  # the chunk's first position in the sequence
+    o_c = tl.arange(0, BT)
+    m_c = o_c < length - t0
     slot = tl.load(state_slots + i_n).to(tl.int64)
-    # taps may read the conv state from position `first` on (1 - W with an initial state, else 0);
-    # flags enter masks as bounds: the interpreter cannot broadcast a scalar bool into a mask
+    # rows (relative to the chunk) that taps may read from x: from 0 in the first chunk, else from 1 - W;
+    # from the conv state: [first, 0) of the first chunk, first = 1 - W with an initial state, else 0.
+    # Flags enter masks as bounds: the interpreter cannot broadcast a scalar bool into a mask.
+    x_from = (1 - W) * (i_t > 0).to(tl.int32)
     first = (1 - W) * (tl.load(has_initial_state + i_n) != 0).to(tl.int32)
-    p_x = x + bos * stride_x_t
+    p_x = x + (bos + t0) * stride_x_t
     p_s = conv_states + slot * stride_s
 
     b_y = tl.zeros([BT, BD], dtype=tl.float32)
     if HAS_BIAS:
         b_y += tl.load(bias + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
     for j in tl.static_range(W):
-        o_p = o_t + (j - (W - 1))  # position of tap j; < 0 is row o_p + W - 1 of the conv state
-        m_x = (m_t & (o_p >= 0))[:, None] & m_d[None, :]
+        o_p = o_c + (j - (W - 1))  # row of tap j; below 0 in the first chunk: row o_p + W - 1 of the state
+        m_x = (m_c & (o_p >= x_from))[:, None] & m_d[None, :]
         b_in = tl.load(p_x + o_p[:, None] * stride_x_t + o_d[None, :], mask=m_x, other=0.0).to(tl.float32)
         if i_t == 0:
-            m_s = (m_t & (o_p < 0) & (o_p >= first))[:, None] & m_d[None, :]
+            m_s = (m_c & (o_p < 0) & (o_p >= first))[:, None] & m_d[None, :]
             p_in = p_s + (o_p + W - 1)[:, None] * D + o_d[None, :]
             b_in += tl.load(p_in, mask=m_s, other=0.0).to(tl.float32)
         b_y += b_in * tl.load(weight + o_d * W + j, mask=m_d, other=0.0).to(tl.float32)[None, :]
     if USE_SILU:
         b_y = b_y * tl.sigmoid(b_y)
-    p_y = y + (bos + o_t)[:, None] * D + o_d[None, :]
-    tl.store(p_y, b_y.to(y.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
+    p_y = y + (bos + t0) * D + o_c[:, None] * D + o_d[None, :]
+    tl.store(p_y, b_y.to(y.dtype.element_ty), mask=m_c[:, None] & m_d[None, :])
 
     if i_t == 0:
         tl.debug_barrier()  # every thread's reads of the initial state come before the writes below

@@ -70,6 +70,16 @@ def test_prefill_bias_and_activation(bias, activation):
     torch.testing.assert_close(ours, ref, atol=0, rtol=0)
 
 
+def test_prefill_bf16():
+    """The model's dtype: bf16 input and conv state (the state rows are copies, so exact)."""
+    lens, dim = [3, 70, 1], 40
+    x = strided_x(sum(lens), dim, dtype=torch.bfloat16)
+    weight, bias, states = conv_params(dim, 4, dtype=torch.bfloat16)
+    y, y_ref, ours, ref = prefill_both(x, weight, bias, states, lens, [1, 4, 2], [True, True, False])
+    torch.testing.assert_close(y, y_ref)
+    assert torch.equal(ours, ref)
+
+
 def test_prefill_ignores_states_without_initial_state():
     """A slot without an initial state may hold anything (NaN here): it must not be read."""
     lens, dim = [2, 5], 16
@@ -82,18 +92,18 @@ def test_prefill_ignores_states_without_initial_state():
     torch.testing.assert_close(ours, ref, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("width", [4, 2])
-def test_update_matches_ref(width):
+@pytest.mark.parametrize("width,dtype", [(4, torch.float32), (2, torch.float32), (4, torch.bfloat16)])
+def test_update_matches_ref(width, dtype):
     dim, num_slots = 40, 8
-    weight, bias, states = conv_params(dim, width, num_slots=num_slots)
+    weight, bias, states = conv_params(dim, width, num_slots=num_slots, dtype=dtype)
     slots = torch.tensor([5, 7, 0, 7, 2], device=DEVICE)  # 7 is the pad slot
     ours, ref = states.clone(), states.clone()
     for step in range(2):
-        x = strided_x(5, dim, seed=20 + step)
+        x = strided_x(5, dim, seed=20 + step, dtype=dtype)
         kwargs = dict(x=x, weight=weight, bias=bias, state_slots=slots, pad_slot=7)
         y = causal_conv1d_update(**kwargs, conv_states=ours)
         y_ref = causal_conv1d_update_ref(**kwargs, conv_states=ref)
-        torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(y, y_ref, **({} if dtype == torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)))
         assert (y[slots == 7] == 0).all()
     torch.testing.assert_close(ours, ref, atol=0, rtol=0)
     assert torch.equal(ours[7], states[7])

@@ -52,6 +52,16 @@ def test_decode_matches_ref(batch, hk, hv, dk, dv):
     assert torch.equal(ours[8], states[8]), "the pad slot must not be written"
 
 
+def test_decode_bf16_inputs_fp32_state():
+    """The serving dtypes: bf16 projections, fp32 state pool."""
+    kwargs = decode_inputs(4, 2, 4, 32, 16, num_slots=6, dtype=torch.bfloat16)
+    states = pool(6, 4, 32, 16)
+    o, o_ref, ours, ref = run_both(kwargs, states, torch.tensor([5, 0, 3, 2], device=DEVICE), pad_slot=5)
+    assert o.dtype == torch.bfloat16
+    torch.testing.assert_close(o, o_ref)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+
+
 def test_decode_default_pad_and_scale():
     kwargs = decode_inputs(4, 1, 2, 16, 16, num_slots=4)
     states = pool(4, 2, 16, 16)
