@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One scripted GPU session: kernel and whole-model tests on CUDA, then the kernel benchmarks (ours
+# vs fla-core, vLLM and SDPA in the same run), then the end-to-end benchmark. Run from the repo
+# root on a CUDA machine with the pure-Python anchors carried: .whl/ (fla-core wheel) and
+# .vllm_min/ (bench/vendor_vllm_attention.sh). Logs go to $OUT (or /tmp/hybrid_sgl_bench).
+#   bash bench/h200_run.sh [tests|kernels|e2e ...]   (default: all three)
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/hybrid_sgl_bench}
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH=$PWD:/tmp/site:$PWD/.vllm_min
+parts=${*:-tests kernels e2e}
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+git log -1 --format='commit %H' 2>/dev/null | tee -a "$OUT/gpu.txt"
+for part in $parts; do
+  case $part in
+    tests)
+      timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/kernels tests/gpu 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+    kernels)
+      timeout 200 python3 bench/gdn_kernels.py 2>&1 | tee "$OUT/gdn_kernels.md" | tail -30
+      timeout 240 python3 bench/attention_kernels.py 2>&1 | tee "$OUT/attention_kernels.md" | tail -40 ;;
+    e2e)
+      timeout 240 python3 bench/e2e.py 2>&1 | tee "$OUT/e2e.md" | tail -12 ;;
+  esac
+done
