@@ -49,6 +49,7 @@ def _gdn_prefill_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, cu_seqlens, stat
     if N == 0:
         return o
     BT, BK = CHUNK_SIZE, triton.next_power_of_2(K)
+    prec = "ieee" if q.dtype == torch.float32 else "tf32"
     NC = num_virtual_chunks(T, N, BT)
     g_cum = torch.empty(T, HV, dtype=torch.float32, device=v.device)
     kn = torch.empty(T, HK, K, dtype=k.dtype, device=k.device)
@@ -60,16 +61,17 @@ def _gdn_prefill_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, cu_seqlens, stat
     _gdn_chunk_intra_kernel[(NC, HV)](
         k, v, a, b, A_log, dt_bias, g_cum, kn, w, u, cu_seqlens,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0), N,
-        HK=HK, HV=HV, K=K, V=V, BT=BT, BLOCK_N=64,
+        HK=HK, HV=HV, K=K, V=V, BT=BT, BLOCK_N=64, PREC=prec,
     )
     BV_state, num_warps, num_stages = state_config or _state_config(N, HV, V)
     _gdn_chunk_state_kernel[(triton.cdiv(V, BV_state), HV, N)](
         kn, w, u, g_cum, h, v_new, ssm_states, cu_seqlens, state_slots, has_initial_state, ssm_states.stride(0),
-        HK=HK, HV=HV, K=K, V=V, BT=BT, BK=min(BK, 64), BV=BV_state, num_warps=num_warps, num_stages=num_stages,
+        HK=HK, HV=HV, K=K, V=V, BT=BT, BK=min(BK, 64), BV=BV_state, PREC=prec,
+        num_warps=num_warps, num_stages=num_stages,
     )
     _gdn_chunk_output_kernel[lambda meta: (NC, HV, triton.cdiv(V, meta["BV"]))](
         q, kn, v_new, h, g_cum, o, cu_seqlens, q.stride(0), q.stride(1), scale, N,
-        HK=HK, HV=HV, K=K, V=V, BT=BT, BK=BK, BLOCK_N=64,
+        HK=HK, HV=HV, K=K, V=V, BT=BT, BK=BK, BLOCK_N=64, PREC=prec,
     )
     return o
 

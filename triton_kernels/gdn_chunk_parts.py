@@ -11,7 +11,9 @@
 Chunks are addressed by virtual index (triton_kernels/varlen.py). Inputs q, k [T, Hk, K],
 v [T, Hv, V], a, b [T, Hv] are strided views. Scratch: g_cum [T, Hv] fp32; kn (normalized k)
 [T, Hk, K], w [T, Hv, K], u and v_new [T, Hv, V], h [num_virtual_chunks, Hv, K, V] in the input
-dtype. Tile offsets are int32 from scalar int64 bases (chunk or sequence start).
+dtype. Tile offsets are int32 from scalar int64 bases (chunk or sequence start). PREC is
+"ieee" for float32 inputs (to match the float32 reference closely), else "tf32" (the fp32 dots of
+the block inverse).
 """
 
 import torch
@@ -29,6 +31,11 @@ def _configs(num_warps: list[int], num_stages: list[int], **meta: list[int]) -> 
         points = [{**p, key: x} for p in points for x in values]
     configs = [triton.Config(p, num_warps=w, num_stages=s) for p in points for w in num_warps for s in num_stages]
     return configs if torch.cuda.is_available() else configs[:1]
+
+
+@triton.jit
+def _dot(b_a, b_b, PREC: tl.constexpr):
+    return tl.dot(b_a, b_b, input_precision=PREC)
 
 
 @triton.jit
@@ -88,13 +95,14 @@ def _scale_rows(b_x, b_r, DT: tl.constexpr):
 @triton.jit
 def _store_block_product(p, o_r0, o_r1, o_r2, o_r3, m_r0, m_r1, m_r2, m_r3, stride_t, o_c, m_c,
                          b_X00, b_X10, b_X11, b_X20, b_X21, b_X22, b_X30, b_X31, b_X32, b_X33,
-                         b_y0, b_y1, b_y2, b_y3):
+                         b_y0, b_y1, b_y2, b_y3, PREC: tl.constexpr):
     """Stores the four row blocks of X Y, X lower block-triangular, Y as four row blocks."""
-    _store_rows(p, o_r0, m_r0, stride_t, o_c, m_c, tl.dot(b_X00, b_y0))
-    _store_rows(p, o_r1, m_r1, stride_t, o_c, m_c, tl.dot(b_X10, b_y0) + tl.dot(b_X11, b_y1))
-    _store_rows(p, o_r2, m_r2, stride_t, o_c, m_c, tl.dot(b_X20, b_y0) + tl.dot(b_X21, b_y1) + tl.dot(b_X22, b_y2))
+    _store_rows(p, o_r0, m_r0, stride_t, o_c, m_c, _dot(b_X00, b_y0, PREC))
+    _store_rows(p, o_r1, m_r1, stride_t, o_c, m_c, _dot(b_X10, b_y0, PREC) + _dot(b_X11, b_y1, PREC))
+    _store_rows(p, o_r2, m_r2, stride_t, o_c, m_c,
+                _dot(b_X20, b_y0, PREC) + _dot(b_X21, b_y1, PREC) + _dot(b_X22, b_y2, PREC))
     _store_rows(p, o_r3, m_r3, stride_t, o_c, m_c,
-                tl.dot(b_X30, b_y0) + tl.dot(b_X31, b_y1) + tl.dot(b_X32, b_y2) + tl.dot(b_X33, b_y3))
+                _dot(b_X30, b_y0, PREC) + _dot(b_X31, b_y1, PREC) + _dot(b_X32, b_y2, PREC) + _dot(b_X33, b_y3, PREC))
 
 
 @triton.autotune(configs=_configs(num_warps=[1, 2, 4], num_stages=[1], BKS=[32, 64]), key=["HK", "HV", "K", "V"])
@@ -125,6 +133,7 @@ def _gdn_chunk_intra_kernel(
     BT: tl.constexpr,
     BKS: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     """One program per (virtual chunk, value head). The chunk is four row blocks of BC = BT / 4;
     the blocks (I, J) of A and X stay in registers, K and V are walked in slices of BKS."""
@@ -175,16 +184,16 @@ def _gdn_chunk_intra_kernel(
         b_ss1 += tl.sum(b_k1.to(tl.float32) * b_k1.to(tl.float32), 1)
         b_ss2 += tl.sum(b_k2.to(tl.float32) * b_k2.to(tl.float32), 1)
         b_ss3 += tl.sum(b_k3.to(tl.float32) * b_k3.to(tl.float32), 1)
-        b_A00 += tl.dot(b_k0, tl.trans(b_k0))
-        b_A11 += tl.dot(b_k1, tl.trans(b_k1))
-        b_A22 += tl.dot(b_k2, tl.trans(b_k2))
-        b_A33 += tl.dot(b_k3, tl.trans(b_k3))
-        b_A10 += tl.dot(b_k1, tl.trans(b_k0))
-        b_A20 += tl.dot(b_k2, tl.trans(b_k0))
-        b_A21 += tl.dot(b_k2, tl.trans(b_k1))
-        b_A30 += tl.dot(b_k3, tl.trans(b_k0))
-        b_A31 += tl.dot(b_k3, tl.trans(b_k1))
-        b_A32 += tl.dot(b_k3, tl.trans(b_k2))
+        b_A00 += _dot(b_k0, tl.trans(b_k0), PREC)
+        b_A11 += _dot(b_k1, tl.trans(b_k1), PREC)
+        b_A22 += _dot(b_k2, tl.trans(b_k2), PREC)
+        b_A33 += _dot(b_k3, tl.trans(b_k3), PREC)
+        b_A10 += _dot(b_k1, tl.trans(b_k0), PREC)
+        b_A20 += _dot(b_k2, tl.trans(b_k0), PREC)
+        b_A21 += _dot(b_k2, tl.trans(b_k1), PREC)
+        b_A30 += _dot(b_k3, tl.trans(b_k0), PREC)
+        b_A31 += _dot(b_k3, tl.trans(b_k1), PREC)
+        b_A32 += _dot(b_k3, tl.trans(b_k2), PREC)
     b_rk0, b_rk1 = tl.rsqrt(b_ss0 + 1e-6), tl.rsqrt(b_ss1 + 1e-6)  # l2norm's eps
     b_rk2, b_rk3 = tl.rsqrt(b_ss2 + 1e-6), tl.rsqrt(b_ss3 + 1e-6)
 
@@ -205,12 +214,12 @@ def _gdn_chunk_intra_kernel(
     b_X11 = _unit_lower_inverse(b_A11)
     b_X22 = _unit_lower_inverse(b_A22)
     b_X33 = _unit_lower_inverse(b_A33)
-    b_X10 = -tl.dot(b_X11, tl.dot(b_A10, b_X00))
-    b_X21 = -tl.dot(b_X22, tl.dot(b_A21, b_X11))
-    b_X32 = -tl.dot(b_X33, tl.dot(b_A32, b_X22))
-    b_X20 = -tl.dot(b_X22, tl.dot(b_A20, b_X00) + tl.dot(b_A21, b_X10))
-    b_X31 = -tl.dot(b_X33, tl.dot(b_A31, b_X11) + tl.dot(b_A32, b_X21))
-    b_X30 = -tl.dot(b_X33, tl.dot(b_A30, b_X00) + tl.dot(b_A31, b_X10) + tl.dot(b_A32, b_X20))
+    b_X10 = -_dot(b_X11, _dot(b_A10, b_X00, PREC), PREC)
+    b_X21 = -_dot(b_X22, _dot(b_A21, b_X11, PREC), PREC)
+    b_X32 = -_dot(b_X33, _dot(b_A32, b_X22, PREC), PREC)
+    b_X20 = -_dot(b_X22, _dot(b_A20, b_X00, PREC) + _dot(b_A21, b_X10, PREC), PREC)
+    b_X31 = -_dot(b_X33, _dot(b_A31, b_X11, PREC) + _dot(b_A32, b_X21, PREC), PREC)
+    b_X30 = -_dot(b_X33, _dot(b_A30, b_X00, PREC) + _dot(b_A31, b_X10, PREC) + _dot(b_A32, b_X20, PREC), PREC)
     b_X00, b_X11, b_X22, b_X33 = b_X00.to(DT), b_X11.to(DT), b_X22.to(DT), b_X33.to(DT)
     b_X10, b_X21, b_X32 = b_X10.to(DT), b_X21.to(DT), b_X32.to(DT)
     b_X20, b_X31, b_X30 = b_X20.to(DT), b_X31.to(DT), b_X30.to(DT)
@@ -235,7 +244,7 @@ def _gdn_chunk_intra_kernel(
         _store_block_product(w + i_k, o_r0, o_r1, o_r2, o_r3, m_r0, m_r1, m_r2, m_r3, HV * K, o_s, m_s,
                              b_X00, b_X10, b_X11, b_X20, b_X21, b_X22, b_X30, b_X31, b_X32, b_X33,
                              _scale_rows(b_k0, b_s0, DT), _scale_rows(b_k1, b_s1, DT),
-                             _scale_rows(b_k2, b_s2, DT), _scale_rows(b_k3, b_s3, DT))
+                             _scale_rows(b_k2, b_s2, DT), _scale_rows(b_k3, b_s3, DT), PREC)
 
     # U = X (beta V)
     v += t0 * stride_v_t + i_h * stride_v_h
@@ -248,7 +257,7 @@ def _gdn_chunk_intra_kernel(
         b_v3 = _scale_rows(_load_rows(v + i_v, o_r3, m_r3, stride_v_t, o_s, m_s), b_b3, DT)
         _store_block_product(u + i_v, o_r0, o_r1, o_r2, o_r3, m_r0, m_r1, m_r2, m_r3, HV * V, o_s, m_s,
                              b_X00, b_X10, b_X11, b_X20, b_X21, b_X22, b_X30, b_X31, b_X32, b_X33,
-                             b_v0, b_v1, b_v2, b_v3)
+                             b_v0, b_v1, b_v2, b_v3, PREC)
 
 
 @triton.jit(do_not_specialize=["N"])
@@ -271,6 +280,7 @@ def _gdn_chunk_state_kernel(
     BT: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     """One program per (V block, value head, sequence), looping over the sequence's chunks with
     the state in registers (fp32) as one or two [BK, BV] row blocks (K <= 2 * BK), as fla does."""
@@ -308,11 +318,11 @@ def _gdn_chunk_state_kernel(
         p_h = h + i_t * HV * K * V
         tl.store(p_h + o_h, b_h1.to(h.dtype.element_ty), mask=m_h1)
         b_w = _load_rows(w + t0 * HV * K, o_c, m_c, HV * K, o_k1, m_k1)
-        b_wh = tl.dot(b_w, b_h1.to(DT))  # [BT, BV]
+        b_wh = _dot(b_w, b_h1.to(DT), PREC)  # [BT, BV]
         if K > BK:
             tl.store(p_h + BK * V + o_h, b_h2.to(h.dtype.element_ty), mask=m_h2)
             b_w = _load_rows(w + t0 * HV * K, o_c, m_c, HV * K, o_k2, m_k2)
-            b_wh += tl.dot(b_w, b_h2.to(DT))
+            b_wh += _dot(b_w, b_h2.to(DT), PREC)
         b_v = _load_rows(u + t0 * HV * V, o_c, m_c, HV * V, o_v, m_v).to(tl.float32) - b_wh
         _store_rows(v_new + t0 * HV * V, o_c, m_c, HV * V, o_v, m_v, b_v)
 
@@ -322,10 +332,10 @@ def _gdn_chunk_state_kernel(
         b_decay = tl.exp(b_g_last)
         p_k = kn + t0 * HK * K + o_c[None, :] * (HK * K)  # keys transposed: [BK, BT]
         b_k = tl.load(p_k + o_k1[:, None], mask=m_k1[:, None] & m_c[None, :], other=0.0)
-        b_h1 = b_h1 * b_decay + tl.dot(b_k, b_v)
+        b_h1 = b_h1 * b_decay + _dot(b_k, b_v, PREC)
         if K > BK:
             b_k = tl.load(p_k + o_k2[:, None], mask=m_k2[:, None] & m_c[None, :], other=0.0)
-            b_h2 = b_h2 * b_decay + tl.dot(b_k, b_v)
+            b_h2 = b_h2 * b_decay + _dot(b_k, b_v, PREC)
 
     tl.store(p_s + o_h, b_h1.to(ssm_states.dtype.element_ty), mask=m_h1)
     if K > BK:
@@ -354,6 +364,7 @@ def _gdn_chunk_output_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     """One program per (virtual chunk, value head, V block)."""
     i_c, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -376,10 +387,10 @@ def _gdn_chunk_output_kernel(
                   mask=m_k[:, None] & m_v[None, :], other=0.0)
     b_g = tl.load(g_cum + t0 * HV + i_h + o_c * HV, mask=m_c, other=0.0)
 
-    b_o = tl.dot(b_q, b_h) * tl.exp(b_g)[:, None]  # [BT, BV]: the state's part
-    b_s = tl.dot(b_q, tl.trans(b_k))  # [BT, BT]
+    b_o = _dot(b_q, b_h, PREC) * tl.exp(b_g)[:, None]  # [BT, BV]: the state's part
+    b_s = _dot(b_q, tl.trans(b_k), PREC)  # [BT, BT]
     m_s = (o_c[:, None] >= o_c[None, :]) & m_c[:, None]
     b_s = tl.where(m_s, b_s * tl.exp(tl.minimum(b_g[:, None] - b_g[None, :], 0.0)), 0.0)
     b_v = _load_rows(v_new + (t0 * HV + i_h) * V, o_c, m_c, HV * V, o_v, m_v)
-    b_o += tl.dot(b_s.to(b_v.dtype), b_v)
+    b_o += _dot(b_s.to(b_v.dtype), b_v, PREC)
     _store_rows(o + (t0 * HV + i_h) * V, o_c, m_c, HV * V, o_v, m_v, b_o)
