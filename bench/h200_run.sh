@@ -18,10 +18,10 @@ git log -1 --format='commit %H' 2>/dev/null | tee -a "$OUT/gpu.txt"
 for part in $parts; do
   case $part in
     tests)
-      timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/kernels tests/gpu 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+      timeout 300 python3 -m pytest -q -rf -p no:cacheprovider tests/kernels tests/gpu 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
     kernels)
-      timeout 200 python3 bench/gdn_kernels.py 2>&1 | tee "$OUT/gdn_kernels.md" | tail -30
-      timeout 240 python3 bench/attention_kernels.py 2>&1 | tee "$OUT/attention_kernels.md" | tail -40 ;;
+      timeout 300 python3 bench/gdn_kernels.py 2>&1 | tee "$OUT/gdn_kernels.md" | tail -30
+      timeout 300 python3 bench/attention_kernels.py 2>&1 | tee "$OUT/attention_kernels.md" | tail -40 ;;
     e2e)
       timeout 240 python3 bench/e2e.py 2>&1 | tee "$OUT/e2e.md" | tail -12 ;;
   esac
