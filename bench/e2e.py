@@ -47,7 +47,9 @@ def bench_ours(decode_tokens: int) -> dict:
         eng.generate(input_ids=ids, sampling_params={"max_new_tokens": n, "ignore_eos": True, "temperature": 0})
 
     run(_prompts(2, 64, vocab), 4)  # warm-up: compile kernels
-    out = {"backends": eng.runner.model.dispatch_plan()[0]}
+    graphs = eng.runner.graphs
+    sizes = graphs.sizes if graphs else "off"
+    out = {"backends": f"{eng.runner.model.dispatch_plan()[0]}; decode CUDA graphs: {sizes}"}
     for batch in (1, 32):
         ids = _prompts(batch, 512, vocab, seed=batch)
         run(ids, 2)
@@ -77,6 +79,7 @@ def bench_hf(decode_tokens: int) -> dict:
     out = {}
     for batch in (1, 32):
         ids = _prompts(batch, 512, vocab, seed=batch)
+        gen(ids, 2)  # warm-up at this batch size
         t1 = _timed(gen, ids, 1)
         tn = _timed(gen, ids, decode_tokens)
         out[f"decode_b{batch}_tok_s"] = batch * (decode_tokens - 1) / (tn - t1)

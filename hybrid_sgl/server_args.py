@@ -47,6 +47,9 @@ class ServerArgs:
                                   "CUDA, torch on CPU.", ["auto", "torch", "triton"])
     mamba_ssm_dtype: str = _f("float32", "dtype of recurrent (SSM / GDN) states.",
                               ["float32", "bfloat16", "float16"])
+    disable_cuda_graph: bool = _f(False, "Run decode eagerly instead of replaying captured CUDA graphs.")
+    cuda_graph_max_bs: int | None = _f(None, "Largest decode batch captured in a CUDA graph (larger batches run "
+                                       "eagerly). Default: max_running_requests, at most 256.")
     skip_tokenizer_init: bool = _f(False, "Load no tokenizer: requests must send input_ids; outputs carry ids "
                                    "and empty text.")
     load_format: str = _f("auto", "auto/safetensors: read the checkpoint; dummy: random weights of the "

@@ -20,6 +20,7 @@ from hybrid_sgl.memory.memory_plan import MemoryPlan, StateShapes, available_ram
 from hybrid_sgl.memory.state_pool import StatePool
 from hybrid_sgl.models.loader import build_model
 from hybrid_sgl.models.qwen3_next import Backends
+from hybrid_sgl.runner.cuda_graph import DecodeGraphs
 from hybrid_sgl.runner.forward_batch import ForwardBatch, ForwardMode
 from hybrid_sgl.runner.sampler import logprobs_of, sample
 from hybrid_sgl.scheduler.request import Req
@@ -71,6 +72,7 @@ class ModelRunner:
         self.plan = self._plan_memory()
         self.context_length = self.plan.context_length  # one request alone always fits
         self.state_pool, self.kv_pool, self.allocator = self._make_pools(self.plan)
+        self.graphs = self._capture_decode_graphs(backends)
         for line in self.model.dispatch_plan():
             logger.info(line)
         logger.info(self.plan.describe())
@@ -152,19 +154,37 @@ class ModelRunner:
                               device=self.device)
         return state_pool, kv_pool, allocator
 
+    def _capture_decode_graphs(self, backends: Backends) -> DecodeGraphs | None:
+        """Decode graphs on CUDA when every kernel on the decode path can be captured (no host syncs:
+        the Triton / vLLM kernels; the torch references sync)."""
+        capturable = (backends.attention.name in ("triton", "vllm") and backends.linear_attention.name == "triton"
+                      and (backends.moe.name != "torch" or all(f != "moe" for _, f in self.config.layer_plan)))
+        if self.device.type != "cuda" or self.args.disable_cuda_graph or not capturable:
+            return None
+        max_bs = min(self.args.cuda_graph_max_bs or 256, self.plan.max_running_requests)
+        graphs = DecodeGraphs(model=self.model, allocator=self.allocator, kv_pool=self.kv_pool,
+                              state_pool=self.state_pool, max_bs=max_bs, device=self.device)
+        graphs.capture()
+        return graphs
+
     # ---- one step --------------------------------------------------------------------------------
     @torch.inference_mode()
     def run(self, mode: ForwardMode, items: list[BatchItem]) -> list[ItemResult]:
-        fb = ForwardBatch.build(mode=mode, token_runs=[it.req.fill_ids[it.start:it.end] for it in items],
+        fb = ForwardBatch.build(mode=mode, token_runs=[it.req.token_slice(it.start, it.end) for it in items],
                                 prefix_lens=[it.start for it in items], slots=[it.req.slot for it in items],
                                 page_table=self.allocator.page_table, page_size=self.allocator.page_size,
                                 kv_pool=self.kv_pool, state_pool=self.state_pool, device=self.device)
-        hidden = self.model(fb)
         rows, sample_rows, lp_rows = self._logit_rows(items)
         results = [ItemResult() for _ in items]
+        if mode is ForwardMode.DECODE and self.graphs is not None and self.graphs.fits(len(items)):
+            logits = self.graphs.run(fb)  # every row; decode samples (almost) all of them
+            if rows != list(range(len(items))):
+                logits = logits[torch.tensor(rows, device=self.device, dtype=torch.long)]
+        else:
+            hidden = self.model(fb)
+            logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device, dtype=torch.long)])
         if not rows:
             return results
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
         if sample_rows:
             self._sample(logits, items, results, sample_rows)
         if lp_rows:
