@@ -1,12 +1,17 @@
-"""RMS norms used by the hybrid families.
+"""RMS norms used by the hybrid families, and the fused SiLU-gated product of gated MLPs.
 
-rmsnorm:        y = x / rms(x) * w           (offset=0, e.g. Llama, Mamba2 hybrids)
-                y = x / rms(x) * (1 + w)     (offset=1, zero-centered: Qwen3-Next / Qwen3.5)
-gated_rmsnorm:  y = (x / rms(x)) * w * silu(z)   (norm before gate; GDN output norm)
+rmsnorm:        y = x / rms(x) * (w + offset)      offset 1.0 for zero-centered weights (Qwen3-Next / 3.5)
+add_rmsnorm:    r = x + residual (rounded to the dtype, as in eager); y = rmsnorm(r); returns (y, r)
+gated_rmsnorm:  y = (x / rms(x)) * w * silu(z)       (norm before gate; GDN output norm)
+silu_and_mul:   y = silu(a) * b for gate_up = [a | b]
+Math in float32; each rounding to the model dtype happens where the eager code rounds, so
+bf16 results match the references bit for bit in the common cases.
 """
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 
 def rmsnorm_ref(*, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
@@ -16,8 +21,124 @@ def rmsnorm_ref(*, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: fl
     return (y * (weight.float() + offset)).to(x.dtype)
 
 
+def add_rmsnorm_ref(*, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                    offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, residual: [T, N]. Returns (rmsnorm(x + residual), x + residual)."""
+    r = x + residual
+    return rmsnorm_ref(x=r, weight=weight, eps=eps, offset=offset), r
+
+
 def gated_rmsnorm_ref(*, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x, z: [T, N]; weight: [N]. Normalize x, scale by weight, gate by silu(z)."""
     xf = x.float()
     y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     return (weight * y * F.silu(z.float())).to(x.dtype)
+
+
+def silu_and_mul_ref(*, gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up: [T, 2I] -> silu(gate) * up: [T, I]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def _rmsnorm_kernel(x, res, w, y, r_out, stride_x, stride_res, stride_y, stride_r, n_rows, N, eps, offset,
+                    HAS_RES: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    o_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    o_n = tl.arange(0, BLOCK_N)
+    m = (o_r < n_rows)[:, None] & (o_n < N)[None, :]
+    o_r = o_r.to(tl.int64)
+    b_x = tl.load(x + o_r[:, None] * stride_x + o_n[None, :], mask=m, other=0.0)
+    if HAS_RES:
+        b_x = b_x + tl.load(res + o_r[:, None] * stride_res + o_n[None, :], mask=m, other=0.0)
+        tl.store(r_out + o_r[:, None] * stride_r + o_n[None, :], b_x, mask=m)
+    b_x = b_x.to(tl.float32)
+    b_rstd = tl.rsqrt(tl.sum(b_x * b_x, 1) / N + eps)
+    b_w = tl.load(w + o_n, mask=o_n < N, other=0.0).to(tl.float32) + offset
+    b_y = b_x * b_rstd[:, None] * b_w[None, :]
+    tl.store(y + o_r[:, None] * stride_y + o_n[None, :], b_y.to(y.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _gated_rmsnorm_kernel(x, z, w, y, stride_x, stride_z, stride_y, n_rows, N, eps,
+                          BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    o_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    o_n = tl.arange(0, BLOCK_N)
+    m = (o_r < n_rows)[:, None] & (o_n < N)[None, :]
+    o_r = o_r.to(tl.int64)
+    b_x = tl.load(x + o_r[:, None] * stride_x + o_n[None, :], mask=m, other=0.0).to(tl.float32)
+    b_z = tl.load(z + o_r[:, None] * stride_z + o_n[None, :], mask=m, other=0.0).to(tl.float32)
+    b_rstd = tl.rsqrt(tl.sum(b_x * b_x, 1) / N + eps)
+    b_n = (b_x * b_rstd[:, None]).to(y.dtype.element_ty)  # eager rounds the normalized value first
+    b_w = tl.load(w + o_n, mask=o_n < N, other=0.0)
+    b_y = (b_w[None, :] * b_n).to(tl.float32) * (b_z * tl.sigmoid(b_z))
+    tl.store(y + o_r[:, None] * stride_y + o_n[None, :], b_y.to(y.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _silu_and_mul_kernel(gu, y, stride_gu, stride_y, n_rows, I, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
+    o_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    o_i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    m = (o_r < n_rows)[:, None] & (o_i < I)[None, :]
+    o_r = o_r.to(tl.int64)
+    b_g = tl.load(gu + o_r[:, None] * stride_gu + o_i[None, :], mask=m, other=0.0).to(tl.float32)
+    b_u = tl.load(gu + o_r[:, None] * stride_gu + I + o_i[None, :], mask=m, other=0.0)
+    b_s = (b_g * tl.sigmoid(b_g)).to(b_u.dtype)  # silu in the model dtype, as F.silu returns it
+    tl.store(y + o_r[:, None] * stride_y + o_i[None, :], b_s * b_u, mask=m)
+
+
+def _rows_per_program(n: int) -> tuple[int, int]:
+    block_n = triton.next_power_of_2(n)
+    return max(1, min(64, 4096 // block_n)), block_n
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    assert t.dim() == 2 and t.stride(-1) == 1, f"expected [T, N] with unit last stride, got {tuple(t.shape)}"
+    return t
+
+
+def rmsnorm(*, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
+    x = _rows(x)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    block_r, block_n = _rows_per_program(x.shape[1])
+    _rmsnorm_kernel[(triton.cdiv(x.shape[0], block_r),)](
+        x, x, weight, y, y, x.stride(0), 0, y.stride(0), 0, x.shape[0], x.shape[1], eps, offset,
+        HAS_RES=False, BLOCK_R=block_r, BLOCK_N=block_n)
+    return y
+
+
+def add_rmsnorm(*, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    x, residual = _rows(x), _rows(residual)
+    assert x.shape == residual.shape and x.dtype == residual.dtype
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    r = torch.empty_like(y)
+    block_r, block_n = _rows_per_program(x.shape[1])
+    _rmsnorm_kernel[(triton.cdiv(x.shape[0], block_r),)](
+        x, residual, weight, y, r, x.stride(0), residual.stride(0), y.stride(0), r.stride(0), x.shape[0],
+        x.shape[1], eps, offset, HAS_RES=True, BLOCK_R=block_r, BLOCK_N=block_n)
+    return y, r
+
+
+def gated_rmsnorm(*, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x, z = _rows(x), _rows(z)
+    assert x.shape == z.shape
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    block_r, block_n = _rows_per_program(x.shape[1])
+    _gated_rmsnorm_kernel[(triton.cdiv(x.shape[0], block_r),)](
+        x, z, weight, y, x.stride(0), z.stride(0), y.stride(0), x.shape[0], x.shape[1], eps,
+        BLOCK_R=block_r, BLOCK_N=block_n)
+    return y
+
+
+def silu_and_mul(*, gate_up: torch.Tensor) -> torch.Tensor:
+    gate_up = _rows(gate_up)
+    n, i = gate_up.shape[0], gate_up.shape[1] // 2
+    y = torch.empty((n, i), dtype=gate_up.dtype, device=gate_up.device)
+    block_i = min(1024, triton.next_power_of_2(i))
+    block_r = max(1, 2048 // block_i)
+    _silu_and_mul_kernel[(triton.cdiv(n, block_r), triton.cdiv(i, block_i))](
+        gate_up, y, gate_up.stride(0), y.stride(0), n, i, BLOCK_R=block_r, BLOCK_I=block_i)
+    return y

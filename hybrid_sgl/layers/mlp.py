@@ -1,8 +1,9 @@
 """Gated MLP: down(silu(gate x) * up x), with gate and up fused in one matmul."""
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from triton_kernels.norms import silu_and_mul, silu_and_mul_ref
 
 
 class GatedMLP(nn.Module):
@@ -14,8 +15,9 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate_up = self.gate_up_proj(x)
+        act = silu_and_mul(gate_up=gate_up) if x.is_cuda else silu_and_mul_ref(gate_up=gate_up)
+        return self.down_proj(act)
 
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:
         """Checkpoint names: gate_proj.weight, up_proj.weight, down_proj.weight."""

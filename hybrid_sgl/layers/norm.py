@@ -1,9 +1,10 @@
-"""RMSNorm modules (weights as in the checkpoint; math in triton_kernels.norms)."""
+"""RMSNorm modules (weights as in the checkpoint). On CUDA the fused Triton kernels run; on CPU
+the torch references (triton_kernels.norms)."""
 
 import torch
 from torch import nn
 
-from triton_kernels.norms import gated_rmsnorm_ref, rmsnorm_ref
+from triton_kernels import norms
 
 
 class RMSNorm(nn.Module):
@@ -17,8 +18,13 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        return rmsnorm_ref(x=x.reshape(-1, shape[-1]), weight=self.weight, eps=self.eps,
-                           offset=self.offset).view(shape)
+        fn = norms.rmsnorm if x.is_cuda else norms.rmsnorm_ref
+        return fn(x=x.reshape(-1, shape[-1]), weight=self.weight, eps=self.eps, offset=self.offset).view(shape)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, residual: [T, N]. Returns (norm(x + residual), x + residual) in one pass."""
+        fn = norms.add_rmsnorm if x.is_cuda else norms.add_rmsnorm_ref
+        return fn(x=x, residual=residual, weight=self.weight, eps=self.eps, offset=self.offset)
 
 
 class GatedRMSNorm(nn.Module):
@@ -30,4 +36,5 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        return gated_rmsnorm_ref(x=x, z=z, weight=self.weight, eps=self.eps)
+        fn = norms.gated_rmsnorm if x.is_cuda else norms.gated_rmsnorm_ref
+        return fn(x=x, z=z, weight=self.weight, eps=self.eps)

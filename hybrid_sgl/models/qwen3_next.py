@@ -39,9 +39,15 @@ class DecoderLayer(nn.Module):
         self.post_norm = RMSNorm(hidden_size, eps, offset)
         self.ffn = ffn
 
-    def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        x = x + self.mixer(self.input_norm(x), fb)
-        return x + self.ffn(self.post_norm(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, fb: ForwardBatch):
+        """x: this layer's input delta [T, H]; residual: the stream before it (None at layer 0).
+        Returns (ffn output, residual stream); the next layer adds them in its fused norm."""
+        if residual is None:
+            h, residual = self.input_norm(x), x
+        else:
+            h, residual = self.input_norm.add(x, residual)
+        h, residual = self.post_norm.add(self.mixer(h, fb), residual)
+        return self.ffn(h), residual
 
 
 class Qwen3NextForCausalLM(nn.Module):
@@ -77,10 +83,10 @@ class Qwen3NextForCausalLM(nn.Module):
 
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Returns the final hidden states [T, H] (normalized)."""
-        x = self.embed(fb.input_ids)
+        x, residual = self.embed(fb.input_ids), None
         for layer in self.layers:
-            x = layer(x, fb)
-        return self.norm(x)
+            x, residual = layer(x, residual, fb)
+        return self.norm.add(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, H] -> logits [N, V] float32."""
