@@ -10,6 +10,7 @@ from hybrid_sgl.layers.backends import AttentionOps
 from hybrid_sgl.layers.norm import RMSNorm
 from hybrid_sgl.layers.rotary import RotaryEmbedding
 from hybrid_sgl.runner.forward_batch import ForwardBatch
+from triton_kernels.attention_prep import qk_norm_rope, sigmoid_gate_mul, sigmoid_gate_mul_ref
 
 
 class GatedAttention(nn.Module):
@@ -36,13 +37,16 @@ class GatedAttention(nn.Module):
         qg, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.spec.output_gate:
             qg = qg.view(t, hq, 2 * d)
-            q, gate = qg[..., :d], qg[..., d:].reshape(t, hq * d)
+            q, gate = qg[..., :d], qg[..., d:]  # strided views [T, Hq, D]
         else:
             q, gate = qg.view(t, hq, d), None
-        q = self.q_norm(q)  # [T, Hq, D]
-        k = self.k_norm(k.reshape(t, hkv, d))  # [T, Hkv, D]
-        q, k = self.rotary(fb.positions, q, k)
-        v = v.reshape(t, hkv, d)
+        k, v = k.view(t, hkv, d), v.view(t, hkv, d)
+        if x.is_cuda:  # one fused kernel for both norms and the rotary
+            q, k = qk_norm_rope(q=q, k=k, q_weight=self.q_norm.weight, k_weight=self.k_norm.weight,
+                                cos_sin=self.rotary.cos_sin, positions=fb.positions, eps=self.q_norm.eps,
+                                offset=self.q_norm.offset, rotary_dim=self.rotary.rotary_dim)
+        else:
+            q, k = self.rotary(fb.positions, self.q_norm(q), self.k_norm(k))
         k_cache, v_cache = fb.kv_pool.layer(self.kv_index)
         self.ops.store_kv(k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=fb.slot_mapping)
         if fb.is_decode:
@@ -51,10 +55,9 @@ class GatedAttention(nn.Module):
         else:
             o = self.ops.extend(q=q, k_cache=k_cache, v_cache=v_cache, block_table=fb.block_table,
                                 cu_seqlens_q=fb.cu_seqlens, seq_lens=fb.seq_lens, scale=self.scale)
-        o = o.reshape(t, hq * d)
         if gate is not None:
-            o = o * torch.sigmoid(gate)
-        return self.o_proj(o)
+            o = sigmoid_gate_mul(o=o, gate=gate) if x.is_cuda else sigmoid_gate_mul_ref(o=o, gate=gate)
+        return self.o_proj(o.reshape(t, hq * d))
 
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:
         """Checkpoint names: {q,k,v,o}_proj.{weight,bias}, {q,k}_norm.weight."""
