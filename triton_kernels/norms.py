@@ -29,7 +29,7 @@ def add_rmsnorm_ref(*, x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
 
 
 def gated_rmsnorm_ref(*, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x, z: [T, N]; weight: [N]. Normalize x, scale by weight, gate by silu(z)."""
+    """x, z: [T, N] or [T, H, N]; weight: [N]. Normalize x over N, scale by weight, gate by silu(z)."""
     xf = x.float()
     y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     return (weight * y * F.silu(z.float())).to(x.dtype)
@@ -62,14 +62,16 @@ def _rmsnorm_kernel(x, res, w, y, r_out, stride_x, stride_res, stride_y, stride_
 
 
 @triton.jit
-def _gated_rmsnorm_kernel(x, z, w, y, stride_x, stride_z, stride_y, n_rows, N, eps,
+def _gated_rmsnorm_kernel(x, z, w, y, stride_xt, stride_xh, stride_zt, stride_zh, stride_y, n_rows, H, N, eps,
                           BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
-    o_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    o_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # row r = token * H + head
     o_n = tl.arange(0, BLOCK_N)
     m = (o_r < n_rows)[:, None] & (o_n < N)[None, :]
     o_r = o_r.to(tl.int64)
-    b_x = tl.load(x + o_r[:, None] * stride_x + o_n[None, :], mask=m, other=0.0).to(tl.float32)
-    b_z = tl.load(z + o_r[:, None] * stride_z + o_n[None, :], mask=m, other=0.0).to(tl.float32)
+    o_x = (o_r // H) * stride_xt + (o_r % H) * stride_xh
+    o_z = (o_r // H) * stride_zt + (o_r % H) * stride_zh
+    b_x = tl.load(x + o_x[:, None] + o_n[None, :], mask=m, other=0.0).to(tl.float32)
+    b_z = tl.load(z + o_z[:, None] + o_n[None, :], mask=m, other=0.0).to(tl.float32)
     b_rstd = tl.rsqrt(tl.sum(b_x * b_x, 1) / N + eps)
     b_n = (b_x * b_rstd[:, None]).to(y.dtype.element_ty)  # eager rounds the normalized value first
     b_w = tl.load(w + o_n, mask=o_n < N, other=0.0)
@@ -123,12 +125,15 @@ def add_rmsnorm(*, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
 
 
 def gated_rmsnorm(*, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    x, z = _rows(x), _rows(z)
-    assert x.shape == z.shape
+    """x, z: [T, N] or [T, H, N] (any leading strides, unit last stride); the norm runs over N.
+    Returns the same shape, contiguous."""
+    assert x.shape == z.shape and x.stride(-1) == 1 and z.stride(-1) == 1
+    x3, z3 = (x, z) if x.dim() == 3 else (x.unsqueeze(1), z.unsqueeze(1))
+    t, h, n = x3.shape
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    block_r, block_n = _rows_per_program(x.shape[1])
-    _gated_rmsnorm_kernel[(triton.cdiv(x.shape[0], block_r),)](
-        x, z, weight, y, x.stride(0), z.stride(0), y.stride(0), x.shape[0], x.shape[1], eps,
+    block_r, block_n = _rows_per_program(n)
+    _gated_rmsnorm_kernel[(triton.cdiv(t * h, block_r),)](
+        x3, z3, weight, y, x3.stride(0), x3.stride(1), z3.stride(0), z3.stride(1), n, t * h, h, n, eps,
         BLOCK_R=block_r, BLOCK_N=block_n)
     return y
 

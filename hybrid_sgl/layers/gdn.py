@@ -52,7 +52,7 @@ class GatedDeltaNet(nn.Module):
             o = self.ops.gdn_decode(**common, pad_slot=fb.state_pool.pad_slot)
         else:
             o = self.ops.gdn_prefill(**common, cu_seqlens=fb.cu_seqlens, has_initial_state=fb.has_initial_state)
-        o = self.norm(o.reshape(-1, s.head_v_dim), z.reshape(-1, s.head_v_dim))  # [T * Hv, V]
+        o = self.norm(o, z.view(t, s.num_v_heads, s.head_v_dim))  # [T, Hv, V]
         return self.out_proj(o.view(t, s.value_dim))
 
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:

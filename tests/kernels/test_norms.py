@@ -33,6 +33,10 @@ def test_gated_rmsnorm_and_silu_mul(rows, n):
     w = torch.randn(n, device=DEVICE)
     torch.testing.assert_close(norms.gated_rmsnorm(x=x, z=z, weight=w, eps=1e-6),
                                norms.gated_rmsnorm_ref(x=x, z=z, weight=w, eps=1e-6), rtol=1e-5, atol=1e-5)
+    xh = torch.randn(rows, 2, n, device=DEVICE)  # the GDN output [T, H, N]
+    zh = torch.randn(rows, 2 * n + 5, device=DEVICE)[:, :2 * n].view(rows, 2, n)  # z: a view into the projection
+    torch.testing.assert_close(norms.gated_rmsnorm(x=xh, z=zh, weight=w, eps=1e-6),
+                               norms.gated_rmsnorm_ref(x=xh, z=zh, weight=w, eps=1e-6), rtol=1e-5, atol=1e-5)
     strided = torch.randn(rows, 2 * n + 6, device=DEVICE)[:, : 2 * n]  # a slice of a wider projection
     torch.testing.assert_close(norms.silu_and_mul(gate_up=strided), norms.silu_and_mul_ref(gate_up=strided),
                                rtol=1e-5, atol=1e-5)
