@@ -8,7 +8,9 @@ attention: 16 q heads, 4 kv heads, head_dim 256, bf16, page size 16, pages in ra
 .vllm_min/ is put on sys.path when present. Decode rows report the share of the measured copy
 bandwidth (K+V bytes / time); prefill and extend rows report TFLOP/s (4 * Hq * D per attended
 (q, k) pair). Ratios are other's time / ours (> 1: ours is faster). The tuning section times our
-kernels under other launch configs, to check the built-in heuristics.
+kernels under other launch configs, to check the built-in heuristics. The CUDA-graph section replays
+decode as a server captures it: the block table at its full width (GRAPH_TABLE_TOKENS / page size
+columns, padded with a spare page) whatever the sequences' lengths, next to the tight table.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ SCALE = D**-0.5
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
 DECODE_CASES = [(1, 32768), (64, 4096), (256, 1024)]  # (batch, context length)
 PREFILL_CASES = [(0, 4096), (4096, 512), (0, 32768)]  # (cached prefix, new tokens), one request
+GRAPH_TABLE_TOKENS = 262144  # a server's max tokens per request: the captured block table's width
+GRAPH_DECODE_CASES = DECODE_CASES + [(1, 1024), (64, 512)]  # + short sequences in the wide table
 
 
 def bench_ms(fn: Callable) -> float:
@@ -119,8 +123,8 @@ def decode_case(batch: int, length: int, copy_bw: float, tune: bool, report) -> 
     if tune:
         default = pa._decode_config(batch, HKV, D, block_table.shape[1] * PAGE_SIZE, DTYPE, q.device)
         results = []
-        for block_n, warps, stages in [(16, 4, 3), (32, 4, 2), (32, 4, 3), (32, 4, 4), (32, 8, 3),
-                                       (64, 4, 2), (64, 4, 3), (64, 8, 2)]:
+        for block_n, warps, stages in [(16, 4, 2), (32, 4, 2), (32, 4, 3), (32, 8, 2), (64, 4, 2),
+                                       (64, 4, 3), (64, 8, 2), (64, 8, 3)]:
             base = max(1, default["NUM_SPLITS"] * default["BLOCK_N"] // block_n)  # same tokens per split
             for splits in sorted({max(1, base // 2), base, 2 * base, 1}):
                 cfg = dict(BLOCK_N=block_n, NUM_SPLITS=splits, num_warps=warps, num_stages=stages)
@@ -175,10 +179,10 @@ def prefill_case(prefix: int, new: int, tune: bool, report) -> dict:
                    f"{str(e).splitlines()[0][:200]}")
     row.update({f"{k}_metric": metric(row[k]) for k in ("ours", "vllm", "sdpa", "flash_varlen") if k in row})
 
-    if tune and new <= 4096:
+    if tune:
         default = pa._extend_config(new, HQ, D, DTYPE, q.device)
         results = []
-        for bm, bn, warps, stages in [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3), (128, 32, 8, 2),
+        for bm, bn, warps, stages in [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3),
                                       (64, 64, 8, 2), (64, 32, 8, 3), (64, 32, 4, 3), (64, 64, 4, 2)]:
             cfg = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
             try:
@@ -192,6 +196,42 @@ def prefill_case(prefix: int, new: int, tune: bool, report) -> dict:
         for ms, cfg in results[:5]:
             report(f"  {ms:.3f} ms  {metric(ms):6.1f} TFLOP/s  {cfg}")
     return row
+
+
+def graph_ms(fn: Callable) -> float:
+    """fn captured in a CUDA graph, timed by replaying it (launch overhead out, as in serving)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    ms = bench_ms(graph.replay)
+    del graph
+    return ms
+
+
+def graph_decode_case(batch: int, length: int, copy_bw: float, report) -> None:
+    """Decode eager vs in a CUDA graph, with the tight table and with the full-width one."""
+    k_cache, v_cache, block_table, k, _ = paged_pool(batch, length)
+    q = torch.randn(batch, HQ, D, device="cuda", dtype=DTYPE)
+    seq_lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+    pad_page = k_cache.shape[0] - 1  # paged_pool leaves the last page unused
+    wide = torch.full((batch, GRAPH_TABLE_TOKENS // PAGE_SIZE), pad_page, dtype=torch.int32, device="cuda")
+    wide[:, :block_table.shape[1]] = block_table
+    nbytes = 2 * k.numel() * k.element_size()
+    times, splits, outs = {}, {}, {}
+    for name, table_ in (("tight", block_table), ("wide", wide)):
+        kw = dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=table_, seq_lens=seq_lens, scale=SCALE)
+        outs[name] = pa.paged_attention_decode(**kw)
+        splits[name] = pa._decode_config(batch, HKV, D, table_.shape[1] * PAGE_SIZE, DTYPE, q.device)["NUM_SPLITS"]
+        times[f"eager {name}"] = bench_ms(lambda kw=kw: pa.paged_attention_decode(**kw))
+        times[f"graph {name}"] = graph_ms(lambda kw=kw: pa.paged_attention_decode(**kw))
+    cells = ", ".join(f"{n} {ms:.4f} ms ({100 * nbytes / (ms * 1e-3) / copy_bw:.1f} %)" for n, ms in times.items())
+    report(f"  decode B{batch}·L{length}: {cells}; splits tight {splits['tight']}, wide {splits['wide']}; "
+           f"max err wide vs tight {max_err(outs['wide'], outs['tight']):.2e}")
 
 
 def table(rows: list[dict]) -> str:
@@ -234,6 +274,11 @@ def run(report: Callable[[str], None] = print, tune: bool = True, long: bool = T
     rows = []
     for batch, length in DECODE_CASES:
         rows.append(decode_case(batch, length, copy_bw, tune, report))
+        torch.cuda.empty_cache()
+    report(f"\ndecode eager / in CUDA graphs, tight table / wide table ({GRAPH_TABLE_TOKENS // PAGE_SIZE} pages "
+           f"per request); % of copy BW")
+    for batch, length in GRAPH_DECODE_CASES:
+        graph_decode_case(batch, length, copy_bw, report)
         torch.cuda.empty_cache()
     for prefix, new in PREFILL_CASES:
         if new > 4096 and not long:

@@ -11,7 +11,9 @@ Kernels (one launcher each, same keyword signature as the `_ref` beside it):
   edge are never visited. Heaviest blocks are launched first.
 - `paged_attention_decode`: flash-decoding. One program per (request, kv head, split) holds all
   G = Hq / Hkv query heads of the group as rows of one tile, so each KV page is read once per
-  group; splits of the sequence write (o, lse) partials that a second kernel merges.
+  group; splits of the sequence write (o, lse) partials that a second kernel merges. The split
+  count follows the grid (batch x kv heads vs SMs), not the block table's width, so a CUDA graph
+  captured with full-width tables launches no more programs than the SMs need.
 Softmax runs online in float32 with exp2 and a log2(e)-folded scale.
 """
 
@@ -289,19 +291,19 @@ def _extend_kernel(
 
 
 def _extend_config(num_tokens: int, num_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> dict:
-    """BLOCK_M, BLOCK_N, num_warps, num_stages. Hopper-shaped on CUDA (Q tile plus num_stages
-    K and V tiles fit in shared memory); tiny in the interpreter."""
+    """BLOCK_M, BLOCK_N, num_warps, num_stages. Hopper-shaped on CUDA; tiny in the interpreter.
+
+    128-row query blocks when they give every SM at least two (q head, block) programs, 64-row
+    blocks otherwise (short extends and chunks). At head_dim 256 (H200, bf16, one request):
+    prefill T4096 128/64/8 warps is best with 3 stages (0.342 ms vs 0.358 with 2); extend 4096+512
+    (64-row blocks) is best with one warpgroup, 64/64/4 warps/2 stages (0.175 ms vs 0.196 with 8)."""
     if device.type != "cuda":
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
     d_pad = triton.next_power_of_2(head_dim)
     if dtype == torch.float32:  # for tests: ieee dots run on FMA units; small tiles keep them out of spills
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=2)
     if triton.cdiv(num_tokens, 128) * num_heads < 2 * _num_sms(device):  # too few 128-row blocks
-        if d_pad >= 256:  # two warpgroups split the 64 x 256 accumulator
-            return dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2)
-        return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
-    if d_pad >= 256:
-        return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)
+        return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2 if d_pad >= 256 else 3)
     return dict(BLOCK_M=128, BLOCK_N=64, num_warps=4 if d_pad <= 64 else 8, num_stages=3)
 
 
@@ -413,25 +415,27 @@ def _decode_kernel(
 @triton.jit
 def _decode_reduce_kernel(
     part_o, part_lse, seq_lens, o, num_splits, stride_ob, stride_oh, stride_od,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):
+    """One program per (request, q head, BLOCK_D columns): merges the splits that hold tokens."""
     i_b = tl.program_id(0)
     i_h = tl.program_id(1)
+    i_d = tl.program_id(2)
     seq_len = tl.load(seq_lens + i_b)
     n_tiles = tl.cdiv(seq_len, BLOCK_N)
     tiles_per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), 1)
     n_splits = tl.cdiv(n_tiles, tiles_per_split)  # splits that hold tokens, as the main kernel made them
     row = (i_b * NUM_HEADS + i_h).to(tl.int64) * num_splits
     o_s = tl.arange(0, BLOCK_S)
-    o_d = tl.arange(0, D_PAD)
+    o_d = i_d * BLOCK_D + tl.arange(0, BLOCK_D)
     m_d = o_d < HEAD_DIM
 
     m = float("-inf")
     for s0 in range(0, n_splits, BLOCK_S):
         lse = tl.load(part_lse + row + s0 + o_s, mask=s0 + o_s < n_splits, other=float("-inf"))
         m = tl.maximum(m, tl.max(lse, 0))
-    acc = tl.zeros([D_PAD], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     den = 0.0
     for s0 in range(0, n_splits, BLOCK_S):
         m_s = s0 + o_s < n_splits
@@ -445,20 +449,42 @@ def _decode_reduce_kernel(
     tl.store(p_o + o_d * stride_od, out.to(o.dtype.element_ty), mask=m_d)
 
 
+# About two resident (request, kv head, split) programs per SM keep HBM busy in decode; see _decode_config.
+_DECODE_PROGRAMS_PER_SM = 2
+
+
 def _decode_config(batch: int, num_kv_heads: int, head_dim: int, max_len: int, dtype: torch.dtype,
                    device: torch.device) -> dict:
-    """BLOCK_N, NUM_SPLITS, num_warps, num_stages. Split the sequence until the grid holds
-    ~4 programs per SM, keeping at least 4 tiles per split. No device sync: max_len is the
-    block table's capacity."""
-    if device.type != "cuda":
-        block_n, warps, stages = 16, 4, 1
-    else:
-        row_bytes = triton.next_power_of_2(head_dim) * dtype.itemsize
-        block_n = 16 if dtype == torch.float32 else 32 if row_bytes >= 512 else 64
-        warps, stages = 4, 2 if dtype == torch.float32 else 3
+    """BLOCK_N, NUM_SPLITS, num_warps, num_stages, without a device sync.
+
+    Splits follow the grid, not the sequence length: P = batch x kv heads programs each split into
+    floor(2 SMs / P), so a grid that already gives every SM about two programs stays unsplit and a
+    split grid never exceeds 2 SMs programs. max_len (the block table's capacity) only caps the
+    count so a split spans at least 4 tiles of it. A CUDA graph captures the table at its full width
+    while the sequences may be short: the split count is the tight table's (or the 2 SMs / P bound),
+    a split past a sequence's end returns after loading seq_len, the reduce reads only the splits
+    that hold tokens, and the partials hold at most 2 SMs x G rows of head_dim floats.
+
+    Half-precision tiles: 64 tokens, cut to (K + V) <= 32 KiB once the grid has >= 4 programs per SM
+    (more resident programs, shorter tail); 2 stages; 8 warps on split grids, 4 otherwise.
+    H200, head_dim 256, 4 kv heads, bf16: B1·L32k 64 / 66 splits / 8 warps (0.057 ms; 32 / 132 / 4
+    warps / 3 stages took 0.062); B64·L4k 64 / 1 / 4 (0.259; 32 / 3 splits took 0.301); B256·L1k
+    32 / 1 / 4 / 2 stages (0.259)."""
+    sms = _num_sms(device)
     programs = batch * num_kv_heads
+    half = device.type == "cuda" and dtype != torch.float32
+    if device.type != "cuda":
+        block_n, stages = 16, 1
+    elif not half:  # float32, for tests: ieee dots on FMA units
+        block_n, stages = 16, 2
+    else:
+        kv_bytes = 2 * triton.next_power_of_2(head_dim) * dtype.itemsize  # one token's K and V rows
+        budget = (32 if programs >= 4 * sms else 64) * 1024
+        block_n = min(64, 1 << (budget // kv_bytes).bit_length() - 1)  # >= 32 up to head_dim 256
+        stages = 2
     max_splits = max(1, triton.cdiv(triton.cdiv(max_len, block_n), 4))
-    splits = max(1, min(triton.cdiv(4 * _num_sms(device), programs), max_splits))
+    splits = max(1, min(_DECODE_PROGRAMS_PER_SM * sms // programs, max_splits))
+    warps = 8 if half and splits > 1 else 4
     return dict(BLOCK_N=block_n, NUM_SPLITS=splits, num_warps=warps, num_stages=stages)
 
 
@@ -486,9 +512,13 @@ def _paged_attention_decode(*, q, k_cache, v_cache, block_table, seq_lens, scale
         HEAD_DIM=d, D_PAD=d_pad, SPLIT=splits > 1, PRECISION=_precision(q.dtype), **cfg,
     )
     if splits > 1:
-        _decode_reduce_kernel[(b, hq)](
+        # all splits in one step on a GPU (<= 128 x 64 floats per program); small steps in the interpreter
+        # so tests cover the loop over split blocks
+        block_s = min(triton.next_power_of_2(splits), 128 if q.device.type == "cuda" else 8)
+        block_d = min(d_pad, 64)
+        _decode_reduce_kernel[(b, hq, triton.cdiv(d, block_d))](
             part_o, part_lse, seq_lens, o, splits, *o.stride(),
-            NUM_HEADS=hq, HEAD_DIM=d, D_PAD=d_pad, BLOCK_N=cfg["BLOCK_N"], BLOCK_S=16, num_warps=4,
+            NUM_HEADS=hq, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"], BLOCK_S=block_s, num_warps=4,
         )
     return o
 

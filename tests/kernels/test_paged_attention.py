@@ -8,6 +8,7 @@ non-contiguous order; block-table rows are padded with the pad page.
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
 
 from triton_kernels import paged_attention as pa
 
@@ -157,6 +158,74 @@ def test_decode_splits(splits):
     ref = pa.paged_attention_decode_ref(**dict(kw, q=kw["q"][keep], block_table=kw["block_table"][keep],
                                                 seq_lens=padded["seq_lens"][keep]))
     check(out[keep], ref, torch.float32)
+
+
+def test_decode_split_reduce_head_dim_blocks():
+    """The reduce merges head_dim in 64-column blocks: head_dim 80 takes a full and a masked one."""
+    kw, _ = make_case(prefix_lens=[70, 9], new_lens=[1, 1], page_size=4, hkv=2, group=2, d=80, seed=17)
+    kw = decode_kwargs(kw)
+    cfg = dict(BLOCK_N=16, NUM_SPLITS=5, num_warps=4, num_stages=1)
+    check(pa._paged_attention_decode(**kw, config=cfg), pa.paged_attention_decode_ref(**kw), torch.float32)
+
+
+def test_decode_wide_table_many_empty_splits():
+    """A block table far wider than the sequences (a CUDA graph's full-width table): the default
+    config splits by the grid, most splits hold no tokens, the output is unchanged."""
+    kw, _ = make_case(prefix_lens=[37, 0], new_lens=[1, 1], page_size=4, hkv=1, group=4, d=16, seed=13)
+    kw = decode_kwargs(kw)
+    bt = kw["block_table"]
+    wide = torch.cat([bt, bt[:, -1:].expand(-1, 254)], dim=1)  # padded with the pad page
+    cfg = pa._decode_config(2, 1, 16, wide.shape[1] * 4, torch.float32, torch.device(DEVICE))
+    assert cfg["NUM_SPLITS"] * 2 > triton.cdiv(38, cfg["BLOCK_N"])  # some splits are empty
+    check(pa.paged_attention_decode(**dict(kw, block_table=wide)), pa.paged_attention_decode_ref(**kw),
+          torch.float32)
+
+
+H200_SMS = 132
+
+
+@pytest.mark.parametrize("batch,length,expected", [
+    (1, 32768, (64, 66, 8, 2)),  # ANCHORS decode shapes: the best configs of the H200 sweeps
+    (64, 4096, (64, 1, 4, 2)),
+    (256, 1024, (32, 1, 4, 2)),
+])
+def test_decode_config_at_measured_shapes(monkeypatch, batch, length, expected):
+    monkeypatch.setattr(pa, "_num_sms", lambda device: H200_SMS)
+    cuda = torch.device("cuda")
+    for width in (length, 262144):  # the tight table and a CUDA graph's full-width one
+        cfg = pa._decode_config(batch, 4, 256, width, torch.bfloat16, cuda)
+        assert (cfg["BLOCK_N"], cfg["NUM_SPLITS"], cfg["num_warps"], cfg["num_stages"]) == expected, width
+
+
+def test_decode_config_bounded_by_sms(monkeypatch):
+    """Splits come from batch x kv heads vs the SMs: never more than 2 programs per SM once split,
+    none once the unsplit grid fills the GPU, whatever the table width."""
+    monkeypatch.setattr(pa, "_num_sms", lambda device: H200_SMS)
+    cuda = torch.device("cuda")
+    for hkv, d, dtype in [(4, 256, torch.bfloat16), (8, 128, torch.float16), (1, 64, torch.bfloat16),
+                          (2, 96, torch.float32)]:
+        for batch in [1, 2, 3, 7, 16, 33, 64, 100, 256, 1024]:
+            programs = batch * hkv
+            for width in (16, 1024, 32768, 262144):
+                cfg = pa._decode_config(batch, hkv, d, width, dtype, cuda)
+                splits = cfg["NUM_SPLITS"]
+                assert splits >= 1 and (splits == 1 or programs * splits <= 2 * H200_SMS)
+                assert splits == 1 or splits * 4 * cfg["BLOCK_N"] <= width + 4 * cfg["BLOCK_N"]
+                if programs > H200_SMS:
+                    assert splits == 1
+            wide = pa._decode_config(batch, hkv, d, 262144, dtype, cuda)
+            assert wide["NUM_SPLITS"] == max(1, 2 * H200_SMS // programs)  # the table width does not add splits
+
+
+@pytest.mark.parametrize("prefix,new,expected", [
+    (0, 4096, (128, 64, 8, 3)),  # ANCHORS prefill / extend shapes: the best configs of the H200 sweeps
+    (4096, 512, (64, 64, 4, 2)),
+    (0, 32768, (128, 64, 8, 3)),
+])
+def test_extend_config_at_measured_shapes(monkeypatch, prefix, new, expected):
+    monkeypatch.setattr(pa, "_num_sms", lambda device: H200_SMS)
+    cfg = pa._extend_config(new, 16, 256, torch.bfloat16, torch.device("cuda"))
+    assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"]) == expected
 
 
 def test_decode_float16():
