@@ -14,7 +14,7 @@ from hybrid_sgl.scheduler.request import Req
 from hybrid_sgl.scheduler.scheduler import Scheduler
 from hybrid_sgl.server_args import ServerArgs
 
-FAMILIES = ["qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen3_5_vl"]
+FAMILIES = ["qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen3_5_vl", "qwen3_5_moe_vl"]
 TOL = dict(rtol=1e-4, atol=1e-4)
 _HF_CACHE: dict[str, torch.nn.Module] = {}
 
@@ -23,7 +23,7 @@ def hf_model(path: str):
     if path not in _HF_CACHE:
         import transformers as tf
 
-        cls = tf.Qwen3_5ForConditionalGeneration if "vl" in path else tf.AutoModelForCausalLM
+        cls = tf.AutoModelForImageTextToText if "vl" in path else tf.AutoModelForCausalLM
         _HF_CACHE[path] = cls.from_pretrained(path, dtype=torch.float32).eval()
     return _HF_CACHE[path]
 

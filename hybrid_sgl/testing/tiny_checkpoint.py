@@ -51,7 +51,8 @@ def make_tokenizer(path: str, vocab_size: int = 400):
 def make_checkpoint(path: str, family: str = "qwen3_5", seed: int = 0, **overrides) -> str:
     """Save a randomly initialized tiny model of `family` with its tokenizer into `path`.
 
-    family: qwen3_5 | qwen3_5_moe | qwen3_next | qwen3_5_vl (Qwen3_5ForConditionalGeneration)."""
+    family: qwen3_5 | qwen3_5_moe | qwen3_next | qwen3_5_vl | qwen3_5_moe_vl (the *ForConditionalGeneration
+    checkpoints, whose text model we serve)."""
     sys.modules.setdefault("fla", None)  # HF's torch path on CPU
     import torch
     import transformers as tf
@@ -67,9 +68,13 @@ def make_checkpoint(path: str, family: str = "qwen3_5", seed: int = 0, **overrid
         model = tf.Qwen3_5MoeForCausalLM(tf.Qwen3_5MoeTextConfig(**{**TINY_MOE, **dims}))
     elif family == "qwen3_next":
         model = tf.Qwen3NextForCausalLM(tf.Qwen3NextConfig(**{**TINY_MOE, **dims}))
-    elif family == "qwen3_5_vl":
+    elif family in ("qwen3_5_vl", "qwen3_5_moe_vl"):
         vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=dims["hidden_size"])
-        model = tf.Qwen3_5ForConditionalGeneration(tf.Qwen3_5Config(text_config=dims, vision_config=vision))
+        if family == "qwen3_5_vl":
+            model = tf.Qwen3_5ForConditionalGeneration(tf.Qwen3_5Config(text_config=dims, vision_config=vision))
+        else:
+            config = tf.Qwen3_5MoeConfig(text_config={**TINY_MOE, **dims}, vision_config=vision)
+            model = tf.Qwen3_5MoeForConditionalGeneration(config)
     else:
         raise ValueError(f"unknown family {family!r}")
     _randomize_gates(model, seed)
