@@ -9,11 +9,17 @@ minute with --no-tune.
 
 Ours reads strided views of one projection row and updates the state pools in place through slot
 indices; fla (imported if installed) gets contiguous inputs, contiguous states and precomputed gates
-(untimed), as it needs. Ratios are fla's time / ours (> 1: ours is faster). "% BW" is the bytes that
-must move (states read + written, inputs, outputs) over the time, as a share of the copy bandwidth
-measured here. Every case also checks ours against the torch reference at that shape (relative L2
-error of outputs and states). The tuning sections time our kernels under other launch configs, to
-check the built-in choices; the profile sections split each prefill into its kernels.
+(untimed), as it needs. Decode-sized ops (GDN decode, conv update) are timed as GPU time with a
+cold L2 (gpu_ms: the calls queue up behind a sleep kernel, so host time cannot fall between the
+timing events; serving runs decode under CUDA graphs); a second table gives for them triton's
+do_bench median, which counts host time whenever the GPU drains its queue between calls (for calls
+of a few microseconds it came out bimodal, ~0.006 or ~0.045 ms for one kernel binary), and the host
+time per call. Prefills, GPU-bound, are timed with do_bench. Ratios are fla's time / ours (> 1:
+ours is faster). "% BW" is the bytes that must move (states read + written, inputs, outputs) over
+the time, as a share of the copy bandwidth measured here. Every case also checks ours against the
+torch reference at that shape (relative L2 error of outputs and states). The tuning sections time
+our kernels under other launch configs, to check the built-in choices; the profile sections split
+each prefill into its kernels and list the autotuners' timings.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import statistics
 import sys
+import time
 from collections.abc import Callable
 
 import torch
@@ -52,7 +60,49 @@ DEVICE = "cuda"
 
 
 def bench_ms(fn: Callable) -> float:
+    """triton's do_bench median: L2 flushed before each call, host time between calls included
+    whenever the GPU runs out of queued work."""
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+_FLUSH: list[torch.Tensor] = []
+
+
+def gpu_ms(fn: Callable, iters: int = 50) -> float:
+    """Median GPU time of fn with a cold L2 and no host time: a sleep kernel holds the GPU while the
+    host queues iters x (L2 flush, start event, fn, end event), so the calls run back to back."""
+    if not _FLUSH:
+        _FLUSH.append(torch.empty(256 << 20, dtype=torch.uint8, device=DEVICE))
+    flush = _FLUSH[0]
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(3):
+        flush.zero_()
+        fn()
+    host_s = (time.perf_counter() - start) / 3  # an upper bound: it may include waits on the GPU
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    torch.cuda._sleep(int(2e9 * (2 * host_s * iters + 2e-3)))  # cycles, at about 2 GHz
+    for begin, end in events:
+        flush.zero_()
+        begin.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(begin.elapsed_time(end) for begin, end in events)
+
+
+def host_us(fn: Callable, iters: int = 200) -> float:
+    """Host time per call of fn (Python, checks, allocation, launch), with the GPU never full."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / iters * 1e6
 
 
 def copy_bandwidth() -> float:
@@ -62,11 +112,11 @@ def copy_bandwidth() -> float:
     return 2 * x.numel() / (bench_ms(lambda: y.copy_(x)) * 1e-3)
 
 
-def copy_ms(num_bytes: int) -> float:
+def copy_ms(num_bytes: int, timer: Callable = bench_ms) -> float:
     """Time of a device copy moving num_bytes in all (half read, half written)."""
     x = torch.empty(max(num_bytes // 2, 1), dtype=torch.uint8, device=DEVICE)
     y = torch.empty_like(x)
-    return bench_ms(lambda: y.copy_(x))
+    return timer(lambda: y.copy_(x))
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -118,11 +168,12 @@ def report_profile(name: str, fn: Callable, report) -> None:
         report(f"    {t:.3f} ms  {kernel[:90]}")
 
 
-def sweep(title: str, default: str, base_ms: float, configs: list, call: Callable, metric: Callable, report):
+def sweep(title: str, default: str, base_ms: float, configs: list, call: Callable, metric: Callable, report,
+          timer: Callable = bench_ms):
     results = []
     for cfg in configs:
         try:
-            results.append((bench_ms(lambda cfg=cfg: call(cfg)), cfg))
+            results.append((timer(lambda cfg=cfg: call(cfg)), cfg))
         except Exception as e:  # out of registers / shared memory
             report(f"  {title}: {cfg} failed: {type(e).__name__}")
     results.sort(key=lambda r: r[0])
@@ -143,7 +194,9 @@ def decode_case(batch: int, copy_bw: float, tune: bool, report) -> dict:
     o = gdn_recurrent.gdn_decode(**kw, ssm_states=ours)
     o_ref = gdn_recurrent.gdn_decode_ref(**kw, ssm_states=ref)
     row["err"] = f"o {rel_err(o, o_ref):.1e}, S {rel_err(ours, ref):.1e}"
-    row["ours"] = bench_ms(lambda: gdn_recurrent.gdn_decode(**kw, ssm_states=states))
+    run_ours = lambda: gdn_recurrent.gdn_decode(**kw, ssm_states=states)  # noqa: E731
+    row["ours"] = gpu_ms(run_ours)
+    row["eager"] = dict(ours=bench_ms(run_ours), ours_host=host_us(run_ours))
     moved = batch * (2 * STATE_BYTES + 2 * (2 * HK * K + 2 * HV * V + 2 * HV))
     row["bw"] = lambda ms: moved / (ms * 1e-3) / copy_bw * 100
     if fla is not None:
@@ -155,14 +208,15 @@ def decode_case(batch: int, copy_bw: float, tune: bool, report) -> dict:
                                                     use_qk_l2norm_in_kernel=True)
         o_fla, s_fla = run_fla()
         row["err_fla"] = f"o {rel_err(o_fla[:, 0], o_ref):.1e}, S {rel_err(s_fla, ref[slots.long()]):.1e}"
-        row["fla"] = bench_ms(run_fla)
+        row["fla"] = gpu_ms(run_fla)
+        row["eager"].update(fla=bench_ms(run_fla), fla_host=host_us(run_fla))
     if tune:
-        BV, warps = gdn_recurrent._decode_config(batch, K, V)
+        BV, warps = gdn_recurrent._decode_config(batch, HV, K, V)
         configs = [(bv, w) for bv in (8, 16, 32, 64) for w in (1, 2, 4, 8) if bv * K >= 32 * w * 4]
         sweep(f"GDN decode B={batch}", f"BV={BV}, num_warps={warps}", row["ours"], configs,
               lambda c: gdn_recurrent._gdn_decode_fwd(**x, ssm_states=states, state_slots=slots, pad_slot=pad,
                                                       scale=K**-0.5, BV=c[0], num_warps=c[1]),
-              lambda ms: f"{row['bw'](ms):5.1f} % BW", report)
+              lambda ms: f"{row['bw'](ms):5.1f} % BW", report, timer=gpu_ms)
     return row
 
 
@@ -207,6 +261,8 @@ def prefill_case(num_seqs: int, seqlen: int, tune: bool, profile: bool, report) 
         for name in ("_gdn_chunk_intra_kernel", "_gdn_chunk_output_kernel"):
             tuner = getattr(gdn_chunk, name)
             report(f"  {name} autotuned: {getattr(tuner, 'best_config', 'n/a')}")
+            for cfg, t in sorted(getattr(tuner, "configs_timings", {}).items(), key=lambda kv: kv[1][0]):
+                report(f"    {t[0]:.3f} ms  {cfg}")
     if tune:
         default = gdn_chunk._state_config(num_seqs, HV, V)
         configs = [(bv, w, s) for bv in (16, 32, 64) for w in (2, 4) for s in (2, 3)] + [(64, 8, 2), (32, 4, 1)]
@@ -234,16 +290,18 @@ def conv_decode_case(batch: int, copy_bw: float, tune: bool, report) -> dict:
     y = conv.causal_conv1d_update(**kw, conv_states=ours)
     row["err"] = f"y {rel_err(y, conv.causal_conv1d_update_ref(**kw, conv_states=ref)):.1e}, " \
                  f"S {rel_err(ours, ref):.1e}"
-    row["ours"] = bench_ms(lambda: conv.causal_conv1d_update(**kw, conv_states=states))
+    run_ours = lambda: conv.causal_conv1d_update(**kw, conv_states=states)  # noqa: E731
+    row["ours"] = gpu_ms(run_ours)
+    row["eager"] = dict(ours=bench_ms(run_ours), ours_host=host_us(run_ours))
     moved = batch * CONV_DIM * 2 * (2 * (WIDTH - 1) + 2)
-    row["copy"] = copy_ms(moved)
+    row["copy"] = copy_ms(moved, gpu_ms)
     row["bw"] = lambda ms: moved / (ms * 1e-3) / copy_bw * 100
     if tune:
         configs = [(bd, w) for bd in (256, 512, 1024, 2048) for w in (2, 4, 8) if bd >= 64 * w]
-        sweep(f"conv1d update B={batch}", "(BD, num_warps) by batch", row["ours"], configs,
+        sweep(f"conv1d update B={batch}", str(conv._update_config(batch)), row["ours"], configs,
               lambda c: conv._conv_update_fwd(x, weight, None, states, slots, num_slots - 1, "silu", BD=c[0],
                                               num_warps=c[1]),
-              lambda ms: f"{row['bw'](ms):5.1f} % BW", report)
+              lambda ms: f"{row['bw'](ms):5.1f} % BW", report, timer=gpu_ms)
     return row
 
 
@@ -266,7 +324,7 @@ def conv_prefill_case(num_seqs: int, seqlen: int, copy_bw: float, tune: bool, re
     row["bw"] = lambda ms: moved / (ms * 1e-3) / copy_bw * 100
     if tune:
         configs = [(16, 256, 4), (32, 128, 4), (32, 256, 8), (64, 64, 4), (64, 128, 4), (64, 128, 8), (128, 64, 8)]
-        sweep(f"conv1d prefill {row['shape']}", "BT=64, BD=128, num_warps=8", row["ours"], configs,
+        sweep(f"conv1d prefill {row['shape']}", str(conv._prefill_config()), row["ours"], configs,
               lambda c: conv._conv_prefill_fwd(kw["x"], weight, None, states, kw["cu_seqlens"], kw["state_slots"],
                                                kw["has_initial_state"], "silu", BT=c[0], BD=c[1], num_warps=c[2]),
               lambda ms: f"{row['bw'](ms):5.1f} % BW", report)
@@ -289,6 +347,16 @@ def table(gdn_rows: list[dict], conv_rows: list[dict]) -> str:
     for r in conv_rows:
         lines.append(f"| {r['op']} | {r['shape']} | {r['ours']:.3f} | {r['copy']:.3f} | {r['ours'] / r['copy']:.2f}x "
                      f"| {r['bw'](r['ours']):.1f} | {r['err']} |")
+    lines += ["", "Eager calls (do_bench median; host us: Python, checks and launch per call)", "",
+              "| op | shape | ours GPU ms | ours do_bench ms | ours host us | fla GPU ms | fla do_bench ms "
+              "| fla host us |", "|---|---|---|---|---|---|---|---|"]
+    for r in gdn_rows + conv_rows:
+        if "eager" not in r:
+            continue
+        e = r["eager"]
+        fla = [f"{r['fla']:.3f}", f"{e['fla']:.3f}", f"{e['fla_host']:.0f}"] if "fla" in e else ["n/a"] * 3
+        lines.append(" | ".join([f"| {r['op']}", r["shape"], f"{r['ours']:.3f}", f"{e['ours']:.3f}",
+                                 f"{e['ours_host']:.0f}", *fla]) + " |")
     return "\n".join(lines)
 
 

@@ -23,11 +23,15 @@ CHUNK_SIZE = 64
 
 
 def _state_config(num_seqs: int, HV: int, V: int) -> tuple[int, int, int]:
-    """(BV, num_warps, num_stages) of the sequential state kernel; narrower V blocks when there are
-    too few (sequence, head) pairs to fill the GPU. Chosen by hand, not autotuned: the kernel
-    updates the state pool in place, so the autotuner's repeated runs would corrupt it."""
-    BV = 64 if num_seqs * HV * triton.cdiv(V, 64) >= 256 else 32
-    return min(BV, max(16, triton.next_power_of_2(V))), 4, 2
+    """(BV, num_warps, num_stages) of the sequential state kernel, from the H200 sweeps: [K, 64] state
+    blocks on 4 warps when the (sequence, head, V block) programs fill the GPU; else [K, 32] blocks
+    with 3 stages of prefetch (one program per SM at 32 heads: the serial chain and the re-reads of
+    w and k by every V block bound it, finer blocks only add re-reads). Chosen by hand, not
+    autotuned: the kernel updates the state pool in place, so the autotuner's repeated runs would
+    corrupt it."""
+    if num_seqs * HV * triton.cdiv(V, 64) >= 256:
+        return min(64, max(16, triton.next_power_of_2(V))), 4, 2
+    return min(32, max(16, triton.next_power_of_2(V))), 4, 3
 
 
 def _gdn_prefill_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, cu_seqlens, state_slots, has_initial_state,
@@ -49,7 +53,7 @@ def _gdn_prefill_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, cu_seqlens, stat
     if N == 0:
         return o
     BT, BK = CHUNK_SIZE, triton.next_power_of_2(K)
-    prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    prec = "tf32x3" if q.dtype == torch.float32 else "tf32"
     NC = num_virtual_chunks(T, N, BT)
     g_cum = torch.empty(T, HV, dtype=torch.float32, device=v.device)
     kn = torch.empty(T, HK, K, dtype=k.dtype, device=k.device)
@@ -58,10 +62,10 @@ def _gdn_prefill_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, cu_seqlens, stat
     v_new = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
     h = torch.empty(NC, HV, K, V, dtype=k.dtype, device=k.device)
 
-    _gdn_chunk_intra_kernel[(NC, HV)](
+    _gdn_chunk_intra_kernel[(NC * HV,)](
         k, v, a, b, A_log, dt_bias, g_cum, kn, w, u, cu_seqlens,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0), N,
-        HK=HK, HV=HV, K=K, V=V, BT=BT, BLOCK_N=64, PREC=prec,
+        HK=HK, HV=HV, K=K, V=V, BT=BT, BK=BK, BLOCK_N=64, PREC=prec,
     )
     BV_state, num_warps, num_stages = state_config or _state_config(N, HV, V)
     _gdn_chunk_state_kernel[(triton.cdiv(V, BV_state), HV, N)](
@@ -69,7 +73,7 @@ def _gdn_prefill_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, cu_seqlens, stat
         HK=HK, HV=HV, K=K, V=V, BT=BT, BK=min(BK, 64), BV=BV_state, PREC=prec,
         num_warps=num_warps, num_stages=num_stages,
     )
-    _gdn_chunk_output_kernel[lambda meta: (NC, HV, triton.cdiv(V, meta["BV"]))](
+    _gdn_chunk_output_kernel[lambda meta: (NC * HV * triton.cdiv(V, meta["BV"]),)](
         q, kn, v_new, h, g_cum, o, cu_seqlens, q.stride(0), q.stride(1), scale, N,
         HK=HK, HV=HV, K=K, V=V, BT=BT, BK=BK, BLOCK_N=64, PREC=prec,
     )

@@ -1,8 +1,8 @@
 """The three kernels of the chunked gated delta rule (the math is in gdn_chunk.py).
 
 1. intra  (chunk, value head; parallel): gating and its cumsum gamma within the chunk, k l2norm,
-          A = beta k k^T exp(gamma_t - gamma_i) (strictly lower), X = (I + A)^-1 by 16x16 blocks,
-          W = X (beta exp(gamma) K), U = X (beta V)
+          A = beta k k^T exp(gamma_t - gamma_i) (strictly lower), X = (I + A)^-1 from its 16x16
+          diagonal blocks up by matmuls, W = X (beta exp(gamma) K), U = X (beta V)
 2. state  (V block, value head, sequence; sequential over the chunks): stores the state entering
           each chunk, V_new = U - W S, S <- exp(gamma_C) S + (exp(gamma_C - gamma) K)^T V_new;
           reads the initial state from the pool slot and writes the final one back
@@ -12,8 +12,9 @@ Chunks are addressed by virtual index (triton_kernels/varlen.py). Inputs q, k [T
 v [T, Hv, V], a, b [T, Hv] are strided views. Scratch: g_cum [T, Hv] fp32; kn (normalized k)
 [T, Hk, K], w [T, Hv, K], u and v_new [T, Hv, V], h [num_virtual_chunks, Hv, K, V] in the input
 dtype. Tile offsets are int32 from scalar int64 bases (chunk or sequence start). PREC is
-"ieee" for float32 inputs (to match the float32 reference closely), else "tf32" (the fp32 dots of
-the block inverse).
+"tf32x3" for float32 inputs (three tensor-core passes, close to float32: "ieee" matmuls of [64, 64]
+tiles unroll into thousands of FMAs per thread and spill), else "tf32" (the fp32 dots of the block
+inverse). The [64, 64] and [64, 128] matmuls run as Hopper warpgroup MMAs on 4 warps.
 """
 
 import torch
@@ -24,13 +25,22 @@ from triton_kernels.gdn_gating import gdn_gate, l2norm
 from triton_kernels.varlen import locate_chunk
 
 
-def _configs(num_warps: list[int], num_stages: list[int], **meta: list[int]) -> list[triton.Config]:
-    """The autotune space on CUDA; its first point elsewhere (the interpreter cannot benchmark)."""
+def _config_space(num_warps: list[int], num_stages: list[int], **meta: list[int]) -> list[triton.Config]:
     points = [{}]
     for key, values in meta.items():
         points = [{**p, key: x} for p in points for x in values]
-    configs = [triton.Config(p, num_warps=w, num_stages=s) for p in points for w in num_warps for s in num_stages]
+    return [triton.Config(p, num_warps=w, num_stages=s) for p in points for w in num_warps for s in num_stages]
+
+
+def _here(configs: list[triton.Config]) -> list[triton.Config]:
+    """The autotune space on CUDA; its first point elsewhere (the interpreter cannot benchmark)."""
     return configs if torch.cuda.is_available() else configs[:1]
+
+
+# 4 warps: one warpgroup for the [64, 64] matmuls, three programs per SM at ~168 registers (8 warps
+# need as many registers per thread, so only one program fits); BV slices W and U
+INTRA_CONFIGS = _config_space(num_warps=[4], num_stages=[1, 2], BV=[64, 128])
+OUTPUT_CONFIGS = _config_space(num_warps=[4, 8], num_stages=[1], BV=[64, 128])
 
 
 def _tune_real_shapes_only(configs, named_args, **kwargs):
@@ -41,19 +51,6 @@ def _tune_real_shapes_only(configs, named_args, **kwargs):
 @triton.jit
 def _dot(b_a, b_b, PREC: tl.constexpr):
     return tl.dot(b_a, b_b, input_precision=PREC)
-
-
-@triton.jit
-def _gate_rows(a, b, o_r, m_r, stride_a_t, stride_b_t, b_A_log, b_dt_bias, carry):
-    """(gamma, beta) of BC rows; gamma continues the chunk's cumsum of g from `carry`."""
-    b_g, b_beta = gdn_gate(tl.load(a + o_r * stride_a_t, mask=m_r, other=0.0),
-                           tl.load(b + o_r * stride_b_t, mask=m_r, other=0.0), b_A_log, b_dt_bias)
-    return tl.cumsum(tl.where(m_r, b_g, 0.0), 0) + carry, b_beta
-
-
-@triton.jit
-def _last(b_x):
-    return tl.sum(tl.where(tl.arange(0, b_x.shape[0]) == b_x.shape[0] - 1, b_x, 0.0), 0)
 
 
 @triton.jit
@@ -68,49 +65,34 @@ def _store_rows(p, o_r, m_r, stride_t, o_c, m_c, b_x):
 
 
 @triton.jit
-def _decay(b_A, b_gamma_r, b_gamma_c, b_beta_r, DIAG: tl.constexpr):
-    """beta_r * A * exp(gamma_r - gamma_c); of a diagonal block only the strictly lower part.
-    gamma never grows along the chunk, so the exponent is <= 0 wherever the block is used; the clamp
-    keeps exp finite above the diagonal."""
-    b_A = b_A * tl.exp(tl.minimum(b_gamma_r[:, None] - b_gamma_c[None, :], 0.0))
-    if DIAG:
-        o_i = tl.arange(0, b_A.shape[0])
-        b_A = tl.where(o_i[:, None] > o_i[None, :], b_A, 0.0)
-    return b_A * b_beta_r[:, None]
-
-
-@triton.jit
-def _unit_lower_inverse(b_A):
-    """(I + A)^-1 of a strictly lower-triangular [BC, BC] block, by forward substitution: row i of
-    X = (I + A)^-1 - I is -A[i] - sum_j A[i, j] X[j]."""
-    o_i = tl.arange(0, b_A.shape[0])
-    b_X = -b_A  # rows 0 and 1 are final already
-    for i in range(2, b_A.shape[0]):
-        b_a = tl.sum(tl.where((o_i == i)[:, None], -b_A, 0.0), 0)
-        b_a = b_a + tl.sum(b_a[:, None] * b_X, 0)
-        b_X = tl.where((o_i == i)[:, None], b_a[None, :], b_X)
-    return b_X + (o_i[:, None] == o_i[None, :]).to(tl.float32)
-
-
-@triton.jit
 def _scale_rows(b_x, b_r, DT: tl.constexpr):
     return (b_x.to(tl.float32) * b_r[:, None]).to(DT)
 
 
 @triton.jit
-def _store_block_product(p, o_r0, o_r1, o_r2, o_r3, m_r0, m_r1, m_r2, m_r3, stride_t, o_c, m_c,
-                         b_X00, b_X10, b_X11, b_X20, b_X21, b_X22, b_X30, b_X31, b_X32, b_X33,
-                         b_y0, b_y1, b_y2, b_y3, PREC: tl.constexpr):
-    """Stores the four row blocks of X Y, X lower block-triangular, Y as four row blocks."""
-    _store_rows(p, o_r0, m_r0, stride_t, o_c, m_c, _dot(b_X00, b_y0, PREC))
-    _store_rows(p, o_r1, m_r1, stride_t, o_c, m_c, _dot(b_X10, b_y0, PREC) + _dot(b_X11, b_y1, PREC))
-    _store_rows(p, o_r2, m_r2, stride_t, o_c, m_c,
-                _dot(b_X20, b_y0, PREC) + _dot(b_X21, b_y1, PREC) + _dot(b_X22, b_y2, PREC))
-    _store_rows(p, o_r3, m_r3, stride_t, o_c, m_c,
-                _dot(b_X30, b_y0, PREC) + _dot(b_X31, b_y1, PREC) + _dot(b_X32, b_y2, PREC) + _dot(b_X33, b_y3, PREC))
+def _diag_block_inverse(b_A3):
+    """(I + A)^-1 of a batch of strictly lower-triangular [BC, BC] blocks [NB, BC, BC], by
+    elimination: column j of A takes A[i, j] X[j] off every row i > j, and row j of X is final
+    when its column comes up. Both extractions are reductions inside a block."""
+    o_r = tl.arange(0, b_A3.shape[1])[None, :, None]
+    o_c = tl.arange(0, b_A3.shape[2])[None, None, :]
+    b_X3 = tl.where(o_r == o_c, 1.0, b_A3 * 0.0)
+    for j in range(b_A3.shape[2] - 1):
+        b_a = tl.sum(tl.where(o_c == j, b_A3, 0.0), 2)  # [NB, BC]: column j of each A block
+        b_x = tl.sum(tl.where(o_r == j, b_X3, 0.0), 1)  # [NB, BC]: row j of each X block
+        b_X3 -= b_a[:, :, None] * b_x[:, None, :]
+    return b_X3
 
 
-@triton.autotune(configs=_configs(num_warps=[1, 2, 4], num_stages=[1], BKS=[32, 64]), key=["HK", "HV", "K", "V"],
+@triton.jit
+def _merge_inverse(b_Y, b_A, m_E, PREC: tl.constexpr):
+    """Inverse of a block lower-triangular matrix from those of its diagonal blocks, for every block
+    pair [[P, 0], [E, Q]] at once: the inverse is [[P^-1, 0], [-Q^-1 E P^-1, Q^-1]]; b_Y holds the
+    diagonal inverses (zero elsewhere) and m_E marks the E blocks in b_A."""
+    return b_Y - _dot(b_Y, _dot(tl.where(m_E, b_A, 0.0), b_Y, PREC), PREC)
+
+
+@triton.autotune(configs=_here(INTRA_CONFIGS), key=["HK", "HV", "K", "V"],
                  prune_configs_by=dict(early_config_prune=_tune_real_shapes_only))
 @triton.jit(do_not_specialize=["N"])
 def _gdn_chunk_intra_kernel(
@@ -137,133 +119,75 @@ def _gdn_chunk_intra_kernel(
     K: tl.constexpr,
     V: tl.constexpr,
     BT: tl.constexpr,
-    BKS: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """One program per (virtual chunk, value head). The chunk is four row blocks of BC = BT / 4;
-    the blocks (I, J) of A and X stay in registers, K and V are walked in slices of BKS."""
+    """One program per (virtual chunk, value head), on whole [BT, BT] tiles: A from one k k^T; the
+    inverses of its four diagonal [BT/4, BT/4] blocks by elimination, side by side; then those of
+    the 2x2 block pairs (16 -> 32 -> 64 rows) by two matmuls each; W and U by [BT, BV] slices."""
+    tl.static_assert(BT == 64, "the blocked inverse merges four 16-row blocks")
     BC: tl.constexpr = BT // 4
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    i_h, i_c = tl.program_id(0) % HV, tl.program_id(0) // HV  # heads fastest: they share k through the cache
     i_n, i_t, bos, eos = locate_chunk(cu_seqlens, i_c, N, BT, BLOCK_N)
     if i_t * BT >= eos - bos:
         return
     t0 = bos + i_t * BT
-    rows = eos - t0  # valid rows in this chunk
     i_hk = i_h // (HV // HK)
-    o_r0 = tl.arange(0, BC)
-    o_r1, o_r2, o_r3 = o_r0 + BC, o_r0 + 2 * BC, o_r0 + 3 * BC
-    m_r0, m_r1, m_r2, m_r3 = o_r0 < rows, o_r1 < rows, o_r2 < rows, o_r3 < rows
-    o_s = tl.arange(0, BKS)
+    o_t = tl.arange(0, BT)
+    m_t = o_t < eos - t0
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+
+    k += t0 * stride_k_t + i_hk * stride_k_h
+    b_k = _load_rows(k, o_t, m_t, stride_k_t, o_k, m_k)  # [BT, BK], first: its latency overlaps the gating
+    DT = b_k.dtype
 
     # gating; gamma is the cumsum of g within the chunk
-    a += t0 * stride_a_t + i_h
-    b += t0 * stride_b_t + i_h
-    b_A_log = tl.load(A_log + i_h).to(tl.float32)
-    b_dt_bias = tl.load(dt_bias + i_h).to(tl.float32)
-    b_g0, b_b0 = _gate_rows(a, b, o_r0, m_r0, stride_a_t, stride_b_t, b_A_log, b_dt_bias, 0.0)
-    b_g1, b_b1 = _gate_rows(a, b, o_r1, m_r1, stride_a_t, stride_b_t, b_A_log, b_dt_bias, _last(b_g0))
-    b_g2, b_b2 = _gate_rows(a, b, o_r2, m_r2, stride_a_t, stride_b_t, b_A_log, b_dt_bias, _last(b_g1))
-    b_g3, b_b3 = _gate_rows(a, b, o_r3, m_r3, stride_a_t, stride_b_t, b_A_log, b_dt_bias, _last(b_g2))
-    g_cum += t0 * HV + i_h
-    tl.store(g_cum + o_r0 * HV, b_g0, mask=m_r0)
-    tl.store(g_cum + o_r1 * HV, b_g1, mask=m_r1)
-    tl.store(g_cum + o_r2 * HV, b_g2, mask=m_r2)
-    tl.store(g_cum + o_r3 * HV, b_g3, mask=m_r3)
+    b_g, b_beta = gdn_gate(tl.load(a + (t0 + o_t) * stride_a_t + i_h, mask=m_t, other=0.0),
+                           tl.load(b + (t0 + o_t) * stride_b_t + i_h, mask=m_t, other=0.0),
+                           tl.load(A_log + i_h).to(tl.float32), tl.load(dt_bias + i_h).to(tl.float32))
+    b_gamma = tl.cumsum(tl.where(m_t, b_g, 0.0), 0)
+    tl.store(g_cum + (t0 + o_t) * HV + i_h, b_gamma, mask=m_t)
 
-    # k k^T by blocks, from the raw keys; the l2 norms scale it afterwards
-    k += t0 * stride_k_t + i_hk * stride_k_h
-    DT = k.dtype.element_ty
-    b_A00 = tl.zeros([BC, BC], dtype=tl.float32)
-    b_A11, b_A22, b_A33 = tl.zeros_like(b_A00), tl.zeros_like(b_A00), tl.zeros_like(b_A00)
-    b_A10, b_A20, b_A21 = tl.zeros_like(b_A00), tl.zeros_like(b_A00), tl.zeros_like(b_A00)
-    b_A30, b_A31, b_A32 = tl.zeros_like(b_A00), tl.zeros_like(b_A00), tl.zeros_like(b_A00)
-    b_ss0 = tl.zeros([BC], dtype=tl.float32)
-    b_ss1, b_ss2, b_ss3 = tl.zeros_like(b_ss0), tl.zeros_like(b_ss0), tl.zeros_like(b_ss0)
-    for i_k in range(0, K, BKS):
-        m_s = i_k + o_s < K
-        b_k0 = _load_rows(k + i_k, o_r0, m_r0, stride_k_t, o_s, m_s)
-        b_k1 = _load_rows(k + i_k, o_r1, m_r1, stride_k_t, o_s, m_s)
-        b_k2 = _load_rows(k + i_k, o_r2, m_r2, stride_k_t, o_s, m_s)
-        b_k3 = _load_rows(k + i_k, o_r3, m_r3, stride_k_t, o_s, m_s)
-        b_ss0 += tl.sum(b_k0.to(tl.float32) * b_k0.to(tl.float32), 1)
-        b_ss1 += tl.sum(b_k1.to(tl.float32) * b_k1.to(tl.float32), 1)
-        b_ss2 += tl.sum(b_k2.to(tl.float32) * b_k2.to(tl.float32), 1)
-        b_ss3 += tl.sum(b_k3.to(tl.float32) * b_k3.to(tl.float32), 1)
-        b_A00 += _dot(b_k0, tl.trans(b_k0), PREC)
-        b_A11 += _dot(b_k1, tl.trans(b_k1), PREC)
-        b_A22 += _dot(b_k2, tl.trans(b_k2), PREC)
-        b_A33 += _dot(b_k3, tl.trans(b_k3), PREC)
-        b_A10 += _dot(b_k1, tl.trans(b_k0), PREC)
-        b_A20 += _dot(b_k2, tl.trans(b_k0), PREC)
-        b_A21 += _dot(b_k2, tl.trans(b_k1), PREC)
-        b_A30 += _dot(b_k3, tl.trans(b_k0), PREC)
-        b_A31 += _dot(b_k3, tl.trans(b_k1), PREC)
-        b_A32 += _dot(b_k3, tl.trans(b_k2), PREC)
-    b_rk0, b_rk1 = tl.rsqrt(b_ss0 + 1e-6), tl.rsqrt(b_ss1 + 1e-6)  # l2norm's eps
-    b_rk2, b_rk3 = tl.rsqrt(b_ss2 + 1e-6), tl.rsqrt(b_ss3 + 1e-6)
+    # A = beta (k k^T) exp(gamma_r - gamma_c) on l2-normalized keys, strictly lower. gamma never
+    # grows along the chunk, so the exponent is <= 0 where A is used; the clamp keeps exp finite
+    b_rk = tl.rsqrt(tl.sum(b_k.to(tl.float32) * b_k.to(tl.float32), 1) + 1e-6)  # l2norm's eps
+    if i_h % (HV // HK) == 0:  # the first value head of each key head stores the normalized keys
+        _store_rows(kn + (t0 * HK + i_hk) * K, o_t, m_t, HK * K, o_k, m_k, b_k.to(tl.float32) * b_rk[:, None])
+    b_rs = b_rk * b_beta
+    b_A = _dot(b_k, tl.trans(b_k), PREC) * b_rs[:, None] * b_rk[None, :]
+    b_A *= tl.exp(tl.minimum(b_gamma[:, None] - b_gamma[None, :], 0.0))
+    b_A = tl.where(o_t[:, None] > o_t[None, :], b_A, 0.0)
 
-    # A = beta (k k^T) exp(gamma_r - gamma_c) on normalized keys, strictly lower
-    b_A00 = _decay(b_A00 * b_rk0[:, None] * b_rk0[None, :], b_g0, b_g0, b_b0, True)
-    b_A11 = _decay(b_A11 * b_rk1[:, None] * b_rk1[None, :], b_g1, b_g1, b_b1, True)
-    b_A22 = _decay(b_A22 * b_rk2[:, None] * b_rk2[None, :], b_g2, b_g2, b_b2, True)
-    b_A33 = _decay(b_A33 * b_rk3[:, None] * b_rk3[None, :], b_g3, b_g3, b_b3, True)
-    b_A10 = _decay(b_A10 * b_rk1[:, None] * b_rk0[None, :], b_g1, b_g0, b_b1, False)
-    b_A20 = _decay(b_A20 * b_rk2[:, None] * b_rk0[None, :], b_g2, b_g0, b_b2, False)
-    b_A21 = _decay(b_A21 * b_rk2[:, None] * b_rk1[None, :], b_g2, b_g1, b_b2, False)
-    b_A30 = _decay(b_A30 * b_rk3[:, None] * b_rk0[None, :], b_g3, b_g0, b_b3, False)
-    b_A31 = _decay(b_A31 * b_rk3[:, None] * b_rk1[None, :], b_g3, b_g1, b_b3, False)
-    b_A32 = _decay(b_A32 * b_rk3[:, None] * b_rk2[None, :], b_g3, b_g2, b_b3, False)
+    # X = (I + A)^-1: the inverses of the four diagonal [BC, BC] blocks, then of the 16-row pairs,
+    # then of the 32-row halves
+    o_b = tl.arange(0, 4)
+    m_bb = (o_b[:, None] == o_b[None, :])[:, None, :, None]  # [4, 1, 4, 1]: diagonal blocks
+    b_X3 = _diag_block_inverse(tl.sum(tl.where(m_bb, tl.reshape(b_A, (4, BC, 4, BC)), 0.0), 2))
+    b_X = tl.reshape(tl.where(m_bb, b_X3[:, :, None, :], 0.0), (BT, BT))
+    o_rb, o_cb = (o_t // BC)[:, None], (o_t // BC)[None, :]
+    b_X = _merge_inverse(b_X, b_A, (o_rb == o_cb + 1) & (o_rb % 2 == 1), PREC)
+    b_X = _merge_inverse(b_X, b_A, (o_rb >= 2) & (o_cb < 2), PREC).to(DT)
 
-    # X = (I + A)^-1: diagonal blocks by substitution, then X_ij = -X_ii sum_k A_ik X_kj
-    b_X00 = _unit_lower_inverse(b_A00)
-    b_X11 = _unit_lower_inverse(b_A11)
-    b_X22 = _unit_lower_inverse(b_A22)
-    b_X33 = _unit_lower_inverse(b_A33)
-    b_X10 = -_dot(b_X11, _dot(b_A10, b_X00, PREC), PREC)
-    b_X21 = -_dot(b_X22, _dot(b_A21, b_X11, PREC), PREC)
-    b_X32 = -_dot(b_X33, _dot(b_A32, b_X22, PREC), PREC)
-    b_X20 = -_dot(b_X22, _dot(b_A20, b_X00, PREC) + _dot(b_A21, b_X10, PREC), PREC)
-    b_X31 = -_dot(b_X33, _dot(b_A31, b_X11, PREC) + _dot(b_A32, b_X21, PREC), PREC)
-    b_X30 = -_dot(b_X33, _dot(b_A30, b_X00, PREC) + _dot(b_A31, b_X10, PREC) + _dot(b_A32, b_X20, PREC), PREC)
-    b_X00, b_X11, b_X22, b_X33 = b_X00.to(DT), b_X11.to(DT), b_X22.to(DT), b_X33.to(DT)
-    b_X10, b_X21, b_X32 = b_X10.to(DT), b_X21.to(DT), b_X32.to(DT)
-    b_X20, b_X31, b_X30 = b_X20.to(DT), b_X31.to(DT), b_X30.to(DT)
-
-    # W = X (beta exp(gamma) K); the first value head of each key head also stores the normalized keys
-    b_s0, b_s1 = b_rk0 * b_b0 * tl.exp(b_g0), b_rk1 * b_b1 * tl.exp(b_g1)
-    b_s2, b_s3 = b_rk2 * b_b2 * tl.exp(b_g2), b_rk3 * b_b3 * tl.exp(b_g3)
+    # W = X (beta exp(gamma) K), by column slices of the keys (loaded again, from cache)
     w += (t0 * HV + i_h) * K
-    kn += (t0 * HK + i_hk) * K
-    STORE_KN = i_h % (HV // HK) == 0
-    for i_k in range(0, K, BKS):
-        m_s = i_k + o_s < K
-        b_k0 = _load_rows(k + i_k, o_r0, m_r0, stride_k_t, o_s, m_s)
-        b_k1 = _load_rows(k + i_k, o_r1, m_r1, stride_k_t, o_s, m_s)
-        b_k2 = _load_rows(k + i_k, o_r2, m_r2, stride_k_t, o_s, m_s)
-        b_k3 = _load_rows(k + i_k, o_r3, m_r3, stride_k_t, o_s, m_s)
-        if STORE_KN:
-            _store_rows(kn + i_k, o_r0, m_r0, HK * K, o_s, m_s, b_k0.to(tl.float32) * b_rk0[:, None])
-            _store_rows(kn + i_k, o_r1, m_r1, HK * K, o_s, m_s, b_k1.to(tl.float32) * b_rk1[:, None])
-            _store_rows(kn + i_k, o_r2, m_r2, HK * K, o_s, m_s, b_k2.to(tl.float32) * b_rk2[:, None])
-            _store_rows(kn + i_k, o_r3, m_r3, HK * K, o_s, m_s, b_k3.to(tl.float32) * b_rk3[:, None])
-        _store_block_product(w + i_k, o_r0, o_r1, o_r2, o_r3, m_r0, m_r1, m_r2, m_r3, HV * K, o_s, m_s,
-                             b_X00, b_X10, b_X11, b_X20, b_X21, b_X22, b_X30, b_X31, b_X32, b_X33,
-                             _scale_rows(b_k0, b_s0, DT), _scale_rows(b_k1, b_s1, DT),
-                             _scale_rows(b_k2, b_s2, DT), _scale_rows(b_k3, b_s3, DT), PREC)
+    b_s = b_rs * tl.exp(b_gamma)
+    for i_k in range(0, K, BV):
+        o_s = i_k + tl.arange(0, BV)
+        m_s = o_s < K
+        b_ks = _scale_rows(_load_rows(k, o_t, m_t, stride_k_t, o_s, m_s), b_s, DT)
+        _store_rows(w, o_t, m_t, HV * K, o_s, m_s, _dot(b_X, b_ks, PREC))
 
     # U = X (beta V)
     v += t0 * stride_v_t + i_h * stride_v_h
     u += (t0 * HV + i_h) * V
-    for i_v in range(0, V, BKS):
-        m_s = i_v + o_s < V
-        b_v0 = _scale_rows(_load_rows(v + i_v, o_r0, m_r0, stride_v_t, o_s, m_s), b_b0, DT)
-        b_v1 = _scale_rows(_load_rows(v + i_v, o_r1, m_r1, stride_v_t, o_s, m_s), b_b1, DT)
-        b_v2 = _scale_rows(_load_rows(v + i_v, o_r2, m_r2, stride_v_t, o_s, m_s), b_b2, DT)
-        b_v3 = _scale_rows(_load_rows(v + i_v, o_r3, m_r3, stride_v_t, o_s, m_s), b_b3, DT)
-        _store_block_product(u + i_v, o_r0, o_r1, o_r2, o_r3, m_r0, m_r1, m_r2, m_r3, HV * V, o_s, m_s,
-                             b_X00, b_X10, b_X11, b_X20, b_X21, b_X22, b_X30, b_X31, b_X32, b_X33,
-                             b_v0, b_v1, b_v2, b_v3, PREC)
+    for i_v in range(0, V, BV):
+        o_v = i_v + tl.arange(0, BV)
+        m_v = o_v < V
+        b_v = _scale_rows(_load_rows(v, o_t, m_t, stride_v_t, o_v, m_v), b_beta, DT)
+        _store_rows(u, o_t, m_t, HV * V, o_v, m_v, _dot(b_X, b_v, PREC))
 
 
 @triton.jit(do_not_specialize=["N"])
@@ -348,7 +272,7 @@ def _gdn_chunk_state_kernel(
         tl.store(p_s + BK * V + o_h, b_h2.to(ssm_states.dtype.element_ty), mask=m_h2)
 
 
-@triton.autotune(configs=_configs(num_warps=[4, 8], num_stages=[1], BV=[64, 128]), key=["HK", "HV", "K", "V"],
+@triton.autotune(configs=_here(OUTPUT_CONFIGS), key=["HK", "HV", "K", "V"],
                  prune_configs_by=dict(early_config_prune=_tune_real_shapes_only))
 @triton.jit(do_not_specialize=["N"])
 def _gdn_chunk_output_kernel(
@@ -373,8 +297,10 @@ def _gdn_chunk_output_kernel(
     BLOCK_N: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """One program per (virtual chunk, value head, V block)."""
-    i_c, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """One program per (virtual chunk, value head, V block), V blocks then heads fastest: the programs
+    reading one chunk's q and k run together and share them through the cache."""
+    NV: tl.constexpr = (V + BV - 1) // BV
+    i_v, i_h, i_c = tl.program_id(0) % NV, tl.program_id(0) // NV % HV, tl.program_id(0) // (NV * HV)
     i_n, i_t, bos, eos = locate_chunk(cu_seqlens, i_c, N, BT, BLOCK_N)
     if i_t * BT >= eos - bos:
         return

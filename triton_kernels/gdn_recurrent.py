@@ -55,6 +55,12 @@ def _gdn_decode_kernel(
     m_v = o_v < V
     p_o = o + (i_b * HV + i_h) * V + o_v
 
+    # the inputs and gates first: their loads overlap the slot's, on which the state load waits
+    b_q = tl.load(q + i_b * stride_q_b + i_hk * stride_q_h + o_k, mask=m_k, other=0.0)
+    b_k = tl.load(k + i_b * stride_k_b + i_hk * stride_k_h + o_k, mask=m_k, other=0.0)
+    b_v = tl.load(v + i_b * stride_v_b + i_h * stride_v_h + o_v, mask=m_v, other=0.0).to(tl.float32)
+    b_g, b_beta = gdn_gate(tl.load(a + i_b * stride_a_b + i_h), tl.load(b + i_b * stride_b_b + i_h),
+                           tl.load(A_log + i_h).to(tl.float32), tl.load(dt_bias + i_h).to(tl.float32))
     slot = tl.load(state_slots + i_b).to(tl.int64)
     if slot == pad_slot:
         tl.store(p_o, tl.zeros([BV], dtype=tl.float32).to(o.dtype.element_ty), mask=m_v)
@@ -63,14 +69,8 @@ def _gdn_decode_kernel(
     p_s = ssm_states + slot * stride_s + i_h * K * V + o_k[:, None] * V + o_v[None, :]
     m_s = m_k[:, None] & m_v[None, :]
     b_s = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)  # [BK, BV]
-
-    b_q = tl.load(q + i_b * stride_q_b + i_hk * stride_q_h + o_k, mask=m_k, other=0.0)
-    b_k = tl.load(k + i_b * stride_k_b + i_hk * stride_k_h + o_k, mask=m_k, other=0.0)
-    b_v = tl.load(v + i_b * stride_v_b + i_h * stride_v_h + o_v, mask=m_v, other=0.0).to(tl.float32)
     b_q = l2norm(b_q, 0) * scale
     b_k = l2norm(b_k, 0)
-    b_g, b_beta = gdn_gate(tl.load(a + i_b * stride_a_b + i_h), tl.load(b + i_b * stride_b_b + i_h),
-                           tl.load(A_log + i_h).to(tl.float32), tl.load(dt_bias + i_h).to(tl.float32))
 
     b_s = b_s * tl.exp(b_g)
     b_u = b_beta * (b_v - tl.sum(b_s * b_k[:, None], 0))  # [BV]
@@ -80,14 +80,16 @@ def _gdn_decode_kernel(
     tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_v)
 
 
-def _decode_config(batch: int, K: int, V: int) -> tuple[int, int]:
-    """(BV, num_warps): a [K, BV] fp32 tile of about 16 KiB per program; narrower tiles when
-    the batch is too small to fill the GPU."""
+def _decode_config(batch: int, HV: int, K: int, V: int) -> tuple[int, int]:
+    """(BV, num_warps), from the H200 sweeps at K = V = 128: a few hundred (request, head) rows are
+    latency-bound and want many one-warp programs ([K, 16] tiles at 32 rows, [K, 32] at 256); from
+    about a thousand rows on, the copy bandwidth wants [K, 64] tiles on 4 warps. Wider K adds warps,
+    at most 128 state values per thread."""
     BK = triton.next_power_of_2(K)
-    BV = min(triton.next_power_of_2(V), max(8, 4096 // BK))
-    if batch < 16:
-        BV = max(8, BV // 2)
-    return BV, 4
+    rows = batch * HV
+    BV, num_warps = (16, 1) if rows < 128 else (32, 1) if rows < 1024 else (64, 4)
+    BV = min(BV, max(8, triton.next_power_of_2(V)))
+    return BV, max(num_warps, min(8, BK * BV // (32 * 128)))
 
 
 def _gdn_decode_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, pad_slot, scale,
@@ -106,7 +108,7 @@ def _gdn_decode_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, pad_
     if B == 0:
         return o
     if BV is None:
-        BV, num_warps = _decode_config(B, K, V)
+        BV, num_warps = _decode_config(B, HV, K, V)
     grid = (triton.cdiv(V, BV), HV, B)
     _gdn_decode_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, o,

@@ -54,6 +54,7 @@ CASES = [  # (lens, hk, hv, dk, dv)
     ([130], 1, 2, 16, 16),
     ([3, 64, 1, 70], 1, 2, 16, 16),
     ([17, 2, 33], 2, 2, 16, 16),
+    ([70], 1, 2, 128, 128),  # the real head dims: [64, 128] tiles, W and U in two V slices
 ]
 
 
@@ -67,6 +68,22 @@ def test_prefill_matches_ref(lens, hk, hv, dk, dv):
     o_ref = gdn_prefill_ref(**x, **args, ssm_states=ref)
     torch.testing.assert_close(o, o_ref, **TOL)
     torch.testing.assert_close(ours, ref, **TOL)  # written slots, and the others untouched
+
+
+def test_prefill_with_repeated_keys():
+    """Identical keys, no decay and beta near 1 make I + A nearly all-ones lower triangular, the hard
+    case for the blocked inverse (its exact inverse is bidiagonal, its Neumann terms grow binomially)."""
+    x = gdn_inputs(130, 1, 2, 16, 16, seed=5)
+    x["k"] = x["k"][:1].expand_as(x["k"])  # every token has the same key
+    x["a"] = torch.full_like(x["a"], -30.0)  # softplus(a + dt_bias) ~ 0: no decay
+    x["b"] = torch.full_like(x["b"], 8.0)  # beta ~ 1
+    states = pool(2, 2, 16, 16)
+    args = batch_args([130], [1], [True])
+    ours, ref = states.clone(), states.clone()
+    o = gdn_prefill(**x, **args, ssm_states=ours)
+    o_ref = gdn_prefill_ref(**x, **args, ssm_states=ref)
+    torch.testing.assert_close(o, o_ref, **TOL)
+    torch.testing.assert_close(ours, ref, **TOL)
 
 
 def test_prefill_ignores_states_without_initial_state():
