@@ -27,7 +27,10 @@ def test_cuda_float32_matches_hf(tiny_checkpoint, family, backends):
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
 def test_cuda_bfloat16_triton_close_to_hf(tiny_checkpoint, family):
-    """bf16 weights and activations, fp32 state: the distributions stay close to HF float32."""
+    """bf16 weights and activations, fp32 state: our distance to HF float32 is about HF bf16's own
+    (total variation per position; a bf16 MoE router can flip an expert at a near-tie)."""
+    import transformers as tf
+
     from tests.test_hf_parity import dense, hf_logprobs
 
     path = tiny_checkpoint(family)
@@ -36,10 +39,17 @@ def test_cuda_bfloat16_triton_close_to_hf(tiny_checkpoint, family):
     vocab = s.vocab_size
     req = full_request("b", prompt_of(100, 3, vocab), vocab, max_new=8)
     run_to_end(s, {0: [req]})
-    ref = hf_logprobs(path, req.prompt_ids + req.output_ids)
+    ids = req.prompt_ids + req.output_ids
+    ref = hf_logprobs(path, ids)
     ours = dense(req.input_top_logprobs[1:] + req.output_top_logprobs, vocab)
-    assert (ours.exp() - ref.exp()).abs().sum(-1).max() < 0.05  # total variation per position
+    hf16 = tf.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()
+    with torch.no_grad():
+        hf_bf16 = hf16(torch.tensor([ids], device="cuda")).logits[0, :-1].float().log_softmax(-1).cpu()
+    tv_ours = (ours.exp() - ref.exp()).abs().sum(-1) / 2
+    tv_hf = (hf_bf16.exp() - ref.exp()).abs().sum(-1) / 2
     assert torch.isfinite(ours).all()
+    assert tv_ours.mean() <= 2 * tv_hf.mean() + 0.005, (tv_ours.mean(), tv_hf.mean())
+    assert tv_ours.max() <= 2 * tv_hf.max() + 0.05, (tv_ours.max(), tv_hf.max())
 
 
 def test_decode_cuda_graphs_match_eager_and_hf(tiny_checkpoint):

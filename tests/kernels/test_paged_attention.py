@@ -86,7 +86,8 @@ def test_store_kv(page_size):
     kv = torch.randn(t, 2, hkv, d + 5, generator=g).to(DEVICE)  # strided views of a fused projection
     k, v = kv[:, 0, :, :d], kv[:, 1, :, 1:d + 1]
     pad = num_pages * page_size  # padded rows write into the pad page
-    slots = torch.randperm(num_pages * page_size, generator=g)[:t - 2].tolist() + [pad, pad + page_size - 1]
+    pads = sorted({pad, pad + page_size - 1})  # distinct: two rows writing one slot would race
+    slots = torch.randperm(num_pages * page_size, generator=g)[:t - len(pads)].tolist() + pads
     slot_mapping = torch.tensor(slots, dtype=torch.int64, device=DEVICE)
     kc_ref, vc_ref = kc.clone(), vc.clone()
     pa.store_kv(k=k, v=v, k_cache=kc, v_cache=vc, slot_mapping=slot_mapping)
