@@ -14,7 +14,6 @@ fi
 export PYTHONPATH=$PWD:/tmp/site:$PWD/.vllm_min
 parts=${*:-tests kernels e2e}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-git log -1 --format='commit %H' 2>/dev/null | tee -a "$OUT/gpu.txt"
 for part in $parts; do
   case $part in
     tests)
