@@ -105,7 +105,7 @@ class Engine:
 
     def server_info(self) -> dict:
         plan = self.runner.plan
-        return {**{k: v for k, v in vars(self.server_args).items()},
+        return {**vars(self.server_args),
                 "version": __version__,
                 "max_total_num_tokens": plan.max_total_tokens,
                 "max_running_requests": plan.max_running_requests,

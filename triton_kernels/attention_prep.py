@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from triton_kernels.norms import rmsnorm_ref
+
 
 def qk_norm_rope_ref(*, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                      cos_sin: torch.Tensor, positions: torch.Tensor, eps: float, offset: float,
@@ -19,8 +21,7 @@ def qk_norm_rope_ref(*, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor
     cos, sin = cos_sin[positions].float().unsqueeze(1).chunk(2, dim=-1)  # [T, 1, rot/2]
 
     def one(x, w):
-        xf = x.float()
-        n = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * (w.float() + offset)).to(x.dtype)
+        n = rmsnorm_ref(x=x.reshape(-1, x.shape[-1]), weight=w, eps=eps, offset=offset).view(x.shape)
         rot = n[..., :rotary_dim].float()
         x1, x2 = rot.chunk(2, dim=-1)
         rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)

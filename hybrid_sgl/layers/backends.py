@@ -75,16 +75,10 @@ def _torch_moe() -> MoEOps:
     return MoEOps("torch", fused_moe.fused_moe_ref)
 
 
-def _triton_moe() -> MoEOps:
-    from triton_kernels import fused_moe
-
-    return MoEOps("triton", fused_moe.fused_moe)
-
-
 REGISTRY: dict[str, dict[str, Callable]] = {
     "attention": {"torch": _torch_attention, "triton": _triton_attention, "vllm": _vllm_attention},
     "linear_attention": {"torch": _torch_linear_attn, "triton": _triton_linear_attn},
-    "moe": {"torch": _torch_moe, "triton": _triton_moe},
+    "moe": {"torch": _torch_moe},
 }
 
 PREFERENCE = {"cuda": ("triton", "torch"), "cpu": ("torch",)}
@@ -100,7 +94,7 @@ def resolve_backend(kind: str, requested: str, device: str):
             return factories[requested]()
         except (ImportError, AttributeError) as e:
             raise ValueError(f"{kind} backend {requested!r} is not available here: {e}") from e
-    for name in PREFERENCE[device]:
+    for name in (n for n in PREFERENCE[device] if n in factories):
         try:
             return factories[name]()
         except (ImportError, AttributeError):

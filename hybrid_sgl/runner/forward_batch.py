@@ -47,22 +47,21 @@ class ForwardBatch:
               page_table: torch.Tensor, page_size: int, kv_pool: KVPool | None,
               state_pool: StatePool | None, device: torch.device) -> ForwardBatch:
         """token_runs[i]: the new tokens of request i, which starts at position prefix_lens[i]."""
-        lens = [len(run) for run in token_runs]
+        lens = torch.tensor([len(run) for run in token_runs], dtype=torch.int64)
+        starts = torch.tensor(prefix_lens, dtype=torch.int64)
+        cu = torch.zeros(len(token_runs) + 1, dtype=torch.int64)
+        cu[1:] = lens.cumsum(0)
+        row = torch.repeat_interleave(torch.arange(len(token_runs)), lens)  # [T] request of each token
+        positions = starts[row] + torch.arange(int(cu[-1])) - cu[:-1][row]
         input_ids = torch.tensor([t for run in token_runs for t in run], dtype=torch.int64)
-        positions = torch.cat([torch.arange(p, p + n, dtype=torch.int64) for p, n in zip(prefix_lens, lens)])
-        cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
-        cu[1:] = torch.tensor(lens, dtype=torch.int32).cumsum(0)
-        seq_lens = torch.tensor([p + n for p, n in zip(prefix_lens, lens)], dtype=torch.int32)
-        slots_t = torch.tensor(slots, dtype=torch.int32)
-        has_init = torch.tensor([p > 0 for p in prefix_lens], dtype=torch.bool)
-        max_pages = -(-int(seq_lens.max()) // page_size)
-        block_table = page_table[slots_t.to(page_table.device).long(), :max_pages]
-        row = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
-        page_idx = (positions // page_size).to(page_table.device)
-        pages = block_table[row.to(page_table.device), page_idx].long()
-        slot_mapping = pages * page_size + (positions % page_size).to(page_table.device)
+        seq_lens = (starts + lens).to(torch.int32)
         to = lambda t: t.to(device, non_blocking=True)  # noqa: E731
-        return ForwardBatch(mode=mode, input_ids=to(input_ids), positions=to(positions), seq_lens=to(seq_lens),
-                            state_slots=to(slots_t), block_table=block_table, slot_mapping=to(slot_mapping),
-                            cu_seqlens=to(cu), has_initial_state=to(has_init), kv_pool=kv_pool,
+        dev_positions, dev_slots = to(positions), to(torch.tensor(slots, dtype=torch.int32))
+        max_pages = -(-int(seq_lens.max()) // page_size)
+        block_table = page_table[dev_slots.long(), :max_pages]
+        pages = block_table[to(row), dev_positions // page_size].long()
+        slot_mapping = pages * page_size + dev_positions % page_size
+        return ForwardBatch(mode=mode, input_ids=to(input_ids), positions=dev_positions, seq_lens=to(seq_lens),
+                            state_slots=dev_slots, block_table=block_table, slot_mapping=slot_mapping,
+                            cu_seqlens=to(cu.to(torch.int32)), has_initial_state=to(starts > 0), kv_pool=kv_pool,
                             state_pool=state_pool)

@@ -140,9 +140,9 @@ class Scheduler:
         for req in sorted((r for r in self.running if r.is_decoding), key=lambda r: r.arrival):
             if req.status is not ReqStatus.RUNNING:
                 continue
-            if self._make_room(req, req.seq_len):
+            if self._make_room(req, req.seq_len):  # victims are newer, so none is in items yet
                 items.append(self._item(req, 1))
-        return [it for it in items if it.req.status is ReqStatus.RUNNING]
+        return items
 
     def _item(self, req: Req, n: int) -> BatchItem:
         end = req.num_computed + n
