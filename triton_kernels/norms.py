@@ -35,6 +35,16 @@ def gated_rmsnorm_ref(*, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
     return (weight * y * F.silu(z.float())).to(x.dtype)
 
 
+def gate_rmsnorm_ref(*, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float,
+                     group_size: int) -> torch.Tensor:
+    """Mamba2 output norm (gate first): x, z: [T, D]; weight: [D]. y = x * silu(z), normalized over
+    each group of `group_size` channels (group_size = D: the whole row), scaled by weight."""
+    t, d = x.shape
+    g = (x.float() * F.silu(z.float())).view(t, d // group_size, group_size)
+    g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight * g.view(t, d).to(x.dtype)).to(x.dtype)
+
+
 def silu_and_mul_ref(*, gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up: [T, 2I] -> silu(gate) * up: [T, I]."""
     gate, up = gate_up.chunk(2, dim=-1)
