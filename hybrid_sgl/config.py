@@ -8,13 +8,16 @@ modules at run time.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-MIXERS = ("full_attention", "linear_attention")
-FFNS = ("mlp", "moe")
+MIXERS = ("full_attention", "linear_attention", "mamba2", "mamba", "attention_mamba2", "none")
+FFNS = ("mlp", "moe", "none")
+KV_MIXERS = ("full_attention", "attention_mamba2")  # layers with a KV-pool layer
+STATE_MIXERS = ("linear_attention", "mamba2", "mamba", "attention_mamba2")  # layers with a state-pool layer
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,8 @@ class AttentionSpec:
     output_gate: bool  # q_proj also produces a per-head sigmoid gate on the attention output
     qk_norm: bool
     bias: bool = False
+    scale: float | None = None  # softmax scale; None = head_dim ** -0.5
+    # rotary_dim = 0: no position encoding in attention (Nemotron-H, Jamba)
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,53 @@ class GDNSpec:
 
 
 @dataclass(frozen=True)
+class Mamba2Spec:
+    """Mamba2 mixer dimensions (Nemotron-H, Falcon-H1, Granite-4.0-H, Bamba)."""
+
+    num_heads: int
+    head_dim: int
+    state_size: int
+    n_groups: int
+    conv_kernel: int
+    chunk_size: int
+    conv_bias: bool = True
+    proj_bias: bool = False  # in_proj / out_proj bias
+    gated_norm: bool = True  # y = norm(y * silu(z)) before out_proj; False: y * silu(z) without a norm
+    norm_group_size: int = 0  # channels per group of the gated norm; 0 = intermediate_size / n_groups
+    norm_before_gate: bool = False  # True: y = norm(y) * silu(z)
+    dt_limit: tuple[float, float] = (0.0, float("inf"))
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.intermediate_size + 2 * self.n_groups * self.state_size
+
+    @property
+    def state_shape(self) -> tuple[int, int, int]:
+        return (self.num_heads, self.head_dim, self.state_size)
+
+
+@dataclass(frozen=True)
+class MambaSpec:
+    """Mamba-1 (selective scan) mixer dimensions (Jamba)."""
+
+    intermediate_size: int
+    state_size: int
+    conv_kernel: int
+    dt_rank: int
+    conv_bias: bool = True
+    proj_bias: bool = False
+    inner_norms: bool = True  # RMSNorm on dt, B and C (Jamba)
+
+    @property
+    def state_shape(self) -> tuple[int, int]:
+        return (self.intermediate_size, self.state_size)
+
+
+@dataclass(frozen=True)
 class MoESpec:
     num_experts: int
     top_k: int
@@ -60,6 +112,11 @@ class MoESpec:
     norm_topk_prob: bool
     shared_expert_intermediate_size: int  # 0 when there is no shared expert
     shared_expert_gate: bool
+    scoring: str = "softmax"  # router scores: "softmax" or "sigmoid" (Nemotron-H, with a correction bias)
+    n_group: int = 1  # grouped top-k: pick topk_group groups of experts first (Nemotron-H)
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    activation: str = "silu"  # "silu": gated experts; "relu2": non-gated relu^2 experts
 
 
 @dataclass(frozen=True)
@@ -80,6 +137,8 @@ class ModelConfig:
     attention: AttentionSpec
     gdn: GDNSpec | None = None
     moe: MoESpec | None = None
+    mamba2: Mamba2Spec | None = None
+    mamba: MambaSpec | None = None
     weight_prefix: str = "model."  # where the text model's weights live in the checkpoint
     hf_text_config: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -89,6 +148,14 @@ class ModelConfig:
                 raise ValueError(f"layer {i}: unknown plan entry ({mixer!r}, {ffn!r})")
             if mixer == "linear_attention" and self.gdn is None:
                 raise ValueError(f"layer {i} is linear_attention but the config has no GDN dimensions")
+            if mixer in ("mamba2", "attention_mamba2") and self.mamba2 is None:
+                raise ValueError(f"layer {i} is {mixer} but the config has no Mamba2 dimensions")
+            if mixer == "mamba" and self.mamba is None:
+                raise ValueError(f"layer {i} is mamba but the config has no Mamba dimensions")
+        kinds = {m for m, _ in self.layer_plan if m in STATE_MIXERS and m != "attention_mamba2"}
+        kinds |= {"mamba2"} if any(m == "attention_mamba2" for m, _ in self.layer_plan) else set()
+        if len(kinds) > 1:
+            raise ValueError(f"one model mixes recurrent layer kinds {sorted(kinds)}; the state pool holds one")
             if ffn == "moe" and self.moe is None:
                 raise ValueError(f"layer {i} is MoE but the config has no MoE dimensions")
 
@@ -99,12 +166,39 @@ class ModelConfig:
     def layers_of(self, mixer: str) -> list[int]:
         return [i for i, (m, _) in enumerate(self.layer_plan) if m == mixer]
 
+    @property
+    def kv_layers(self) -> list[int]:
+        """Layers that own a KV-pool layer, in order."""
+        return [i for i, (m, _) in enumerate(self.layer_plan) if m in KV_MIXERS]
+
+    @property
+    def state_layers(self) -> list[int]:
+        """Layers that own a state-pool layer, in order."""
+        return [i for i, (m, _) in enumerate(self.layer_plan) if m in STATE_MIXERS]
+
+    def recurrent_state_shapes(self) -> tuple[tuple[int, int], tuple[int, ...]] | None:
+        """(conv state [W - 1, conv channels], ssm state shape) of one slot of one state layer,
+        or None when the model has no recurrent layers."""
+        if not self.state_layers:
+            return None
+        if self.gdn is not None:
+            g = self.gdn
+            return (g.conv_kernel - 1, g.conv_dim), (g.num_v_heads, g.head_k_dim, g.head_v_dim)
+        if self.mamba2 is not None:
+            m = self.mamba2
+            return (m.conv_kernel - 1, m.conv_dim), m.state_shape
+        m = self.mamba
+        return (m.conv_kernel - 1, m.intermediate_size), m.state_shape
+
     @staticmethod
     def from_hf(path: str) -> ModelConfig:
         with open(os.path.join(path, "config.json")) as f:
             hf = json.load(f)
         model_type = hf.get("model_type", "")
         parser = CONFIG_PARSERS.get(model_type)
+        if isinstance(parser, str):  # "module:function", imported on first use
+            module, _, name = parser.partition(":")
+            parser = getattr(importlib.import_module(module), name)
         if parser is None:
             supported = ", ".join(sorted(CONFIG_PARSERS))
             arch = (hf.get("architectures") or ["?"])[0]
@@ -209,10 +303,17 @@ def _parse_qwen3_gdn(hf: dict, gen_eos: list[int]) -> ModelConfig:
     )
 
 
-CONFIG_PARSERS: dict[str, Callable[[dict, list[int]], ModelConfig]] = {
+# model_type -> parser(hf config dict, generation-config eos ids) -> ModelConfig; a string names
+# "module:function" in the family's model file.
+CONFIG_PARSERS: dict[str, Callable[[dict, list[int]], ModelConfig] | str] = {
     "qwen3_next": _parse_qwen3_gdn,
     "qwen3_5": _parse_qwen3_gdn,
     "qwen3_5_text": _parse_qwen3_gdn,
     "qwen3_5_moe": _parse_qwen3_gdn,
     "qwen3_5_moe_text": _parse_qwen3_gdn,
+    "nemotron_h": "hybrid_sgl.models.nemotron_h:parse_config",
+    "falcon_h1": "hybrid_sgl.models.falcon_h1:parse_config",
+    "bamba": "hybrid_sgl.models.bamba:parse_config",
+    "granitemoehybrid": "hybrid_sgl.models.bamba:parse_config",
+    "jamba": "hybrid_sgl.models.jamba:parse_config",
 }

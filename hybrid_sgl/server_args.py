@@ -43,8 +43,10 @@ class ServerArgs:
     attention_backend: str = _f("auto", "Full-attention kernels. auto: the fastest available on the device "
                                 "(triton on CUDA, torch on CPU).",
                                 ["auto", "torch", "triton", "vllm"])
-    linear_attn_backend: str = _f("auto", "Linear-attention (GDN) and conv kernels. auto: triton on "
-                                  "CUDA, torch on CPU.", ["auto", "torch", "triton"])
+    linear_attn_backend: str = _f("auto", "Recurrent-layer kernels (GDN, Mamba2, Mamba-1, conv1d). auto: "
+                                  "triton on CUDA, torch on CPU.", ["auto", "torch", "triton"])
+    moe_runner_backend: str = _f("auto", "Fused MoE kernels. auto: triton on CUDA, torch on CPU.",
+                                 ["auto", "torch", "triton"])
     mamba_ssm_dtype: str = _f("float32", "dtype of recurrent (SSM / GDN) states.",
                               ["float32", "bfloat16", "float16"])
     disable_cuda_graph: bool = _f(False, "Run decode eagerly instead of replaying captured CUDA graphs.")

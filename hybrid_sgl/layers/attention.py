@@ -1,6 +1,7 @@
-"""Gated full attention (Qwen3-Next / Qwen3.5): q/k RMSNorm, partial rotary, paged KV, and a
-per-head sigmoid gate on the output. q_proj produces [q | gate] per head; q, k, v projections
-are fused into one matmul."""
+"""Full attention over the paged KV cache, with the options the hybrid families use: q/k RMSNorm
+and a per-head sigmoid output gate (Qwen3-Next / Qwen3.5: q_proj produces [q | gate] per head),
+partial or no rotary (rotary None: Nemotron-H, Jamba), biases, and a softmax scale from the
+config (Granite). q, k, v projections are fused into one matmul."""
 
 import torch
 from torch import nn
@@ -15,7 +16,7 @@ from triton_kernels.attention_prep import qk_norm_rope, sigmoid_gate_mul, sigmoi
 
 class GatedAttention(nn.Module):
     def __init__(self, *, spec: AttentionSpec, hidden_size: int, eps: float, norm_offset: float,
-                 kv_index: int, rotary: RotaryEmbedding, ops: AttentionOps):
+                 kv_index: int, rotary: RotaryEmbedding | None, ops: AttentionOps):
         super().__init__()
         self.spec = spec
         self.kv_index = kv_index  # which KV-pool layer is ours
@@ -24,11 +25,11 @@ class GatedAttention(nn.Module):
         hq, hkv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.q_size = hq * d * (2 if spec.output_gate else 1)
         self.kv_size = hkv * d
-        self.scale = d**-0.5
+        self.scale = d**-0.5 if spec.scale is None else spec.scale
         self.qkv_proj = nn.Linear(hidden_size, self.q_size + 2 * self.kv_size, bias=spec.bias)
         self.o_proj = nn.Linear(hq * d, hidden_size, bias=spec.bias)
-        self.q_norm = RMSNorm(d, eps, norm_offset)
-        self.k_norm = RMSNorm(d, eps, norm_offset)
+        self.q_norm = RMSNorm(d, eps, norm_offset) if spec.qk_norm else None
+        self.k_norm = RMSNorm(d, eps, norm_offset) if spec.qk_norm else None
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
@@ -41,12 +42,7 @@ class GatedAttention(nn.Module):
         else:
             q, gate = qg.view(t, hq, d), None
         k, v = k.view(t, hkv, d), v.view(t, hkv, d)
-        if x.is_cuda:  # one fused kernel for both norms and the rotary
-            q, k = qk_norm_rope(q=q, k=k, q_weight=self.q_norm.weight, k_weight=self.k_norm.weight,
-                                cos_sin=self.rotary.cos_sin, positions=fb.positions, eps=self.q_norm.eps,
-                                offset=self.q_norm.offset, rotary_dim=self.rotary.rotary_dim)
-        else:
-            q, k = self.rotary(fb.positions, self.q_norm(q), self.k_norm(k))
+        q, k = self._position_and_norm(q, k, fb.positions)
         k_cache, v_cache = fb.kv_pool.layer(self.kv_index)
         self.ops.store_kv(k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=fb.slot_mapping)
         if fb.is_decode:
@@ -59,6 +55,18 @@ class GatedAttention(nn.Module):
             o = sigmoid_gate_mul(o=o, gate=gate) if x.is_cuda else sigmoid_gate_mul_ref(o=o, gate=gate)
         return self.o_proj(o.reshape(t, hq * d))
 
+    def _position_and_norm(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
+        """q: [T, Hq, D], k: [T, Hkv, D] -> normed (if qk_norm) and rotated (if rotary) q, k."""
+        if self.q_norm is not None and self.rotary is not None and q.is_cuda:  # one fused kernel
+            return qk_norm_rope(q=q, k=k, q_weight=self.q_norm.weight, k_weight=self.k_norm.weight,
+                                cos_sin=self.rotary.cos_sin, positions=positions, eps=self.q_norm.eps,
+                                offset=self.q_norm.offset, rotary_dim=self.rotary.rotary_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary is not None:
+            q, k = self.rotary(positions, q, k)
+        return q, k
+
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:
         """Checkpoint names: {q,k,v,o}_proj.{weight,bias}, {q,k}_norm.weight."""
         proj, _, kind = name.partition(".")
@@ -67,7 +75,7 @@ class GatedAttention(nn.Module):
         if proj in offsets:
             start, size = offsets[proj]
             getattr(self.qkv_proj, kind).data[start:start + size].copy_(tensor)
-        elif proj in ("o_proj", "q_norm", "k_norm"):
+        elif proj == "o_proj" or (proj in ("q_norm", "k_norm") and self.q_norm is not None):
             getattr(getattr(self, proj), kind).data.copy_(tensor)
         else:
             raise KeyError(name)

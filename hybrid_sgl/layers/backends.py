@@ -29,6 +29,21 @@ class LinearAttnOps:
 
 
 @dataclass(frozen=True)
+class SSMOps:
+    """Mamba2 / Mamba-1 mixers: conv1d (shared with GDN), decode steps and chunked prefill scans, and
+    the gate-then-RMSNorm after the Mamba2 mixer."""
+
+    name: str
+    conv_prefill: Callable
+    conv_update: Callable
+    mamba2_prefill: Callable
+    mamba2_decode: Callable
+    mamba1_prefill: Callable
+    mamba1_decode: Callable
+    gate_rmsnorm: Callable
+
+
+@dataclass(frozen=True)
 class MoEOps:
     name: str
     fused_moe: Callable
@@ -69,23 +84,48 @@ def _triton_linear_attn() -> LinearAttnOps:
                          gdn_chunk.gdn_prefill, gdn_recurrent.gdn_decode)
 
 
+def _torch_ssm() -> SSMOps:
+    from triton_kernels import causal_conv1d as conv
+    from triton_kernels import norms, selective_scan, ssd_chunk, ssm_step
+
+    return SSMOps("torch", conv.causal_conv1d_prefill_ref, conv.causal_conv1d_update_ref,
+                  ssd_chunk.mamba2_prefill_ref, ssm_step.mamba2_decode_ref, selective_scan.mamba1_prefill_ref,
+                  ssm_step.mamba1_decode_ref, norms.gate_rmsnorm_ref)
+
+
+def _triton_ssm() -> SSMOps:
+    from triton_kernels import causal_conv1d as conv
+    from triton_kernels import norms, selective_scan, ssd_chunk, ssm_step
+
+    return SSMOps("triton", conv.causal_conv1d_prefill, conv.causal_conv1d_update, ssd_chunk.mamba2_prefill,
+                  ssm_step.mamba2_decode, selective_scan.mamba1_prefill, ssm_step.mamba1_decode,
+                  norms.gate_rmsnorm)
+
+
 def _torch_moe() -> MoEOps:
     from triton_kernels import fused_moe
 
     return MoEOps("torch", fused_moe.fused_moe_ref)
 
 
+def _triton_moe() -> MoEOps:
+    from triton_kernels import fused_moe
+
+    return MoEOps("triton", fused_moe.fused_moe)
+
+
 REGISTRY: dict[str, dict[str, Callable]] = {
     "attention": {"torch": _torch_attention, "triton": _triton_attention, "vllm": _vllm_attention},
     "linear_attention": {"torch": _torch_linear_attn, "triton": _triton_linear_attn},
-    "moe": {"torch": _torch_moe},
+    "ssm": {"torch": _torch_ssm, "triton": _triton_ssm},
+    "moe": {"torch": _torch_moe, "triton": _triton_moe},
 }
 
 PREFERENCE = {"cuda": ("triton", "torch"), "cpu": ("torch",)}
 
 
 def resolve_backend(kind: str, requested: str, device: str):
-    """The ops bundle for `kind` ("attention", "linear_attention", "moe")."""
+    """The ops bundle for `kind` ("attention", "linear_attention", "ssm", "moe")."""
     factories = REGISTRY[kind]
     if requested != "auto":
         if requested not in factories:

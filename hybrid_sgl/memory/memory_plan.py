@@ -56,7 +56,7 @@ def plan_memory(*, config: ModelConfig, state: StateShapes | None, kv_dtype: tor
     from hybrid_sgl.memory.state_pool import StatePool
 
     attn = config.attention
-    kv_per_token = KVPool.bytes_per_token(len(config.layers_of("full_attention")), attn.num_kv_heads,
+    kv_per_token = KVPool.bytes_per_token(len(config.kv_layers), attn.num_kv_heads,
                                           attn.head_dim, kv_dtype)
     state_per_req = 0
     if state is not None:

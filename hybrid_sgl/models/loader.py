@@ -78,7 +78,7 @@ def init_dummy_weights(model: torch.nn.Module, seed: int) -> None:
         gen = generators.setdefault(p.device, torch.Generator(device=p.device).manual_seed(seed))
         if name.endswith("A_log"):
             p.uniform_(1, 16, generator=gen).log_()
-        elif name.endswith("dt_bias"):
+        elif name.endswith(("dt_bias", ".D")):
             p.fill_(1.0)
         elif "norm" in name:
             p.fill_(0.0 if getattr(_owner(model, name), "offset", 0.0) else 1.0)

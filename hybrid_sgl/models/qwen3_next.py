@@ -4,31 +4,22 @@ layers (by layer plan), dense MLP or sparse MoE, zero-centered RMSNorm."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from hybrid_sgl.config import ModelConfig
 from hybrid_sgl.layers.attention import GatedAttention
-from hybrid_sgl.layers.backends import AttentionOps, LinearAttnOps, MoEOps
 from hybrid_sgl.layers.gdn import GatedDeltaNet
 from hybrid_sgl.layers.mlp import GatedMLP
 from hybrid_sgl.layers.moe import SparseMoE
 from hybrid_sgl.layers.norm import RMSNorm
 from hybrid_sgl.layers.rotary import RotaryEmbedding
+from hybrid_sgl.models.base import Backends, HybridCausalLM
 from hybrid_sgl.runner.forward_batch import ForwardBatch
 
 _LAYER = re.compile(r"layers\.(\d+)\.(\w+)\.(.+)")
 _SKIPPED = ("model.visual.", "visual.", "mtp.", "model.mtp.")
-
-
-@dataclass(frozen=True)
-class Backends:
-    attention: AttentionOps
-    linear_attention: LinearAttnOps
-    moe: MoEOps
 
 
 class DecoderLayer(nn.Module):
@@ -50,16 +41,15 @@ class DecoderLayer(nn.Module):
         return self.ffn(h), residual
 
 
-class Qwen3NextForCausalLM(nn.Module):
+class Qwen3NextForCausalLM(HybridCausalLM):
+    skipped_prefixes = _SKIPPED
+
     def __init__(self, config: ModelConfig, backends: Backends, max_positions: int):
-        super().__init__()
-        self.config = config
-        self.backends = backends
         c = config
-        self.embed = nn.Embedding(c.vocab_size, c.hidden_size)
+        super().__init__(config, backends, RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_offset))
         rotary = RotaryEmbedding(head_dim=c.attention.head_dim, rotary_dim=c.attention.rotary_dim,
                                  base=c.attention.rope_theta, max_positions=max_positions)
-        layers, kv_index, state_index = [], 0, 0
+        kv_index, state_index = 0, 0
         for mixer_kind, ffn_kind in c.layer_plan:
             if mixer_kind == "full_attention":
                 mixer = GatedAttention(spec=c.attention, hidden_size=c.hidden_size, eps=c.rms_norm_eps,
@@ -74,52 +64,11 @@ class Qwen3NextForCausalLM(nn.Module):
                 ffn = SparseMoE(spec=c.moe, hidden_size=c.hidden_size, ops=backends.moe)
             else:
                 ffn = GatedMLP(c.hidden_size, c.intermediate_size)
-            layers.append(DecoderLayer(mixer, ffn, c.hidden_size, c.rms_norm_eps, c.norm_offset))
-        self.layers = nn.ModuleList(layers)
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_offset)
-        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
-        if c.tie_word_embeddings:
-            self.lm_head.weight = self.embed.weight
+            self.layers.append(DecoderLayer(mixer, ffn, c.hidden_size, c.rms_norm_eps, c.norm_offset))
 
-    def forward(self, fb: ForwardBatch) -> torch.Tensor:
-        """Returns the final hidden states [T, H] (normalized)."""
-        x, residual = self.embed(fb.input_ids), None
-        for layer in self.layers:
-            x, residual = layer(x, residual, fb)
-        return self.norm.add(x, residual)[0]
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [N, H] -> logits [N, V] float32."""
-        return self.lm_head(hidden).float()
-
-    def dispatch_plan(self) -> list[str]:
-        """One line per layer: index, mixer, ffn, backend."""
-        lines = []
-        for i, (mixer, ffn) in enumerate(self.config.layer_plan):
-            mixer_backend = (self.backends.attention if mixer == "full_attention"
-                             else self.backends.linear_attention).name
-            ffn_backend = self.backends.moe.name if ffn == "moe" else "torch"
-            lines.append(f"layer {i:3d}: {mixer:<16} [{mixer_backend}]  ffn {ffn:<4} [{ffn_backend}]")
-        return lines
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Consume (checkpoint name, tensor) pairs; names are the HF checkpoint's."""
-        prefix = self.config.weight_prefix
-        for name, tensor in weights:
-            if name.startswith(_SKIPPED):
-                continue
-            if name.startswith(prefix):
-                name = name[len(prefix):]
-            elif not name.startswith("lm_head."):
-                raise KeyError(f"unexpected checkpoint tensor {name!r}")
-            self._load_one(name, tensor)
-
-    def _load_one(self, name: str, tensor: torch.Tensor) -> None:
+    def load_weight(self, name: str, tensor: torch.Tensor) -> None:
         if name == "embed_tokens.weight":
             self.embed.weight.data.copy_(tensor)
-        elif name == "lm_head.weight":
-            if not self.config.tie_word_embeddings:
-                self.lm_head.weight.data.copy_(tensor)
         elif name == "norm.weight":
             self.norm.weight.data.copy_(tensor)
         elif m := _LAYER.fullmatch(name):

@@ -11,6 +11,11 @@ MODEL_CLASSES = {
     "Qwen3_5ForConditionalGeneration": _QWEN3_GDN,
     "Qwen3_5MoeForCausalLM": _QWEN3_GDN,
     "Qwen3_5MoeForConditionalGeneration": _QWEN3_GDN,
+    "NemotronHForCausalLM": "hybrid_sgl.models.nemotron_h:NemotronHForCausalLM",
+    "FalconH1ForCausalLM": "hybrid_sgl.models.falcon_h1:FalconH1ForCausalLM",
+    "BambaForCausalLM": "hybrid_sgl.models.bamba:BambaForCausalLM",
+    "GraniteMoeHybridForCausalLM": "hybrid_sgl.models.bamba:BambaForCausalLM",
+    "JambaForCausalLM": "hybrid_sgl.models.jamba:JambaForCausalLM",
 }
 
 

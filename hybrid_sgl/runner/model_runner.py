@@ -18,8 +18,8 @@ from hybrid_sgl.memory.allocator import Allocator
 from hybrid_sgl.memory.kv_pool import KVPool
 from hybrid_sgl.memory.memory_plan import MemoryPlan, StateShapes, available_ram_bytes, plan_memory
 from hybrid_sgl.memory.state_pool import StatePool
+from hybrid_sgl.models.base import Backends
 from hybrid_sgl.models.loader import build_model
-from hybrid_sgl.models.qwen3_next import Backends
 from hybrid_sgl.runner.cuda_graph import DecodeGraphs
 from hybrid_sgl.runner.forward_batch import ForwardBatch, ForwardMode
 from hybrid_sgl.runner.sampler import logprobs_of, sample
@@ -58,11 +58,7 @@ class ModelRunner:
         if self.context_length > config.context_length:
             raise ValueError(f"context_length={self.context_length} exceeds the model's "
                              f"max_position_embeddings={config.context_length}")
-        backends = Backends(
-            attention=resolve_backend("attention", args.attention_backend, self.device.type),
-            linear_attention=resolve_backend("linear_attention", args.linear_attn_backend, self.device.type),
-            moe=resolve_backend("moe", "auto", self.device.type),
-        )
+        backends = self._resolve_backends(args, config)
         if args.random_seed is not None:
             torch.manual_seed(args.random_seed)
         self.model = build_model(config, backends, dtype=self.dtype, device=self.device,
@@ -78,6 +74,21 @@ class ModelRunner:
         logger.info(self.plan.describe())
 
     # ---- setup -----------------------------------------------------------------------------------
+    def _resolve_backends(self, args: ServerArgs, config: ModelConfig) -> Backends:
+        """Only the bundles the layer plan uses (an unused backend need not exist here)."""
+        mixers = {m for m, _ in config.layer_plan}
+        device = self.device.type
+
+        def need(kind: str, requested: str, used: bool):
+            return resolve_backend(kind, requested, device) if used else None
+
+        return Backends(
+            attention=need("attention", args.attention_backend, bool(config.kv_layers)),
+            linear_attention=need("linear_attention", args.linear_attn_backend, "linear_attention" in mixers),
+            ssm=need("ssm", args.linear_attn_backend, bool(mixers & {"mamba2", "mamba", "attention_mamba2"})),
+            moe=need("moe", args.moe_runner_backend, any(f == "moe" for _, f in config.layer_plan)),
+        )
+
     @staticmethod
     def _resolve_dtype(name: str, config: ModelConfig) -> torch.dtype:
         if name == "auto":
@@ -85,12 +96,12 @@ class ModelRunner:
         return DTYPES[name]
 
     def _state_shapes(self) -> StateShapes | None:
-        gdn, n = self.config.gdn, len(self.config.layers_of("linear_attention"))
-        if n == 0:
+        shapes = self.config.recurrent_state_shapes()
+        if shapes is None:
             return None
-        return StateShapes(num_layers=n, conv_shape=(gdn.conv_kernel - 1, gdn.conv_dim), conv_dtype=self.dtype,
-                           ssm_shape=(gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim),
-                           ssm_dtype=DTYPES[self.args.mamba_ssm_dtype])
+        conv_shape, ssm_shape = shapes
+        return StateShapes(num_layers=len(self.config.state_layers), conv_shape=conv_shape, conv_dtype=self.dtype,
+                           ssm_shape=ssm_shape, ssm_dtype=DTYPES[self.args.mamba_ssm_dtype])
 
     def _budget_bytes(self) -> int:
         frac = self.args.mem_fraction_static
@@ -142,7 +153,7 @@ class ModelRunner:
             state_pool = StatePool(num_layers=s.num_layers, num_slots=plan.max_running_requests,
                                    conv_shape=s.conv_shape, conv_dtype=s.conv_dtype, ssm_shape=s.ssm_shape,
                                    ssm_dtype=s.ssm_dtype, device=self.device)
-        n_attn = len(self.config.layers_of("full_attention"))
+        n_attn = len(self.config.kv_layers)
         kv_pool = None
         if n_attn:
             kv_pool = KVPool(num_layers=n_attn, num_pages=plan.num_pages, page_size=plan.page_size,
@@ -157,8 +168,8 @@ class ModelRunner:
     def _capture_decode_graphs(self, backends: Backends) -> DecodeGraphs | None:
         """Decode graphs on CUDA when every kernel on the decode path can be captured (no host syncs:
         the Triton / vLLM kernels; the torch references sync)."""
-        capturable = (backends.attention.name in ("triton", "vllm") and backends.linear_attention.name == "triton"
-                      and (backends.moe.name != "torch" or all(f != "moe" for _, f in self.config.layer_plan)))
+        capturable = all(ops is None or ops.name != "torch" for ops in
+                         (backends.attention, backends.linear_attention, backends.ssm, backends.moe))
         if self.device.type != "cuda" or self.args.disable_cuda_graph or not capturable:
             return None
         max_bs = min(self.args.cuda_graph_max_bs or 256, self.plan.max_running_requests)

@@ -30,6 +30,16 @@ TINY_DIMS = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num
                  max_position_embeddings=4096, initializer_range=0.1)
 TINY_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
 
+# Families built in their own module: "module:function", function(vocab_size, eos_token_id, **overrides)
+# returns an initialized HF model (random weights) ready for save_pretrained.
+FAMILY_BUILDERS = {
+    "nemotron_h": "hybrid_sgl.testing.tiny_nemotron_h:build",
+    "falcon_h1": "hybrid_sgl.testing.tiny_falcon_h1:build",
+    "bamba": "hybrid_sgl.testing.tiny_bamba:build_bamba",
+    "granitemoehybrid": "hybrid_sgl.testing.tiny_bamba:build_granite",
+    "jamba": "hybrid_sgl.testing.tiny_jamba:build",
+}
+
 
 def make_tokenizer(path: str, vocab_size: int = 400):
     """Train a byte-level BPE on CORPUS and save it (tokenizer.json + config with chat template)."""
@@ -52,7 +62,7 @@ def make_checkpoint(path: str, family: str = "qwen3_5", seed: int = 0, **overrid
     """Save a randomly initialized tiny model of `family` with its tokenizer into `path`.
 
     family: qwen3_5 | qwen3_5_moe | qwen3_next | qwen3_5_vl | qwen3_5_moe_vl (the *ForConditionalGeneration
-    checkpoints, whose text model we serve)."""
+    checkpoints, whose text model we serve), or one of FAMILY_BUILDERS."""
     sys.modules.setdefault("fla", None)  # HF's torch path on CPU
     import torch
     import transformers as tf
@@ -62,7 +72,12 @@ def make_checkpoint(path: str, family: str = "qwen3_5", seed: int = 0, **overrid
     eos = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
     dims = {**TINY_DIMS, "vocab_size": len(tokenizer), "eos_token_id": eos[0], **overrides}
     torch.manual_seed(seed)
-    if family == "qwen3_5":
+    if family in FAMILY_BUILDERS:
+        import importlib
+
+        module, _, name = FAMILY_BUILDERS[family].partition(":")
+        model = getattr(importlib.import_module(module), name)(len(tokenizer), eos[0], **overrides)
+    elif family == "qwen3_5":
         model = tf.Qwen3_5ForCausalLM(tf.Qwen3_5TextConfig(**dims))
     elif family == "qwen3_5_moe":
         model = tf.Qwen3_5MoeForCausalLM(tf.Qwen3_5MoeTextConfig(**{**TINY_MOE, **dims}))

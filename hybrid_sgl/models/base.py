@@ -1,0 +1,99 @@
+"""What every hybrid causal LM shares: embedding, a stack of layers driven by the layer plan, the
+final norm and the LM head, weight-name dispatch, and the per-layer dispatch report.
+
+Layers follow one protocol: `layer(x, residual, fb) -> (x, residual)`, where `x` is the layer's
+output delta and `residual` the stream before it (None entering layer 0); each layer adds the
+two in its first fused add+RMSNorm, and the final norm adds the last pair."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from hybrid_sgl.config import ModelConfig
+from hybrid_sgl.layers.backends import AttentionOps, LinearAttnOps, MoEOps, SSMOps
+from hybrid_sgl.runner.forward_batch import ForwardBatch
+
+
+@dataclass(frozen=True)
+class Backends:
+    """Kernel bundles; a bundle the model does not use may be None."""
+
+    attention: AttentionOps | None
+    linear_attention: LinearAttnOps | None
+    moe: MoEOps | None
+    ssm: SSMOps | None = None
+
+    def of_mixer(self, mixer: str) -> str:
+        """Backend name(s) serving a layer-plan mixer kind, for the start-up report."""
+        names = {"full_attention": self.attention, "linear_attention": self.linear_attention,
+                 "mamba2": self.ssm, "mamba": self.ssm}
+        if mixer == "attention_mamba2":
+            return f"{self.attention.name}+{self.ssm.name}"
+        ops = names.get(mixer)
+        return ops.name if ops is not None else "-"
+
+
+class HybridCausalLM(nn.Module):
+    """Subclasses fill `self.layers` and implement `load_layer_weight`; they may change
+    `embedding_scale` / `logits_scale` (Granite, Falcon-H1 multipliers) and `skipped_prefixes`."""
+
+    skipped_prefixes: tuple[str, ...] = ()
+
+    def __init__(self, config: ModelConfig, backends: Backends, final_norm: nn.Module):
+        super().__init__()
+        self.config = config
+        self.backends = backends
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList()
+        self.norm = final_norm
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.embedding_scale = 1.0
+        self.logits_scale = 1.0
+
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        """Returns the final hidden states [T, H] (normalized)."""
+        x, residual = self.embed(fb.input_ids), None
+        if self.embedding_scale != 1.0:
+            x = x * self.embedding_scale
+        for layer in self.layers:
+            x, residual = layer(x, residual, fb)
+        return self.norm.add(x, residual)[0]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [N, H] -> logits [N, V] float32."""
+        logits = self.lm_head(hidden).float()
+        return logits * self.logits_scale if self.logits_scale != 1.0 else logits
+
+    def dispatch_plan(self) -> list[str]:
+        """One line per layer: index, mixer, ffn, backend."""
+        lines = []
+        for i, (mixer, ffn) in enumerate(self.config.layer_plan):
+            ffn_backend = self.backends.moe.name if ffn == "moe" else ("torch" if ffn == "mlp" else "-")
+            lines.append(f"layer {i:3d}: {mixer:<16} [{self.backends.of_mixer(mixer)}]  ffn {ffn:<4} [{ffn_backend}]")
+        return lines
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Consume (checkpoint name, tensor) pairs; names are the HF checkpoint's."""
+        prefix = self.config.weight_prefix
+        for name, tensor in weights:
+            if name.startswith(self.skipped_prefixes):
+                continue
+            if name.startswith(prefix):
+                name = name[len(prefix):]
+            elif not name.startswith("lm_head."):
+                raise KeyError(f"unexpected checkpoint tensor {name!r}")
+            if name == "lm_head.weight":
+                if not self.config.tie_word_embeddings:
+                    self.lm_head.weight.data.copy_(tensor)
+            else:
+                self.load_weight(name, tensor)
+
+    def load_weight(self, name: str, tensor: torch.Tensor) -> None:
+        """One tensor, `name` relative to the weight prefix (lm_head handled already)."""
+        raise NotImplementedError
