@@ -1,9 +1,13 @@
-"""CUDA graphs of the decode step (model forward + logits), one per captured batch size.
+"""CUDA graphs of the decode step (input preparation + model forward + logits), one per captured
+batch size.
 
 Decode launches hundreds of small kernels per step; replaying a captured graph removes their
-launch cost. A batch of B requests runs in the graph of the smallest captured size >= B; the
-extra rows point at the pad slot, a negative KV slot (store skipped) and seq_len 0 (attention
-returns zeros), so they touch no real request's state.
+launch cost. The host side of a step is one copy of a pinned [3, B] int64 buffer (token ids,
+positions, state slots); the graph derives everything else on the device: seq_lens, the block
+table (a gather of the allocator's page table by slot) and the KV slot of each new token. A batch
+of B requests runs in the graph of the smallest captured size >= B; the extra rows carry the pad
+slot, so they get seq_len 0 (attention returns zeros), KV slot -1 (store skipped) and recurrent
+kernels skip them: they touch no real request's state.
 """
 
 from __future__ import annotations
@@ -31,32 +35,33 @@ class DecodeGraphs:
                  state_pool: StatePool | None, max_bs: int, device: torch.device):
         self.model = model
         self.allocator = allocator
+        self.kv_pool = kv_pool
+        self.state_pool = state_pool
         self.sizes = capture_sizes(max_bs)
         self.max_bs = self.sizes[-1]
-        width = allocator.max_pages_per_request
-        self.fb = ForwardBatch(
-            mode=ForwardMode.DECODE,
-            input_ids=torch.zeros(self.max_bs, dtype=torch.int64, device=device),
-            positions=torch.zeros(self.max_bs, dtype=torch.int64, device=device),
-            seq_lens=torch.zeros(self.max_bs, dtype=torch.int32, device=device),
-            state_slots=torch.full((self.max_bs,), allocator.pad_slot, dtype=torch.int32, device=device),
-            block_table=torch.full((self.max_bs, width), allocator.pad_page, dtype=torch.int32, device=device),
-            slot_mapping=torch.full((self.max_bs,), -1, dtype=torch.int64, device=device),
-            cu_seqlens=torch.arange(self.max_bs + 1, dtype=torch.int32, device=device),
-            has_initial_state=torch.ones(self.max_bs, dtype=torch.bool, device=device),
-            kv_pool=kv_pool, state_pool=state_pool)
+        self.host_inputs = torch.zeros((3, self.max_bs), dtype=torch.int64, pin_memory=device.type == "cuda")
+        self.host_view = self.host_inputs.numpy()  # rows: token ids, positions, state slots
+        self.inputs = torch.zeros((3, self.max_bs), dtype=torch.int64, device=device)
+        self.inputs[2].fill_(allocator.pad_slot)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
 
-    def _view(self, bs: int) -> ForwardBatch:
-        f = self.fb
-        return ForwardBatch(mode=ForwardMode.DECODE, input_ids=f.input_ids[:bs], positions=f.positions[:bs],
-                            seq_lens=f.seq_lens[:bs], state_slots=f.state_slots[:bs], block_table=f.block_table[:bs],
-                            slot_mapping=f.slot_mapping[:bs], cu_seqlens=f.cu_seqlens[:bs + 1],
-                            has_initial_state=f.has_initial_state[:bs], kv_pool=f.kv_pool, state_pool=f.state_pool)
+    def _batch(self, bs: int) -> ForwardBatch:
+        """The decode ForwardBatch of the first `bs` input rows, computed on the device."""
+        a = self.allocator
+        ids, positions, slots = self.inputs[:, :bs]
+        valid = slots != a.pad_slot
+        block_table = a.page_table.index_select(0, slots)
+        page = block_table.gather(1, (positions // a.page_size)[:, None]).squeeze(1).long()
+        slot_mapping = torch.where(valid, page * a.page_size + positions % a.page_size, -1)
+        return ForwardBatch(mode=ForwardMode.DECODE, input_ids=ids, positions=positions,
+                            seq_lens=torch.where(valid, positions + 1, 0).int(), state_slots=slots.int(),
+                            block_table=block_table, slot_mapping=slot_mapping,
+                            cu_seqlens=torch.arange(bs + 1, dtype=torch.int32, device=ids.device),
+                            has_initial_state=valid, kv_pool=self.kv_pool, state_pool=self.state_pool)
 
-    def _forward(self, fb: ForwardBatch) -> torch.Tensor:
-        return self.model.compute_logits(self.model(fb))
+    def _forward(self, bs: int) -> torch.Tensor:
+        return self.model.compute_logits(self.model(self._batch(bs)))
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -64,14 +69,13 @@ class DecodeGraphs:
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
         for bs in reversed(self.sizes):  # largest first, so smaller graphs reuse its memory
-            fb = self._view(bs)
             with torch.cuda.stream(stream):
                 for _ in range(2):  # compile / autotune outside the capture
-                    self._forward(fb)
+                    self._forward(bs)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool, stream=stream):
-                self.logits[bs] = self._forward(fb)
+                self.logits[bs] = self._forward(bs)
             self.graphs[bs] = graph
         torch.cuda.synchronize()
         logger.info("captured decode CUDA graphs for batch sizes %s in %.1f s", self.sizes,
@@ -80,20 +84,15 @@ class DecodeGraphs:
     def fits(self, batch_size: int) -> bool:
         return batch_size <= self.max_bs
 
-    def run(self, fb: ForwardBatch) -> torch.Tensor:
-        """fb: a real decode batch of B rows. Returns logits [B, V] (valid until the next run)."""
-        b = fb.batch_size
+    def run(self, token_ids: list[int], positions: list[int], slots: list[int]) -> torch.Tensor:
+        """One decode step of B = len(token_ids) requests. Returns logits [B, V] (valid until the
+        next run)."""
+        b = len(token_ids)
         bs = next(s for s in self.sizes if s >= b)
-        f = self.fb
-        f.input_ids[:b].copy_(fb.input_ids)
-        f.positions[:b].copy_(fb.positions)
-        f.seq_lens[:b].copy_(fb.seq_lens)
-        f.state_slots[:b].copy_(fb.state_slots)
-        f.slot_mapping[:b].copy_(fb.slot_mapping)
-        torch.index_select(self.allocator.page_table, 0, fb.state_slots, out=f.block_table[:b])
-        if bs > b:  # padding rows
-            f.seq_lens[b:bs].zero_()
-            f.state_slots[b:bs].fill_(self.allocator.pad_slot)
-            f.slot_mapping[b:bs].fill_(-1)
+        host = self.host_view
+        host[0, :b], host[1, :b], host[2, :b] = token_ids, positions, slots
+        host[:, b:bs] = 0
+        host[2, b:bs] = self.allocator.pad_slot
+        self.inputs[:, :bs].copy_(self.host_inputs[:, :bs], non_blocking=True)
         self.graphs[bs].replay()
         return self.logits[bs][:b]

@@ -181,17 +181,18 @@ class ModelRunner:
     # ---- one step --------------------------------------------------------------------------------
     @torch.inference_mode()
     def run(self, mode: ForwardMode, items: list[BatchItem]) -> list[ItemResult]:
-        fb = ForwardBatch.build(mode=mode, token_runs=[it.req.token_slice(it.start, it.end) for it in items],
-                                prefix_lens=[it.start for it in items], slots=[it.req.slot for it in items],
-                                page_table=self.allocator.page_table, page_size=self.allocator.page_size,
-                                kv_pool=self.kv_pool, state_pool=self.state_pool, device=self.device)
         rows, sample_rows, lp_rows = self._logit_rows(items)
         results = [ItemResult() for _ in items]
         if mode is ForwardMode.DECODE and self.graphs is not None and self.graphs.fits(len(items)):
-            logits = self.graphs.run(fb)  # every row; decode samples (almost) all of them
-            if rows != list(range(len(items))):
+            logits = self.graphs.run([it.req.token_slice(it.start, it.end)[0] for it in items],
+                                     [it.start for it in items], [it.req.slot for it in items])
+            if rows != list(range(len(items))):  # every row; decode samples (almost) all of them
                 logits = logits[torch.tensor(rows, device=self.device, dtype=torch.long)]
         else:
+            fb = ForwardBatch.build(mode=mode, token_runs=[it.req.token_slice(it.start, it.end) for it in items],
+                                    prefix_lens=[it.start for it in items], slots=[it.req.slot for it in items],
+                                    page_table=self.allocator.page_table, page_size=self.allocator.page_size,
+                                    kv_pool=self.kv_pool, state_pool=self.state_pool, device=self.device)
             hidden = self.model(fb)
             logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device, dtype=torch.long)])
         if not rows:
