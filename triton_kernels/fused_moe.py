@@ -5,6 +5,8 @@ activation "relu2": non-gated experts (Nemotron-H), y_e(x) = down_e(relu(up_e x)
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 
 def fused_moe_ref(
@@ -33,3 +35,272 @@ def fused_moe_ref(
         y = F.linear(h, w2[expert])
         out.index_add_(0, token, y.float() * topk_weights[token, which, None])
     return out.to(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused path. The T*k (token, slot) assignments a = t * k + j are sorted by expert on the device
+# (a counting sort: per-chunk histograms, then each chunk scatters its assignments to
+# expert start + earlier chunks' share + rank in the chunk, ranks from an in-register sort), so
+# the rows of each expert are contiguous: sorted_assign [T*k], expert_offsets [E + 1]. The two
+# grouped GEMMs walk BLOCK_M-row blocks of those rows; every program finds its block's expert from
+# expert_offsets, so the grids have a fixed worst-case size (no host sync, CUDA-graph safe) and
+# programs past the last block return at once.
+#   up:   inter[p] = act(x[t(p)] @ w13[e]^T)          [T*k, I] in x's dtype, p a sorted position
+#   down: rows[a]  = w[a] * (inter[p(a)] @ w2[e]^T)    [T*k, H] in x's dtype, in assignment order
+#   out = rows.view(T, k, H).sum(1)                     deterministic: no atomics
+
+
+@triton.jit
+def _expert_count_kernel(topk_ids, counts, M, E, CHUNK: tl.constexpr, NUM_BINS: tl.constexpr):
+    """counts[c, e] = assignments c*CHUNK .. c*CHUNK + CHUNK - 1 routed to expert e. Padding lanes
+    land in bin NUM_BINS - 1 >= E."""
+    i_c = tl.program_id(0)
+    o_a = i_c * CHUNK + tl.arange(0, CHUNK)
+    b_ids = tl.load(topk_ids + o_a, mask=o_a < M, other=NUM_BINS - 1).to(tl.int32)
+    o_e = tl.arange(0, NUM_BINS)
+    tl.store(counts + i_c * E + o_e, tl.histogram(b_ids, NUM_BINS), mask=o_e < E)
+
+
+@triton.jit
+def _expert_sort_kernel(topk_ids, counts, expert_offsets, sorted_assign, M, E, num_chunks,
+                        CHUNK: tl.constexpr, NUM_BINS: tl.constexpr, BLOCK_C: tl.constexpr,
+                        ONE_CHUNK: tl.constexpr):
+    """One program per chunk: scatters the chunk's assignment indices to their expert-sorted
+    positions (ties in assignment order, as a stable sort). Program 0 writes expert_offsets."""
+    i_c = tl.program_id(0)
+    o_e = tl.arange(0, NUM_BINS)
+    o_i = tl.arange(0, CHUNK)
+    o_a = i_c * CHUNK + o_i
+    b_ids = tl.load(topk_ids + o_a, mask=o_a < M, other=NUM_BINS - 1).to(tl.int32)
+    b_hist = tl.where(o_e < E, tl.histogram(b_ids, NUM_BINS), 0)
+    if ONE_CHUNK:
+        b_total = b_hist
+        b_before = tl.zeros([NUM_BINS], dtype=tl.int32)
+    else:  # totals over all chunks and the share of the chunks before this one
+        b_total = tl.zeros([NUM_BINS], dtype=tl.int32)
+        b_before = tl.zeros([NUM_BINS], dtype=tl.int32)
+        for c0 in range(0, num_chunks, BLOCK_C):
+            o_c = c0 + tl.arange(0, BLOCK_C)
+            b_cnt = tl.load(counts + o_c[:, None] * E + o_e[None, :],
+                            mask=(o_c < num_chunks)[:, None] & (o_e < E)[None, :], other=0)
+            b_total += tl.sum(b_cnt, 0)
+            b_before += tl.sum(tl.where((o_c < i_c)[:, None], b_cnt, 0), 0)
+    b_start = tl.cumsum(b_total, 0) - b_total  # first sorted position of each expert; M at index E
+    if i_c == 0:
+        tl.store(expert_offsets + o_e, b_start, mask=o_e <= E)
+    # sorted position = b_start + b_before + rank in the chunk = b_base[e] + position in the sorted chunk
+    b_base = b_start + b_before - (tl.cumsum(b_hist, 0) - b_hist)
+    b_key = tl.sort(b_ids * CHUNK + o_i)  # by expert, then by assignment
+    b_expert = b_key // CHUNK
+    b_dest = tl.gather(b_base, b_expert, 0) + o_i
+    tl.store(sorted_assign + b_dest, i_c * CHUNK + b_key % CHUNK, mask=b_expert < E)
+
+
+@triton.jit
+def _locate_block(expert_offsets, i_b, E, BLOCK_M: tl.constexpr, NUM_BINS: tl.constexpr):
+    """Block i_b of the expert-sorted rows -> (expert, its first row, the expert's end row).
+    Each expert owns cdiv(rows, BLOCK_M) consecutive blocks; expert >= E past the last block."""
+    o_e = tl.arange(0, NUM_BINS)
+    m_e = o_e < E
+    b_begin = tl.load(expert_offsets + o_e, mask=m_e, other=0)
+    b_end = tl.load(expert_offsets + o_e + 1, mask=m_e, other=0)
+    b_blocks = tl.cdiv(b_end - b_begin, BLOCK_M)
+    b_blocks_end = tl.cumsum(b_blocks, 0)
+    i_e = tl.sum((b_blocks_end <= i_b).to(tl.int32), 0)
+    m_sel = o_e == i_e
+    row = tl.sum(tl.where(m_sel, b_begin + (i_b - b_blocks_end + b_blocks) * BLOCK_M, 0), 0)
+    row_end = tl.sum(tl.where(m_sel, b_end, 0), 0)
+    return i_e, row, row_end
+
+
+@triton.jit
+def _moe_up_kernel(x, w13, inter, sorted_assign, expert_offsets, stride_x, stride_we, stride_wn, stride_inter,
+                   H, I, E, TOPK: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr, NUM_BINS: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """One program per (row block, BLOCK_N columns of I): gathers x rows by token, multiplies by the
+    expert's w13 rows (gate rows o_n and up rows I + o_n when GATED), applies the activation."""
+    num_n = tl.cdiv(I, BLOCK_N)
+    i_b, i_n = tl.program_id(0) // num_n, tl.program_id(0) % num_n
+    i_e, row, row_end = _locate_block(expert_offsets, i_b, E, BLOCK_M, NUM_BINS)
+    if i_e >= E:
+        return
+    o_m = row + tl.arange(0, BLOCK_M)
+    m_m = o_m < row_end
+    b_token = (tl.load(sorted_assign + o_m, mask=m_m, other=0) // TOPK).to(tl.int64)
+    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_n = o_n < I
+    o_k = tl.arange(0, BLOCK_K)
+    p_x = x + b_token[:, None] * stride_x + o_k[None, :]  # [BLOCK_M, BLOCK_K]
+    p_w = w13 + i_e.to(tl.int64) * stride_we + o_n[None, :] * stride_wn + o_k[:, None]  # [BLOCK_K, BLOCK_N]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(0, tl.cdiv(H, BLOCK_K)):
+        m_k = o_k < H - k * BLOCK_K
+        if EVEN_K:
+            b_x = tl.load(p_x, mask=m_m[:, None], other=0.0)
+            b_w = tl.load(p_w, mask=m_n[None, :], other=0.0)
+        else:
+            b_x = tl.load(p_x, mask=m_m[:, None] & m_k[None, :], other=0.0)
+            b_w = tl.load(p_w, mask=m_k[:, None] & m_n[None, :], other=0.0)
+        acc = tl.dot(b_x, b_w, acc, input_precision=PREC)
+        if GATED:
+            if EVEN_K:
+                b_u = tl.load(p_w + I * stride_wn, mask=m_n[None, :], other=0.0)
+            else:
+                b_u = tl.load(p_w + I * stride_wn, mask=m_k[:, None] & m_n[None, :], other=0.0)
+            acc_up = tl.dot(b_x, b_u, acc_up, input_precision=PREC)
+        p_x += BLOCK_K
+        p_w += BLOCK_K
+    if GATED:
+        b_h = acc * tl.sigmoid(acc) * acc_up
+    else:
+        b_h = tl.maximum(acc, 0.0)
+        b_h = b_h * b_h
+    p_o = inter + o_m.to(tl.int64)[:, None] * stride_inter + o_n[None, :]
+    tl.store(p_o, b_h.to(inter.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
+
+
+@triton.jit
+def _moe_down_kernel(inter, w2, rows, sorted_assign, expert_offsets, topk_weights, stride_inter, stride_we,
+                     stride_wh, stride_rows, H, I, E, PREC: tl.constexpr, NUM_BINS: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """One program per (row block, BLOCK_N columns of H): inter rows @ w2[e]^T times the routing
+    weight, stored at the rows' assignment indices."""
+    num_n = tl.cdiv(H, BLOCK_N)
+    i_b, i_n = tl.program_id(0) // num_n, tl.program_id(0) % num_n
+    i_e, row, row_end = _locate_block(expert_offsets, i_b, E, BLOCK_M, NUM_BINS)
+    if i_e >= E:
+        return
+    o_m = row + tl.arange(0, BLOCK_M)
+    m_m = o_m < row_end
+    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_n = o_n < H
+    o_k = tl.arange(0, BLOCK_K)
+    p_a = inter + o_m.to(tl.int64)[:, None] * stride_inter + o_k[None, :]  # [BLOCK_M, BLOCK_K]
+    p_w = w2 + i_e.to(tl.int64) * stride_we + o_n[None, :] * stride_wh + o_k[:, None]  # [BLOCK_K, BLOCK_N]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(0, tl.cdiv(I, BLOCK_K)):
+        if EVEN_K:
+            b_a = tl.load(p_a, mask=m_m[:, None], other=0.0)
+            b_w = tl.load(p_w, mask=m_n[None, :], other=0.0)
+        else:
+            m_k = o_k < I - k * BLOCK_K
+            b_a = tl.load(p_a, mask=m_m[:, None] & m_k[None, :], other=0.0)
+            b_w = tl.load(p_w, mask=m_k[:, None] & m_n[None, :], other=0.0)
+        acc = tl.dot(b_a, b_w, acc, input_precision=PREC)
+        p_a += BLOCK_K
+        p_w += BLOCK_K
+    b_assign = tl.load(sorted_assign + o_m, mask=m_m, other=0)
+    acc *= tl.load(topk_weights + b_assign, mask=m_m, other=0.0)[:, None]
+    p_o = rows + b_assign.to(tl.int64)[:, None] * stride_rows + o_n[None, :]
+    tl.store(p_o, acc.to(rows.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
+
+
+def _num_bins(num_experts: int) -> int:
+    return triton.next_power_of_2(num_experts + 1)  # one spare bin for padding lanes
+
+
+def sort_by_expert(*, topk_ids: torch.Tensor, num_experts: int, chunk: int | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """topk_ids: [T, k] ints in [0, num_experts). Returns (sorted_assign [T*k] int32: the
+    assignment indices t * k + j grouped by expert, ascending within an expert; expert_offsets
+    [num_experts + 1] int32: expert e's rows are sorted_assign[offsets[e]:offsets[e + 1]]).
+    chunk (a power of two) is the number of assignments one program sorts."""
+    num_assign = topk_ids.numel()
+    ids = topk_ids.contiguous()
+    if chunk is None:
+        chunk = min(triton.next_power_of_2(max(num_assign, 16)), 1024 if ids.device.type == "cuda" else 16)
+    num_chunks = triton.cdiv(num_assign, chunk)
+    num_bins = _num_bins(num_experts)
+    sorted_assign = torch.empty(num_assign, dtype=torch.int32, device=ids.device)
+    expert_offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=ids.device)
+    counts = torch.empty((num_chunks, num_experts), dtype=torch.int32, device=ids.device)
+    if num_chunks > 1:
+        _expert_count_kernel[(num_chunks,)](ids, counts, num_assign, num_experts, CHUNK=chunk, NUM_BINS=num_bins)
+    _expert_sort_kernel[(num_chunks,)](
+        ids, counts, expert_offsets, sorted_assign, num_assign, num_experts, num_chunks,
+        CHUNK=chunk, NUM_BINS=num_bins, BLOCK_C=max(1, min(triton.next_power_of_2(num_chunks), 8192 // num_bins)),
+        ONE_CHUNK=num_chunks == 1)
+    return sorted_assign, expert_offsets
+
+
+def _max_blocks(num_rows: int, num_experts: int, block_m: int) -> int:
+    """Most BLOCK_M-row blocks num_rows rows can need when each expert's rows start a new block:
+    n touched experts need at most n + (num_rows - n) // block_m, largest at n = min(E, rows)."""
+    touched = min(num_experts, num_rows)
+    return touched + (num_rows - touched) // block_m
+
+
+def _gemm_configs(num_rows: int, num_experts: int, dtype: torch.dtype, device: torch.device) -> tuple[dict, dict]:
+    """(up, down) launch configs: BLOCK_M/N/K, num_warps, num_stages, chosen by the rows an expert
+    gets on average (T*k / E). Few rows (decode, small batches): 16-row blocks and narrow column
+    tiles, so the weight stream spreads over every SM; many rows (prefill): 64-row tiles."""
+    if device.type != "cuda":  # the interpreter: the smallest tiles
+        tiny = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1)
+        return tiny, tiny
+    per_expert = num_rows / num_experts
+    if per_expert <= 16:
+        up = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=4)
+        down = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)
+    elif per_expert <= 64:
+        up = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4)
+        down = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4)
+    else:
+        up = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4)
+        down = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4)
+    if dtype == torch.float32:  # tests: twice the bytes per tile
+        up, down = ({**c, "BLOCK_K": min(c["BLOCK_K"], 64), "num_stages": 2} for c in (up, down))
+    return up, down
+
+
+def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                   topk_ids: torch.Tensor, activation: str, up_config: dict | None = None,
+                   down_config: dict | None = None) -> torch.Tensor:
+    """fused_moe with explicit launch configs (for tuning)."""
+    if activation not in ("silu", "relu2"):
+        raise ValueError(f"unsupported MoE activation {activation!r}; expected 'silu' or 'relu2'")
+    gated = activation == "silu"
+    t, h = x.shape
+    e, i = w2.shape[0], w2.shape[2]
+    assert w13.shape == (e, (2 if gated else 1) * i, h) and w2.shape == (e, h, i), (
+        f"{activation} experts need w13 [E, {'2I' if gated else 'I'}, H] and w2 [E, H, I]; got x {tuple(x.shape)}, "
+        f"w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}")
+    assert topk_ids.shape == topk_weights.shape and topk_ids.shape[0] == t, (
+        f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} must both be [{t}, k]")
+    assert x.stride(-1) == 1 and w13.stride(-1) == 1 and w2.stride(-1) == 1, "x, w13, w2 need unit last strides"
+    k = topk_ids.shape[1]
+    rows = t * k
+    if rows == 0:
+        return torch.zeros_like(x)
+    sorted_assign, expert_offsets = sort_by_expert(topk_ids=topk_ids, num_experts=e)
+    default_up, default_down = _gemm_configs(rows, e, x.dtype, x.device)
+    up, down = up_config or default_up, down_config or default_down
+    prec = "tf32x3" if x.dtype == torch.float32 else "tf32"
+    num_bins = _num_bins(e)
+    inter = torch.empty((rows, i), dtype=x.dtype, device=x.device)
+    grid = (_max_blocks(rows, e, up["BLOCK_M"]) * triton.cdiv(i, up["BLOCK_N"]),)
+    _moe_up_kernel[grid](
+        x, w13, inter, sorted_assign, expert_offsets, x.stride(0), w13.stride(0), w13.stride(1), inter.stride(0),
+        h, i, e, TOPK=k, GATED=gated, PREC=prec, NUM_BINS=num_bins, EVEN_K=h % up["BLOCK_K"] == 0, **up)
+    out_rows = torch.empty((rows, h), dtype=x.dtype, device=x.device)  # [T*k, H], row t * k + j
+    grid = (_max_blocks(rows, e, down["BLOCK_M"]) * triton.cdiv(h, down["BLOCK_N"]),)
+    _moe_down_kernel[grid](
+        inter, w2, out_rows, sorted_assign, expert_offsets, topk_weights.float().contiguous(), inter.stride(0),
+        w2.stride(0), w2.stride(1), out_rows.stride(0), h, i, e, PREC=prec, NUM_BINS=num_bins,
+        EVEN_K=i % down["BLOCK_K"] == 0, **down)
+    return out_rows if k == 1 else out_rows.view(t, k, h).sum(dim=1)
+
+
+def fused_moe(
+    *,
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str = "silu",
+) -> torch.Tensor:
+    """fused_moe_ref on Triton kernels: x: [T, H]; w13: [E, 2I, H] ("silu") or [E, I, H] ("relu2");
+    w2: [E, H, I]; topk_weights: [T, k] float32; topk_ids: [T, k] ints in [0, E). Returns [T, H]
+    in x's dtype. No host sync: safe inside CUDA-graph capture."""
+    return _fused_moe_fwd(x, w13, w2, topk_weights, topk_ids, activation)

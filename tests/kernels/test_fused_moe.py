@@ -1,0 +1,95 @@
+"""Fused MoE kernels vs the torch reference (interpreter on CPU, float32, tiny shapes; the H200
+shapes in bf16 are in tests/gpu/test_fused_moe_cuda.py). Block sizes are 16 in the interpreter, so
+H = 40 and I = 24 leave partial tiles, and 17 tokens on one expert fill more than one row block."""
+
+import pytest
+import torch
+
+from triton_kernels.fused_moe import fused_moe, fused_moe_ref, sort_by_expert
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+H, I = 40, 24
+
+
+def _experts(num_experts: int, activation: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    rows = (2 if activation == "silu" else 1) * I
+    w13 = torch.randn(num_experts, rows, H, generator=g) / H**0.5
+    w2 = torch.randn(num_experts, H, I, generator=g) / I**0.5
+    return w13.to(DEVICE), w2.to(DEVICE)
+
+
+def _routing(num_tokens: int, num_experts: int, top_k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax top-k of random logits, as the router makes them: (weights [T, k] float32, ids [T, k])."""
+    g = torch.Generator().manual_seed(seed)
+    probs = torch.randn(num_tokens, num_experts, generator=g).softmax(dim=-1)
+    weights, ids = probs.topk(top_k, dim=-1)
+    return weights.to(DEVICE), ids.to(DEVICE)
+
+
+def _check(x, w13, w2, weights, ids, activation):
+    kw = dict(x=x, w13=w13, w2=w2, topk_weights=weights, topk_ids=ids, activation=activation)
+    out = fused_moe(**kw)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    torch.testing.assert_close(out, fused_moe_ref(**kw), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("num_tokens,top_k", [(1, 1), (1, 3), (3, 2), (17, 1), (17, 3)])
+@pytest.mark.parametrize("activation", ["silu", "relu2"])
+def test_matches_reference(num_tokens, top_k, activation):
+    num_experts = 6  # not a power of two; with few tokens most experts get none
+    w13, w2 = _experts(num_experts, activation, seed=num_tokens)
+    weights, ids = _routing(num_tokens, num_experts, top_k, seed=num_tokens + top_k)
+    x = torch.randn(num_tokens, H, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    _check(x, w13, w2, weights, ids, activation)
+
+
+@pytest.mark.parametrize("activation", ["silu", "relu2"])
+def test_all_tokens_on_one_expert(activation):
+    """17 rows on one expert span two 16-row blocks; the other experts get no rows."""
+    num_experts, num_tokens = 5, 17
+    w13, w2 = _experts(num_experts, activation, seed=3)
+    x = torch.randn(num_tokens, H, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    weights = torch.rand(num_tokens, 1, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    _check(x, w13, w2, weights, torch.full((num_tokens, 1), 3, device=DEVICE), activation)
+    # both slots of every token on the last expert: 34 rows, each token twice
+    weights2 = torch.rand(num_tokens, 2, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    _check(x, w13, w2, weights2, torch.full((num_tokens, 2), num_experts - 1, device=DEVICE), activation)
+
+
+def test_skewed_routing_with_empty_experts_and_strided_x():
+    """Experts 0, 2, 3, 6 get nothing; x is a column slice of a wider tensor (row stride > H)."""
+    num_experts, num_tokens = 7, 17
+    w13, w2 = _experts(num_experts, "silu", seed=6)
+    wide = torch.randn(num_tokens, H + 9, generator=torch.Generator().manual_seed(7)).to(DEVICE)
+    g = torch.Generator().manual_seed(8)
+    ids = torch.tensor([1, 4, 5], device=DEVICE)[torch.stack([torch.randperm(3, generator=g)[:2]
+                                                             for _ in range(num_tokens)])]
+    weights = torch.rand(num_tokens, 2, generator=g).to(DEVICE)
+    _check(wide[:, :H], w13, w2, weights, ids, "silu")
+
+
+def test_no_tokens_and_bad_arguments():
+    w13, w2 = _experts(4, "silu")
+    empty = fused_moe(x=torch.zeros(0, H, device=DEVICE), w13=w13, w2=w2,
+                      topk_weights=torch.zeros(0, 2, device=DEVICE),
+                      topk_ids=torch.zeros(0, 2, dtype=torch.long, device=DEVICE))
+    assert empty.shape == (0, H)
+    weights, ids = _routing(3, 4, 2)
+    x = torch.randn(3, H, device=DEVICE)
+    with pytest.raises(ValueError, match="activation"):
+        fused_moe(x=x, w13=w13, w2=w2, topk_weights=weights, topk_ids=ids, activation="gelu")
+    with pytest.raises(AssertionError, match="relu2 experts need"):  # gated w13 passed as non-gated
+        fused_moe(x=x, w13=w13, w2=w2, topk_weights=weights, topk_ids=ids, activation="relu2")
+
+
+@pytest.mark.parametrize("num_assign,num_experts,chunk", [(1, 3, 16), (51, 6, 16), (51, 6, 64), (300, 37, 32)])
+def test_sort_by_expert(num_assign, num_experts, chunk):
+    """Expert-sorted assignment order equals a stable sort, in one chunk or several; offsets are
+    the cumulated per-expert counts (experts without assignments included)."""
+    g = torch.Generator().manual_seed(num_assign)
+    ids = torch.randint(0, max(1, num_experts - 2), (num_assign, 1), generator=g).to(DEVICE)  # the last two: empty
+    sorted_assign, offsets = sort_by_expert(topk_ids=ids, num_experts=num_experts, chunk=chunk)
+    assert torch.equal(sorted_assign.long(), torch.sort(ids.flatten(), stable=True).indices)
+    counts = torch.bincount(ids.flatten(), minlength=num_experts)
+    assert torch.equal(offsets.long(), torch.cat([counts.new_zeros(1), counts.cumsum(0)]))
