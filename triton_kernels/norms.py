@@ -3,6 +3,7 @@
 rmsnorm:        y = x / rms(x) * (w + offset)      offset 1.0 for zero-centered weights (Qwen3-Next / 3.5)
 add_rmsnorm:    r = x + residual (rounded to the dtype, as in eager); y = rmsnorm(r); returns (y, r)
 gated_rmsnorm:  y = (x / rms(x)) * w * silu(z)       (norm before gate; GDN output norm)
+gate_rmsnorm:   y = norm_groups(x * silu(z)) * w      (gate before norm, by channel groups; Mamba2 output norm)
 silu_and_mul:   y = silu(a) * b for gate_up = [a | b]
 Math in float32; each rounding to the model dtype happens where the eager code rounds, so
 bf16 results match the references bit for bit in the common cases.
@@ -90,6 +91,26 @@ def _gated_rmsnorm_kernel(x, z, w, y, stride_xt, stride_xh, stride_zt, stride_zh
 
 
 @triton.jit
+def _gate_rmsnorm_kernel(x, z, w, y, stride_x, stride_z, stride_y, n_rows, group_size, eps,
+                         BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr):
+    """One program per (block of rows, channel group)."""
+    o_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    o_g = tl.arange(0, BLOCK_G)
+    m_g = o_g < group_size
+    m = (o_r < n_rows)[:, None] & m_g[None, :]
+    o_r = o_r.to(tl.int64)
+    o_c = tl.program_id(1) * group_size + o_g  # channels of this group
+    b_x = tl.load(x + o_r[:, None] * stride_x + o_c[None, :], mask=m, other=0.0).to(tl.float32)
+    b_z = tl.load(z + o_r[:, None] * stride_z + o_c[None, :], mask=m, other=0.0).to(tl.float32)
+    b_g = b_x * (b_z * tl.sigmoid(b_z))
+    b_rstd = tl.rsqrt(tl.sum(b_g * b_g, 1) / group_size + eps)
+    b_n = (b_g * b_rstd[:, None]).to(y.dtype.element_ty)  # eager rounds the normalized value first
+    b_w = tl.load(w + o_c, mask=m_g, other=0.0).to(tl.float32)
+    tl.store(y + o_r[:, None] * stride_y + o_c[None, :], (b_w[None, :] * b_n.to(tl.float32)).to(y.dtype.element_ty),
+             mask=m)
+
+
+@triton.jit
 def _silu_and_mul_kernel(gu, y, stride_gu, stride_y, n_rows, I, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
     o_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     o_i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
@@ -145,6 +166,22 @@ def gated_rmsnorm(*, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps
     _gated_rmsnorm_kernel[(triton.cdiv(t * h, block_r),)](
         x3, z3, weight, y, x3.stride(0), x3.stride(1), z3.stride(0), z3.stride(1), n, t * h, h, n, eps,
         BLOCK_R=block_r, BLOCK_N=block_n)
+    return y
+
+
+def gate_rmsnorm(*, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float,
+                 group_size: int) -> torch.Tensor:
+    """Triton version of gate_rmsnorm_ref: x, z: [T, D] (any row strides, unit last stride);
+    weight: [D]; D a multiple of group_size. Returns y: [T, D] contiguous, in x's dtype."""
+    x, z = _rows(x), _rows(z)
+    t, d = x.shape
+    assert z.shape == x.shape and weight.shape == (d,), (x.shape, z.shape, weight.shape)
+    assert d % group_size == 0, f"D={d} is not a multiple of group_size={group_size}"
+    y = torch.empty((t, d), dtype=x.dtype, device=x.device)
+    block_r, block_g = _rows_per_program(group_size)
+    _gate_rmsnorm_kernel[(triton.cdiv(t, block_r), d // group_size)](
+        x, z, weight, y, x.stride(0), z.stride(0), y.stride(0), t, group_size, eps,
+        BLOCK_R=block_r, BLOCK_G=block_g, num_warps=8 if block_r * block_g > 2048 else 4)
     return y
 
 

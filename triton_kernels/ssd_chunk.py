@@ -4,12 +4,143 @@ The recurrence is the one of `ssm_step.mamba2_decode_ref`, run over every token 
 sequence; sequence i owns tokens cu_seqlens[i]:cu_seqlens[i+1] and slot state_slots[i], and
 starts from that slot's state when has_initial_state[i] (else from zeros). The final state of
 each sequence is written back to its slot.
+
+`mamba2_prefill` computes it by chunks of L tokens that never straddle sequences. Per head, with
+a = dt * A (A = -exp(A_log)), c = cumsum(a) within the chunk, S0 [P, N] the state entering it:
+    y_t = exp(c_t) C_t S0^T + sum_{s <= t} (C_t . B_s) exp(c_t - c_s) dt_s x_s + D x_t
+    S1  = exp(c_L) S0 + sum_s exp(c_L - c_s) dt_s x_s (outer) B_s
+the first line the output of every token, the second the state handed to the next chunk; both
+are matmuls over the chunk. Kernels and scratch: ssd_chunk_parts.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
+import triton
+
+from triton_kernels.ssd_chunk_parts import _ssd_chunk_output_kernel, _ssd_chunk_state_kernel, _ssd_dt_kernel
+from triton_kernels.varlen import num_virtual_chunks
+
+MAX_TILE = 128  # tokens per kernel chunk: the output kernel keeps a [tile, tile] fp32 C B^T in registers
+
+
+@dataclasses.dataclass(frozen=True)
+class SSDLaunch:
+    """Launch parameters of the state and output kernels (the dt kernel is tiny)."""
+
+    state_block_p: int  # head-dim rows of the state per sequential program
+    state_warps: int
+    state_stages: int
+    heads_per_program: int  # heads of one group sharing one C B^T in the output kernel
+    output_warps: int
+    output_stages: int
+
+
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+
+
+def default_launch(num_tokens: int, num_seqs: int, H: int, G: int, P: int, N: int, tile: int,
+                   device: torch.device) -> SSDLaunch:
+    """Chosen by hand for sm90, not autotuned (the state kernel updates the pool in place, so an
+    autotuner's repeated runs would corrupt it). State kernel: [64, N] fp32 state slices on 4 warps
+    when the (sequence, head, P block) programs fill the GPU twice, else [32, N] slices (twice the
+    programs; each re-reads B, which the heads of a group share through L2). Output kernel: 8 warps
+    for 128-token tiles (the [128, 128] fp32 C B^T takes 64 registers a thread), and as many heads of
+    a group per program (C B^T computed once for all of them) as leave four programs per SM."""
+    sms = _num_sms(device)
+    block_p = min(64, max(16, triton.next_power_of_2(P)))
+    if num_seqs * H * triton.cdiv(P, block_p) < 2 * sms and block_p > 16:
+        block_p //= 2
+    heads, per_group = 1, H // G
+    chunk_groups = num_virtual_chunks(num_tokens, num_seqs, tile) * G
+    while per_group % (2 * heads) == 0 and chunk_groups * (per_group // (2 * heads)) >= 4 * sms:
+        heads *= 2
+    return SSDLaunch(state_block_p=block_p, state_warps=4, state_stages=3, heads_per_program=heads,
+                     output_warps=8 if tile >= 128 else 4, output_stages=2)
+
+
+def _mamba2_prefill_fwd(x, dt, A_log, B, C, D, dt_bias, z, ssm_states, cu_seqlens, state_slots, has_initial_state,
+                        chunk_size, dt_limit, launch: SSDLaunch | None = None):
+    T, H, P = x.shape
+    G, N = B.shape[1:]
+    S = state_slots.shape[0]
+    assert H % G == 0, f"{H} heads are not a multiple of {G} groups"
+    assert dt.shape == (T, H) and B.shape == (T, G, N) and C.shape == (T, G, N), (dt.shape, B.shape, C.shape)
+    assert A_log.shape == D.shape == dt_bias.shape == (H,), (A_log.shape, D.shape, dt_bias.shape)
+    assert z is None or z.shape == x.shape, (z.shape, x.shape)
+    assert B.dtype == C.dtype == x.dtype, (x.dtype, B.dtype, C.dtype)
+    assert ssm_states.shape[1:] == (H, P, N), f"ssm_states {tuple(ssm_states.shape)} != [S, {H}, {P}, {N}]"
+    assert ssm_states.stride()[1:] == (P * N, N, 1), "ssm_states must be contiguous within a slot"
+    assert cu_seqlens.shape == (S + 1,) and has_initial_state.shape == (S,)
+    for name, t in (("x", x), ("dt", dt), ("B", B), ("C", C), ("z", z)):
+        assert t is None or t.stride(-1) == 1, f"{name} needs a unit stride on its last dim; got {t.stride()}"
+    if chunk_size < 16 or chunk_size & (chunk_size - 1):
+        raise ValueError(f"chunk_size={chunk_size}: the kernels need a power of two >= 16")
+    y = torch.empty(T, H, P, dtype=x.dtype, device=x.device)
+    if S == 0:
+        return y
+    tile = min(chunk_size, MAX_TILE)
+    BP, BN = max(16, triton.next_power_of_2(P)), max(16, triton.next_power_of_2(N))
+    prec = "tf32x3" if x.dtype == torch.float32 else "tf32"
+    launch = launch or default_launch(T, S, H, G, P, N, tile, x.device)
+    assert (H // G) % launch.heads_per_program == 0, f"{launch.heads_per_program} heads per program, {H // G} per group"
+    NC = num_virtual_chunks(T, S, tile)
+    dt_proc = torch.empty(H, T, dtype=torch.float32, device=x.device)
+    dA_cum = torch.empty(H, T, dtype=torch.float32, device=x.device)
+    h = torch.empty(NC, H, P, N, dtype=x.dtype, device=x.device)
+
+    BH = min(16, triton.next_power_of_2(H))
+    _ssd_dt_kernel[(NC, triton.cdiv(H, BH))](
+        dt, A_log, dt_bias, dt_proc, dA_cum, cu_seqlens, dt.stride(0), float(dt_limit[0]), float(dt_limit[1]), T, S,
+        H=H, BT=tile, BH=BH, BLOCK_N=64,
+    )
+    block_p = min(launch.state_block_p, BP)
+    _ssd_chunk_state_kernel[(triton.cdiv(P, block_p), H, S)](
+        x, B, dt_proc, dA_cum, h, ssm_states, cu_seqlens, state_slots, has_initial_state,
+        x.stride(0), x.stride(1), B.stride(0), B.stride(1), ssm_states.stride(0), T,
+        H=H, G=G, P=P, N=N, BT=tile, BP=block_p, BN=BN, PREC=prec,
+        num_warps=launch.state_warps, num_stages=launch.state_stages,
+    )
+    zz = x if z is None else z
+    _ssd_chunk_output_kernel[(NC * H // launch.heads_per_program,)](
+        x, B, C, zz, D, dt_proc, dA_cum, h, y, cu_seqlens,
+        x.stride(0), x.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1), zz.stride(0), zz.stride(1),
+        T, S, H=H, G=G, P=P, N=N, BT=tile, BP=BP, BN=BN, HEADS=launch.heads_per_program, HAS_Z=z is not None,
+        BLOCK_N=64, PREC=prec, num_warps=launch.output_warps, num_stages=launch.output_stages,
+    )
+    return y
+
+
+def mamba2_prefill(
+    *,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A_log: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    z: torch.Tensor | None,
+    ssm_states: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    state_slots: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    chunk_size: int = 256,
+    dt_limit: tuple[float, float] = (0.0, float("inf")),
+) -> torch.Tensor:
+    """Triton version of mamba2_prefill_ref (same arguments and result). x, dt, B, C, z may be
+    strided views with a unit last stride (slices of one projection row); ssm_states [S, H, P, N]
+    in any float dtype (math in fp32), contiguous within a slot, updated in place. The kernels cut
+    sequences into chunks of min(chunk_size, 128) tokens (a power of two >= 16): the result does not
+    depend on the tiling beyond rounding. Scratch per call: dt and dA_cum [H, T] fp32, and one
+    [H, P, N] state per chunk in x's dtype (for Nemotron-H-8B in bf16: 16 KiB per token at
+    128-token chunks, 0.5 GiB for 32768 tokens). Returns y [T, H, P] in x's dtype."""
+    return _mamba2_prefill_fwd(x, dt, A_log, B, C, D, dt_bias, z, ssm_states, cu_seqlens, state_slots,
+                               has_initial_state, chunk_size, dt_limit)
 
 
 def mamba2_prefill_ref(

@@ -1,0 +1,188 @@
+"""mamba2_prefill (Triton) vs mamba2_prefill_ref (the token-by-token recurrence), called by keyword.
+
+CPU runs the Triton interpreter in float32 on tiny odd shapes with small chunks (16 tokens), so
+sequences of 1, chunk - 1, chunk + 1 and 2 * chunk + 3 tokens cover partial, whole and several
+chunks. Inputs are strided views of one projection row, as the Mamba2 mixer passes them; the state
+pool has unordered slots and sequences with and without an initial state share a batch.
+"""
+
+import pytest
+import torch
+
+from triton_kernels.ssd_chunk import SSDLaunch, _mamba2_prefill_fwd, mamba2_prefill, mamba2_prefill_ref
+from triton_kernels.ssm_step import mamba2_decode_ref
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = dict(atol=1e-4, rtol=1e-4)  # float32; the chunked form sums in another order
+PER_TOKEN = ("x", "dt", "B", "C", "z")
+
+
+def ssd_inputs(num_tokens, heads, groups, head_dim, state, *, gated=True, dtype=torch.float32, seed=0):
+    """Keyword arguments of mamba2_prefill without the pool and batch: x, z, B, C, dt are slices of
+    one projection row [z | x | B | C | dt] that starts 3 elements into its buffer."""
+    g = torch.Generator().manual_seed(seed)
+    sizes = [heads * head_dim, heads * head_dim, groups * state, groups * state, heads]
+    proj = torch.randn(num_tokens, sum(sizes) + 3, generator=g).to(device=DEVICE, dtype=dtype)
+    z, x, B, C, dt = proj[:, 3:].split(sizes, dim=-1)
+    return dict(
+        x=x.view(num_tokens, heads, head_dim), dt=dt,
+        A_log=torch.empty(heads).uniform_(-4, 0.5, generator=g).to(DEVICE),  # some heads remember long
+        B=B.view(num_tokens, groups, state), C=C.view(num_tokens, groups, state),
+        D=torch.randn(heads, generator=g).to(DEVICE),
+        dt_bias=torch.empty(heads).uniform_(-1, 1, generator=g).to(DEVICE),
+        z=z.view(num_tokens, heads, head_dim) if gated else None,
+    )
+
+
+def pool(num_slots, heads, head_dim, state, *, dtype=torch.float32, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return (0.5 * torch.randn(num_slots, heads, head_dim, state, generator=g)).to(device=DEVICE, dtype=dtype)
+
+
+def batch_args(lens, slots, has_init):
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lens).cumsum(0)
+    return dict(cu_seqlens=cu.to(DEVICE), state_slots=torch.tensor(slots, dtype=torch.int32, device=DEVICE),
+                has_initial_state=torch.tensor(has_init, device=DEVICE))
+
+
+def rows(x, start, end):
+    """Token rows [start, end) of every per-token input (the per-head parameters stay whole)."""
+    return {k: v[start:end] if k in PER_TOKEN and v is not None else v for k, v in x.items()}
+
+
+def check(x, lens, slots, has_init, states, chunk_size, **kw):
+    """Runs both on copies of the pool; compares outputs and the whole pool (written slots and
+    the untouched ones)."""
+    args = batch_args(lens, slots, has_init)
+    ours, ref = states.clone(), states.clone()
+    y = mamba2_prefill(**x, **args, ssm_states=ours, chunk_size=chunk_size, **kw)
+    y_ref = mamba2_prefill_ref(**x, **args, ssm_states=ref, chunk_size=chunk_size, **kw)
+    torch.testing.assert_close(y, y_ref, **TOL)
+    torch.testing.assert_close(ours, ref, **TOL)
+    return y
+
+
+CASES = [  # (lens, heads, groups, head_dim, state, chunk_size)
+    ([1], 1, 1, 16, 16, 16),
+    ([15, 17, 35, 1], 4, 2, 16, 16, 16),  # chunk - 1, chunk + 1, 2 chunk + 3, 1
+    ([35], 4, 1, 8, 24, 16),  # head_dim and state below and between tile sizes (masked)
+    ([16, 3, 40], 2, 2, 32, 16, 32),
+    ([130, 9], 2, 1, 16, 16, 256),  # the kernels tile 256-token chunks by 128
+]
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["z", "no_z"])
+@pytest.mark.parametrize("lens,heads,groups,head_dim,state,chunk_size", CASES)
+def test_prefill_matches_ref(lens, heads, groups, head_dim, state, chunk_size, gated):
+    x = ssd_inputs(sum(lens), heads, groups, head_dim, state, gated=gated)
+    states = pool(7, heads, head_dim, state)
+    check(x, lens, [4, 0, 6, 2][: len(lens)], [True, False, True, True][: len(lens)], states, chunk_size)
+
+
+def test_prefill_dt_limit():
+    """A dt clamp that binds on both sides (the unclamped result differs, so the limit is applied)."""
+    x = ssd_inputs(40, 2, 1, 16, 16, seed=2)
+    states = pool(3, 2, 16, 16)
+    y = check(x, [21, 19], [2, 0], [True, False], states, 16, dt_limit=(0.3, 0.9))
+    y_free = mamba2_prefill_ref(**x, **batch_args([21, 19], [2, 0], [True, False]), ssm_states=states.clone())
+    assert (y - y_free).abs().max() > 1e-2
+
+
+def test_prefill_empty_sequence_and_pool_view():
+    """A zero-length sequence still hands its state through (zeros without an initial state); the
+    pool is a strided layer view ([S, layers, H, P, N][:, 1]) and bf16 (cast on load and store)."""
+    x = ssd_inputs(23, 2, 2, 16, 16, seed=4)
+    layers = pool(5, 2 * 2, 16, 16).view(5, 2, 2, 16, 16)
+    args = batch_args([3, 0, 20], [1, 3, 4], [True, False, True])
+    ours, ref = layers.clone(), layers.clone()
+    y = mamba2_prefill(**x, **args, ssm_states=ours[:, 1], chunk_size=16)
+    y_ref = mamba2_prefill_ref(**x, **args, ssm_states=ref[:, 1], chunk_size=16)
+    torch.testing.assert_close(y, y_ref, **TOL)
+    torch.testing.assert_close(ours, ref, **TOL)
+    assert (ours[3, 1] == 0).all()
+
+    lo = layers.bfloat16()
+    ours, ref = lo.clone(), lo.clone()
+    y = mamba2_prefill(**x, **args, ssm_states=ours[:, 1], chunk_size=16)
+    y_ref = mamba2_prefill_ref(**x, **args, ssm_states=ref[:, 1], chunk_size=16)
+    torch.testing.assert_close(y, y_ref, **TOL)
+    torch.testing.assert_close(ours.float(), ref.float(), atol=1e-2, rtol=1e-2)  # one bf16 rounding apart
+
+
+def test_prefill_ignores_states_without_initial_state():
+    """A slot without an initial state may hold anything (NaN here): it must not be read."""
+    x = ssd_inputs(20, 2, 1, 16, 16, seed=3)
+    states = pool(4, 2, 16, 16)
+    states[1] = float("nan")
+    args = batch_args([4, 16], [1, 3], [False, True])
+    ours, ref = states.clone(), states.clone()
+    y = mamba2_prefill(**x, **args, ssm_states=ours, chunk_size=16)
+    y_ref = mamba2_prefill_ref(**x, **args, ssm_states=ref, chunk_size=16)
+    assert torch.isfinite(y).all() and torch.isfinite(ours[1]).all()
+    torch.testing.assert_close(y, y_ref, **TOL)
+    torch.testing.assert_close(ours, ref, **TOL)
+
+
+@pytest.mark.parametrize("launch", [
+    SSDLaunch(state_block_p=16, state_warps=4, state_stages=1, heads_per_program=1, output_warps=4, output_stages=1),
+    SSDLaunch(state_block_p=32, state_warps=4, state_stages=2, heads_per_program=2, output_warps=4, output_stages=1),
+    SSDLaunch(state_block_p=64, state_warps=4, state_stages=2, heads_per_program=4, output_warps=4, output_stages=1),
+], ids=["p16_h1", "p32_h2", "p64_h4"])
+def test_launch_configs(launch):
+    """The state kernel's P blocks and the output kernel's heads per program change nothing."""
+    lens, heads, groups, head_dim, state = [18, 33], 8, 2, 32, 16
+    x = ssd_inputs(sum(lens), heads, groups, head_dim, state, seed=6)
+    states = pool(3, heads, head_dim, state)
+    args = batch_args(lens, [2, 0], [True, True])
+    ours, ref = states.clone(), states.clone()
+    y = _mamba2_prefill_fwd(**x, **args, ssm_states=ours, chunk_size=16, dt_limit=(0.0, float("inf")),
+                            launch=launch)
+    y_ref = mamba2_prefill_ref(**x, **args, ssm_states=ref)
+    torch.testing.assert_close(y, y_ref, **TOL)
+    torch.testing.assert_close(ours, ref, **TOL)
+
+
+@pytest.mark.parametrize("chunk_size", [8, 48])
+def test_prefill_rejects_bad_chunk_sizes(chunk_size):
+    x = ssd_inputs(4, 1, 1, 16, 16)
+    with pytest.raises(ValueError, match="chunk_size"):
+        mamba2_prefill(**x, **batch_args([4], [0], [False]), ssm_states=pool(1, 1, 16, 16), chunk_size=chunk_size)
+
+
+@pytest.mark.parametrize("prefix", [1, 16, 35])
+def test_prefill_then_decode(prefix):
+    """Serving: prefill a prefix with the kernel, decode the rest token by token (mamba2_decode_ref),
+    equals the reference over the whole sequence (outputs and final state)."""
+    total, heads, groups = prefix + 5, 4, 2
+    x = ssd_inputs(total, heads, groups, 16, 16, seed=11)
+    states = pool(5, heads, 16, 16)
+    ref = states.clone()
+    y_ref = mamba2_prefill_ref(**x, **batch_args([total], [3], [True]), ssm_states=ref)
+    ours = states.clone()
+    outs = [mamba2_prefill(**rows(x, 0, prefix), **batch_args([prefix], [3], [True]), ssm_states=ours, chunk_size=16)]
+    slot = torch.tensor([3], dtype=torch.int32, device=DEVICE)
+    for t in range(prefix, total):
+        outs.append(mamba2_decode_ref(**rows(x, t, t + 1), ssm_states=ours, state_slots=slot, pad_slot=4))
+    torch.testing.assert_close(torch.cat(outs), y_ref, **TOL)
+    torch.testing.assert_close(ours, ref, **TOL)
+
+
+@pytest.mark.parametrize("split", [5, 16, 30])
+def test_prefill_in_pieces(split):
+    """Chunked prefill: the prompt in two pieces, the second continuing from the slot, equals one
+    piece, for a fresh request next to one continuing its own state in the same batches."""
+    total, heads, groups = 50, 4, 2
+    x = ssd_inputs(total, heads, groups, 16, 16, seed=13)
+    other = ssd_inputs(3, heads, groups, 16, 16, seed=14)
+    states = pool(4, heads, 16, 16)
+    whole, pieces = states.clone(), states.clone()
+    y_whole = mamba2_prefill(**x, **batch_args([total], [1], [False]), ssm_states=whole, chunk_size=16)
+    outs = []
+    for (start, end), init in (((0, split), False), ((split, total), True)):
+        batch = {k: torch.cat([v[start:end], other[k][:3]]) if k in PER_TOKEN else v for k, v in x.items()}
+        y = mamba2_prefill(**batch, **batch_args([end - start, 3], [1, 3], [init, True]), ssm_states=pieces,
+                           chunk_size=16)
+        outs.append(y[: end - start])
+    torch.testing.assert_close(torch.cat(outs), y_whole, **TOL)
+    torch.testing.assert_close(pieces[1], whole[1], **TOL)
