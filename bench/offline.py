@@ -1,0 +1,219 @@
+"""Offline throughput of the in-process Engine on a real model shape with random weights, against
+the ceilings measured in the same run and HF transformers `generate` on the same config (anchor).
+
+    PYTHONPATH=$PWD python bench/offline.py --config configs/qwen3_5-9b-text --out offline.json
+
+Cases: every batch x prompt length, each request generating --output tokens (ignore_eos, greedy).
+A case the engine's memory plan cannot hold without preemption is skipped and reported. Every
+scheduler step is timed from outside the runtime (bench/step_timing.py), so prefill and decode are
+measured on their own steps:
+- decode tok/s: tokens of the decode steps that ran the whole batch / their wall time (step start
+  to the next step's start); roofline tok/s: the same tokens / (bytes those steps must move /
+  measured copy bandwidth), see bench/roofline.py;
+- prefill tok/s and MFU: prompt tokens / wall time of the extend steps, FLOPs of those steps /
+  their wall time / measured matmul peak;
+- step overhead: per decode step, device time of the model forward vs the rest (host_ms).
+HF runs for --hf-batches only, after our engine is shut down and freed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from hf_anchor import run_hf, unavailable_reason  # noqa: E402
+from offline_report import render  # noqa: E402
+from roofline import measure_ceilings, model_cost  # noqa: E402
+from step_timing import StepTimer  # noqa: E402
+
+from hybrid_sgl import Engine  # noqa: E402
+from hybrid_sgl.config import ModelConfig  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default=os.path.join(ROOT, "configs", "qwen3_5-9b-text"), help="model directory")
+    p.add_argument("--batch", default="1,32,256", help="comma-separated batch sizes")
+    p.add_argument("--prompt", default="512,4096", help="comma-separated prompt lengths")
+    p.add_argument("--output", type=int, default=256, help="tokens generated per request")
+    p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    p.add_argument("--dtype", default="auto", help="auto: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--context-length", type=int, default=None, help="default: longest prompt + output")
+    p.add_argument("--max-running-requests", type=int, default=None, help="default: the largest batch")
+    p.add_argument("--mem-fraction-static", type=float, default=None)
+    p.add_argument("--chunked-prefill-size", type=int, default=8192)
+    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other Engine / ServerArgs field, e.g. disable_cuda_graph=true (repeatable)")
+    p.add_argument("--skip-hf", action="store_true", help="do not run the HF transformers anchor")
+    p.add_argument("--hf-batches", default="1,32", help="batch sizes the HF anchor runs")
+    p.add_argument("--hf-decode-tokens", type=int, default=32, help="tokens HF generates to time decode")
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    return p.parse_args(argv)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _literal(value: str):
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value
+
+
+def make_prompts(vocab: int):
+    def prompts(batch: int, length: int, seed: int) -> list[list[int]]:
+        g = torch.Generator().manual_seed(seed)
+        return torch.randint(0, vocab, (batch, length), generator=g).tolist()
+
+    return prompts
+
+
+def engine_kwargs(a: argparse.Namespace, device: str, dtype: str, context_length: int) -> dict:
+    kw = dict(model_path=a.config, load_format="dummy", skip_tokenizer_init=True, device=device, dtype=dtype,
+              context_length=context_length, chunked_prefill_size=a.chunked_prefill_size, random_seed=0,
+              log_level="warning", max_running_requests=a.max_running_requests or max(_ints(a.batch)))
+    if a.mem_fraction_static is not None:
+        kw["mem_fraction_static"] = a.mem_fraction_static
+    for item in a.engine_arg:
+        key, _, value = item.partition("=")
+        kw[key.strip()] = _literal(value.strip())
+    return kw
+
+
+def skip_reason(engine, batch: int, prompt: int, output: int) -> str | None:
+    plan, runner = engine.runner.plan, engine.runner
+    pages = -(-(prompt + output) // plan.page_size) + 1  # + the admission headroom of one page
+    if prompt + output > runner.context_length:
+        return f"prompt + output = {prompt + output} exceeds the context length {runner.context_length}"
+    if batch > plan.max_running_requests:
+        return f"batch {batch} exceeds max_running_requests {plan.max_running_requests}"
+    if batch * pages > plan.num_pages:
+        return f"needs {batch * pages} KV pages, the plan has {plan.num_pages}"
+    return None
+
+
+def _median_ms(values) -> float:
+    return 1e3 * statistics.median(values) if values else float("nan")
+
+
+def decode_summary(records, batch: int, cost, ceilings) -> dict:
+    steps = [r for r in records if r.mode == "decode" and r.batch == batch]
+    whole_batch = bool(steps)
+    steps = steps or [r for r in records if r.mode == "decode"]
+    if not steps:
+        return {}
+    tokens, wall = sum(r.batch for r in steps), sum(r.wall_s for r in steps)
+    moved = sum(cost.decode_bytes(r.batch, r.context_tokens) for r in steps)
+    roof_s = moved / ceilings.copy_bytes_per_s
+    medians = {f"{name}_ms": _median_ms([getattr(r, attr) for r in steps]) for name, attr in (
+        ("step", "wall_s"), ("forward", "forward_s"), ("host", "host_s"), ("schedule", "schedule_s"),
+        ("build", "build_s"), ("run_host", "run_s"))}
+    return {"steps": len(steps), "whole_batch": whole_batch, "tok_s": tokens / wall,
+            "roofline_tok_s": tokens / roof_s, "roofline_fraction": roof_s / wall,
+            "bytes_per_step": moved / len(steps), **medians,
+            "forward_kind": statistics.mode([r.forward_kind for r in steps])}
+
+
+def prefill_summary(records, cost, ceilings, start: float) -> dict:
+    steps = [r for r in records if r.mode == "extend"]
+    if not steps:
+        return {}
+    tokens, wall = sum(r.new_tokens for r in steps), sum(r.wall_s for r in steps)
+    flops = sum(cost.flops(r.new_tokens, r.attn_pairs, r.logit_rows) for r in steps)
+    return {"steps": len(steps), "tokens": tokens, "s": wall, "tok_s": tokens / wall, "flops": flops,
+            "mfu": flops / wall / ceilings.matmul_flops_per_s, "all_first_tokens_s": steps[-1].end - start}
+
+
+def run_case(engine, timer, cost, ceilings, prompts, batch: int, prompt: int, output: int) -> dict:
+    params = {"max_new_tokens": output, "ignore_eos": True, "temperature": 0}
+    engine.generate(input_ids=prompts(min(batch, 4), prompt, 1000 + batch), sampling_params={**params,
+                    "max_new_tokens": min(output, 4)})  # warm-up: kernels for this prompt length
+    before = engine.run_on_engine(lambda s: s.num_preemptions)
+    timer.take()
+    ids = prompts(batch, prompt, batch)
+    start = time.perf_counter()
+    engine.generate(input_ids=ids, sampling_params=params)
+    total = time.perf_counter() - start
+    records = timer.take()
+    return {"status": "ok", "total_s": total, "output_tok_s": batch * output / total,
+            "preemptions": engine.run_on_engine(lambda s: s.num_preemptions) - before,
+            "decode": decode_summary(records, batch, cost, ceilings),
+            "prefill": prefill_summary(records, cost, ceilings, start)}
+
+
+def run_ours(a: argparse.Namespace, device: torch.device, dtype: str, context_length: int, ceilings) -> dict:
+    engine = Engine(**engine_kwargs(a, device.type, dtype, context_length))
+    try:
+        runner = engine.runner
+        cost = model_cost(runner.model, engine.model_config, runner.plan)
+        prompts = make_prompts(engine.model_config.vocab_size)
+        layers: dict[str, int] = {}
+        for line in runner.model.dispatch_plan():
+            kind = " ".join(line.split(":", 1)[1].split())
+            layers[kind] = layers.get(kind, 0) + 1
+        out = {"memory_plan": runner.plan.describe(), "max_running_requests": runner.plan.max_running_requests,
+               "max_total_tokens": runner.plan.max_total_tokens, "context_length": runner.context_length,
+               "dtype": str(runner.dtype).removeprefix("torch."), "layers": layers,
+               "cuda_graph_sizes": runner.graphs.sizes if runner.graphs else None,
+               "cost": cost.to_dict(), "cases": {}}
+        with StepTimer(engine) as timer:
+            for prompt in _ints(a.prompt):
+                for batch in _ints(a.batch):
+                    reason = skip_reason(engine, batch, prompt, a.output)
+                    key = f"{batch}x{prompt}"
+                    if reason:
+                        out["cases"][key] = {"status": "skipped", "reason": reason}
+                        continue
+                    out["cases"][key] = run_case(engine, timer, cost, ceilings, prompts, batch, prompt, a.output)
+                    print(f"  done {key}: {out['cases'][key]['total_s']:.1f} s", flush=True)
+        return out
+    finally:
+        engine.shutdown()
+
+
+def main(argv=None) -> dict:
+    a = parse_args(argv)
+    device = torch.device("cuda" if a.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if a.device == "auto" else a.device))
+    dtype = a.dtype if a.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
+    config = ModelConfig.from_hf(a.config)
+    page = int(dict(item.partition("=")[::2] for item in a.engine_arg).get("page_size", 16))
+    longest = max(_ints(a.prompt)) + a.output
+    context_length = a.context_length or min((-(-longest // page) + 1) * page, config.context_length)
+    ceilings = measure_ceilings(device)
+    result = {"config": os.path.relpath(os.path.abspath(a.config), ROOT), "architecture": config.architecture,
+              "device": ceilings.device_name, "torch": torch.__version__, "ceilings": ceilings.to_dict(),
+              "output_tokens": a.output, "args": vars(a)}
+    result["ours"] = run_ours(a, device, dtype, context_length, ceilings)
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        result["memory_held_before_hf_gb"] = torch.cuda.memory_allocated(device) / 1e9
+    hf_cases = [(b, p) for p in _ints(a.prompt) for b in _ints(a.batch) if b in _ints(a.hf_batches)]
+    reason = "--skip-hf" if a.skip_hf else unavailable_reason()
+    if reason is None and hf_cases:
+        prompts = make_prompts(config.vocab_size)
+        result["hf"] = run_hf(a.config, hf_cases, a.hf_decode_tokens, getattr(torch, dtype), device, prompts)
+    else:
+        result["hf"] = {"skipped": reason or "no case with a batch in --hf-batches"}
+    print(render(result))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()
