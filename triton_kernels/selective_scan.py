@@ -9,6 +9,154 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from triton_kernels.ssm_step import softplus
+
+
+@triton.jit
+def _load_token(x, dt, B, C, z, dt_bias, t, stride_x_t, stride_dt_t, stride_B_t, stride_C_t, stride_z_t,
+                o_d, m_d, o_n, m_n, HAS_DT_BIAS: tl.constexpr, HAS_Z: tl.constexpr):
+    """Token t's (int64) x, softplus(dt + dt_bias) ([BD]), B, C ([BN]) and z ([BD], zeros without z),
+    in float32."""
+    b_x = tl.load(x + t * stride_x_t + o_d, mask=m_d, other=0.0).to(tl.float32)
+    b_dt = tl.load(dt + t * stride_dt_t + o_d, mask=m_d, other=0.0).to(tl.float32)
+    if HAS_DT_BIAS:
+        b_dt += tl.load(dt_bias + o_d, mask=m_d, other=0.0).to(tl.float32)
+    b_B = tl.load(B + t * stride_B_t + o_n, mask=m_n, other=0.0).to(tl.float32)
+    b_C = tl.load(C + t * stride_C_t + o_n, mask=m_n, other=0.0).to(tl.float32)
+    if HAS_Z:
+        b_z = tl.load(z + t * stride_z_t + o_d, mask=m_d, other=0.0).to(tl.float32)
+    else:
+        b_z = tl.zeros_like(b_x)
+    return b_x, softplus(b_dt), b_B, b_C, b_z
+
+
+@triton.jit
+def _mamba1_prefill_kernel(
+    x,
+    dt,
+    A_log,
+    B,
+    C,
+    D,
+    dt_bias,
+    z,
+    ssm_states,
+    cu_seqlens,
+    state_slots,
+    has_initial_state,
+    y,
+    stride_x_t,
+    stride_dt_t,
+    stride_B_t,
+    stride_C_t,
+    stride_z_t,
+    stride_s,
+    DM: tl.constexpr,
+    N: tl.constexpr,
+    BD: tl.constexpr,
+    BN: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr,
+    HAS_Z: tl.constexpr,
+):
+    """One program per (channel block, sequence), in time order: the [BD, N] state stays in registers
+    from the slot's state (or zeros) to the final state, written back once. Token t + 1's inputs are
+    loaded before token t is computed, so their latency hides behind the step."""
+    i_d, i_n = tl.program_id(0), tl.program_id(1)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    slot = tl.load(state_slots + i_n).to(tl.int64)
+    o_d = i_d * BD + tl.arange(0, BD)
+    o_n = tl.arange(0, BN)
+    m_d = o_d < DM
+    m_n = o_n < N
+    m_s = m_d[:, None] & m_n[None, :]
+    p_s = ssm_states + slot * stride_s + o_d[:, None] * N + o_n[None, :]
+
+    b_s = tl.zeros([BD, BN], dtype=tl.float32)
+    if tl.load(has_initial_state + i_n):
+        b_s = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
+    b_A = -tl.exp(tl.load(A_log + o_d[:, None] * N + o_n[None, :], mask=m_s, other=0.0).to(tl.float32))
+    b_D = tl.load(D + o_d, mask=m_d, other=0.0).to(tl.float32)
+    # the prefetch index stays inside the packed tokens: the last token reloads itself, and an empty
+    # sequence reads a neighbour's token that no step uses
+    t_first = tl.maximum(tl.minimum(bos, eos - 1), 0)
+    b_x, b_dt, b_B, b_C, b_z = _load_token(x, dt, B, C, z, dt_bias, t_first, stride_x_t, stride_dt_t, stride_B_t,
+                                           stride_C_t, stride_z_t, o_d, m_d, o_n, m_n, HAS_DT_BIAS, HAS_Z)
+    for i in range(eos - bos):
+        t = bos + i
+        n_x, n_dt, n_B, n_C, n_z = _load_token(x, dt, B, C, z, dt_bias, tl.minimum(t + 1, eos - 1), stride_x_t,
+                                               stride_dt_t, stride_B_t, stride_C_t, stride_z_t, o_d, m_d, o_n, m_n,
+                                               HAS_DT_BIAS, HAS_Z)
+        b_s = b_s * tl.exp(b_dt[:, None] * b_A) + (b_dt * b_x)[:, None] * b_B[None, :]
+        b_y = tl.sum(b_s * b_C[None, :], 1) + b_D * b_x
+        if HAS_Z:
+            b_y = b_y * b_z * tl.sigmoid(b_z)
+        tl.store(y + t * DM + o_d, b_y.to(y.dtype.element_ty), mask=m_d)
+        b_x, b_dt, b_B, b_C, b_z = n_x, n_dt, n_B, n_C, n_z
+    tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_s)
+
+
+def _prefill_config(num_seqs: int, DM: int, N: int) -> tuple[int, int]:
+    """(BD, num_warps): the steps of one program are a serial chain, so the time is set by how many
+    chains run side by side; narrow channel blocks give enough programs for a single sequence."""
+    BN = triton.next_power_of_2(N)
+    BD = 32 if num_seqs * DM >= 32 * 4 * 132 else 16
+    BD = max(1, min(BD, triton.next_power_of_2(DM), 2048 // BN))
+    return BD, max(1, min(4, BD * BN // (32 * 16)))
+
+
+def _mamba1_prefill_fwd(x, dt, A_log, B, C, D, dt_bias, z, ssm_states, cu_seqlens, state_slots, has_initial_state,
+                        BD=None, num_warps=None):
+    T, DM = x.shape
+    N = A_log.shape[1]
+    num_seqs = state_slots.shape[0]
+    assert dt.shape == x.shape and (z is None or z.shape == x.shape), (x.shape, dt.shape)
+    assert B.shape == (T, N) and C.shape == B.shape, (B.shape, C.shape)
+    assert A_log.shape == (DM, N) and A_log.is_contiguous(), f"A_log must be a contiguous [{DM}, {N}]"
+    for name, p in (("D", D), ("dt_bias", dt_bias)):
+        assert p is None or (p.shape == (DM,) and p.is_contiguous()), f"{name} must be a contiguous [{DM}]"
+    assert ssm_states.shape[1:] == (DM, N), f"ssm_states {tuple(ssm_states.shape)} != [S, {DM}, {N}]"
+    assert ssm_states.stride()[1:] == (N, 1), "ssm_states must be contiguous within a slot"
+    assert cu_seqlens.shape == (num_seqs + 1,) and has_initial_state.shape == (num_seqs,)
+    for name, t in (("x", x), ("dt", dt), ("B", B), ("C", C), ("z", z)):
+        assert t is None or t.stride(-1) == 1, f"{name} needs a unit stride on its last dim; got {t.stride()}"
+    y = torch.empty(T, DM, dtype=x.dtype, device=x.device)
+    if T == 0 or num_seqs == 0:
+        return y
+    if BD is None:
+        BD, num_warps = _prefill_config(num_seqs, DM, N)
+    zz = x if z is None else z
+    _mamba1_prefill_kernel[(triton.cdiv(DM, BD), num_seqs)](
+        x, dt, A_log, B, C, D, D if dt_bias is None else dt_bias, zz, ssm_states, cu_seqlens, state_slots,
+        has_initial_state, y, x.stride(0), dt.stride(0), B.stride(0), C.stride(0), zz.stride(0), ssm_states.stride(0),
+        DM=DM, N=N, BD=BD, BN=triton.next_power_of_2(N), HAS_DT_BIAS=dt_bias is not None, HAS_Z=z is not None,
+        num_warps=num_warps,
+    )
+    return y
+
+
+def mamba1_prefill(
+    *,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A_log: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor | None,
+    z: torch.Tensor | None,
+    ssm_states: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    state_slots: torch.Tensor,
+    has_initial_state: torch.Tensor,
+) -> torch.Tensor:
+    """Triton version of mamba1_prefill_ref (same arguments and result). x, dt, B, C, z may be strided
+    views with a unit stride on their last dim; the final states are written to the pool in place."""
+    return _mamba1_prefill_fwd(x, dt, A_log, B, C, D, dt_bias, z, ssm_states, cu_seqlens, state_slots,
+                               has_initial_state)
 
 
 def mamba1_prefill_ref(

@@ -6,11 +6,12 @@ projection rows; sequences sit in unordered slots, some start from the slot's st
 from zeros.
 """
 
+import pytest
 import torch
 
 from tests.kernels.test_ssm_step import DEVICE, mamba1_inputs, rows, slots_tensor, state_pool
-from triton_kernels.selective_scan import mamba1_prefill_ref
-from triton_kernels.ssm_step import mamba1_decode_ref
+from triton_kernels.selective_scan import mamba1_prefill, mamba1_prefill_ref
+from triton_kernels.ssm_step import mamba1_decode, mamba1_decode_ref
 
 
 def varlen(lens):
@@ -41,3 +42,65 @@ def test_ref_equals_decode_steps():
             torch.testing.assert_close(y_t[0], y[t])
     torch.testing.assert_close(prefilled, stepped)
     torch.testing.assert_close(prefilled[[1, 4]], states[[1, 4]])  # slots of no sequence are untouched
+
+
+# ---------------------------------------------------------------- Triton vs reference
+
+
+def prefill_both(kw, states, lens, slots, has_init):
+    args = dict(**kw, cu_seqlens=varlen(lens), state_slots=slots_tensor(slots), has_initial_state=flags(has_init))
+    ours, ref = states.clone(), states.clone()
+    y = mamba1_prefill(**args, ssm_states=ours)
+    y_ref = mamba1_prefill_ref(**args, ssm_states=ref)
+    return y, y_ref, ours, ref
+
+
+@pytest.mark.parametrize("lens,Dm,N,gated,with_dt_bias", [
+    ([1], 8, 4, True, True), ([7, 1, 12], 20, 16, True, False), ([5, 9], 33, 7, False, True),
+    ([3, 0, 4], 40, 16, True, True)])
+def test_prefill_matches_ref(lens, Dm, N, gated, with_dt_bias):
+    """Odd Dm and N, an empty sequence, dt_bias None, strided inputs, unordered slots, with and without
+    initial states; slots of no sequence keep their state."""
+    kw = mamba1_inputs(sum(lens), Dm, N, gated=gated, with_dt_bias=with_dt_bias, seed=len(lens) + Dm)
+    states = state_pool(6, Dm, N)
+    slots, has_init = [4, 0, 2][: len(lens)], [True, False, True][: len(lens)]
+    y, y_ref, ours, ref = prefill_both(kw, states, lens, slots, has_init)
+    torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+    untouched = [s for s in range(6) if s not in slots]
+    assert torch.equal(ours[untouched], states[untouched])
+
+
+@pytest.mark.parametrize("inputs,pool", [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16)])
+def test_prefill_dtypes(inputs, pool):
+    lens = [6, 3]
+    kw = mamba1_inputs(sum(lens), 24, 16, dtype=inputs, seed=9)
+    states = state_pool(4, 24, 16, dtype=pool)
+    y, y_ref, ours, ref = prefill_both(kw, states, lens, [3, 1], [True, True])
+    assert y.dtype == inputs and ours.dtype == pool
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(ours, ref)
+
+
+@pytest.mark.parametrize("pieces", [[4, 1, 6], [11]])
+def test_prefill_in_pieces_then_decode(pieces):
+    """The serving invariant with the kernels: chunked prefill in pieces (each resuming from the slot)
+    and then decode steps == one reference prefill over all tokens."""
+    Dm, N, decoded, slot = 12, 16, 3, 2
+    total = sum(pieces) + decoded
+    kw = mamba1_inputs(total, Dm, N, seed=30)
+    states = state_pool(4, Dm, N)
+    whole, split = states.clone(), states.clone()
+    y_all = mamba1_prefill_ref(**kw, ssm_states=whole, cu_seqlens=varlen([total]), state_slots=slots_tensor([slot]),
+                               has_initial_state=flags([False]))
+    start = 0
+    for i, n in enumerate(pieces):
+        y = mamba1_prefill(**rows(kw, slice(start, start + n)), ssm_states=split, cu_seqlens=varlen([n]),
+                           state_slots=slots_tensor([slot]), has_initial_state=flags([i > 0]))
+        torch.testing.assert_close(y, y_all[start : start + n], atol=1e-5, rtol=1e-5)
+        start += n
+    for t in range(start, total):
+        y = mamba1_decode(**rows(kw, torch.tensor([t, t], device=DEVICE)), ssm_states=split,
+                          state_slots=slots_tensor([-1, slot]))
+        torch.testing.assert_close(y[1], y_all[t], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(split, whole, atol=1e-5, rtol=1e-5)
