@@ -1,0 +1,84 @@
+"""Mamba-1 mixer (selective scan), as in Jamba.
+
+in_proj -> [x | z]; causal conv1d (+ bias) + silu over x; x_proj -> [dt | B | C] with RMSNorms
+on each (Jamba's dt/b/c layernorms); dt_proj to the channels (its bias is the dt bias, added
+with the softplus inside the scan); selective scan (prefill) or step (decode) with the state in
+the pool slot, D skip and silu(z) gating fused; out_proj.
+"""
+
+import torch
+from torch import nn
+
+from hybrid_sgl.config import MambaSpec
+from hybrid_sgl.layers.backends import SSMOps
+from hybrid_sgl.layers.norm import RMSNorm
+from hybrid_sgl.runner.forward_batch import ForwardBatch
+
+# checkpoint name of each inner norm -> our module name
+_INNER_NORMS = {"dt_layernorm": "dt_norm", "b_layernorm": "b_norm", "c_layernorm": "c_norm"}
+
+
+class MambaMixer(nn.Module):
+    def __init__(self, *, spec: MambaSpec, hidden_size: int, eps: float, state_index: int, ops: SSMOps):
+        super().__init__()
+        self.spec = spec
+        self.state_index = state_index  # which state-pool layer is ours
+        self.ops = ops
+        i, n, r = spec.intermediate_size, spec.state_size, spec.dt_rank
+        self.in_proj = nn.Linear(hidden_size, 2 * i, bias=spec.proj_bias)  # [x | z]
+        self.conv_weight = nn.Parameter(torch.empty(i, spec.conv_kernel))
+        self.conv_bias = nn.Parameter(torch.empty(i)) if spec.conv_bias else None
+        self.x_proj = nn.Linear(i, r + 2 * n, bias=False)  # [dt | B | C]
+        self.dt_proj = nn.Linear(r, i, bias=False)
+        self.dt_bias = nn.Parameter(torch.empty(i, dtype=torch.float32))
+        self.A_log = nn.Parameter(torch.empty(i, n, dtype=torch.float32))
+        self.D = nn.Parameter(torch.ones(i, dtype=torch.float32))
+        self.dt_norm = RMSNorm(r, eps) if spec.inner_norms else None
+        self.b_norm = RMSNorm(n, eps) if spec.inner_norms else None
+        self.c_norm = RMSNorm(n, eps) if spec.inner_norms else None
+        self.out_proj = nn.Linear(i, hidden_size, bias=spec.proj_bias)
+
+    def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        """x: [T, hidden] -> [T, hidden]."""
+        s = self.spec
+        xs, z = self.in_proj(x).chunk(2, dim=-1)  # [T, I] each
+        conv_states, ssm_states = fb.state_pool.layer(self.state_index)
+        if fb.is_decode:
+            xs = self.ops.conv_update(x=xs, weight=self.conv_weight, bias=self.conv_bias, conv_states=conv_states,
+                                      state_slots=fb.state_slots, pad_slot=fb.state_pool.pad_slot)
+        else:
+            xs = self.ops.conv_prefill(x=xs, weight=self.conv_weight, bias=self.conv_bias, conv_states=conv_states,
+                                       cu_seqlens=fb.cu_seqlens, state_slots=fb.state_slots,
+                                       has_initial_state=fb.has_initial_state)
+        dt, B, C = self.x_proj(xs).split([s.dt_rank, s.state_size, s.state_size], dim=-1)
+        if s.inner_norms:
+            dt, B, C = self.dt_norm(dt), self.b_norm(B), self.c_norm(C)
+        common = dict(x=xs, dt=self.dt_proj(dt), A_log=self.A_log, B=B, C=C, D=self.D, dt_bias=self.dt_bias, z=z,
+                      ssm_states=ssm_states, state_slots=fb.state_slots)
+        if fb.is_decode:
+            y = self.ops.mamba1_decode(**common, pad_slot=fb.state_pool.pad_slot)
+        else:
+            y = self.ops.mamba1_prefill(**common, cu_seqlens=fb.cu_seqlens, has_initial_state=fb.has_initial_state)
+        return self.out_proj(y)  # y: [T, I]
+
+    def load_weight(self, name: str, tensor: torch.Tensor) -> None:
+        """Checkpoint names: in_proj.{weight,bias}, conv1d.weight [I, 1, W], conv1d.bias, x_proj.weight,
+        dt_proj.weight, dt_proj.bias, A_log [I, N], D, {dt,b,c}_layernorm.weight, out_proj.{weight,bias}."""
+        module, _, kind = name.partition(".")
+        if name == "conv1d.weight":
+            self.conv_weight.data.copy_(tensor.reshape(self.conv_weight.shape))
+        elif name == "conv1d.bias" and self.conv_bias is not None:
+            self.conv_bias.data.copy_(tensor)
+        elif name == "dt_proj.bias":
+            self.dt_bias.data.copy_(tensor)
+        elif name in ("A_log", "D"):
+            getattr(self, name).data.copy_(tensor)
+        elif module in _INNER_NORMS and kind == "weight" and self.spec.inner_norms:
+            getattr(self, _INNER_NORMS[module]).weight.data.copy_(tensor)
+        elif module in ("in_proj", "x_proj", "dt_proj", "out_proj") and kind in ("weight", "bias"):
+            param = getattr(getattr(self, module), kind)
+            if param is None:
+                raise KeyError(name)
+            param.data.copy_(tensor)
+        else:
+            raise KeyError(name)

@@ -1,0 +1,131 @@
+"""Jamba: Mamba-1 (selective scan) and full attention layers without position encoding, each
+followed by a dense gated MLP or a sparse MoE (softmax over all experts, top-k weights left
+unnormalized, no shared expert). Which layer is what comes from attn_layer_period/offset and
+expert_layer_period/offset."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import torch
+
+from hybrid_sgl.config import AttentionSpec, MambaSpec, ModelConfig, MoESpec, _as_list
+from hybrid_sgl.layers.attention import GatedAttention
+from hybrid_sgl.layers.mamba import MambaMixer
+from hybrid_sgl.layers.mlp import GatedMLP
+from hybrid_sgl.layers.moe import SparseMoE
+from hybrid_sgl.layers.norm import RMSNorm
+from hybrid_sgl.models.base import Backends, HybridCausalLM
+from hybrid_sgl.models.qwen3_next import DecoderLayer
+
+_LAYER = re.compile(r"layers\.(\d+)\.(\w+)\.(.+)")
+
+
+def layer_plan(hf: dict) -> tuple[tuple[str, str], ...]:
+    """(mixer, ffn) per layer: attention where i % attn_layer_period == attn_layer_offset (else
+    Mamba), MoE where i % expert_layer_period == expert_layer_offset and there are experts."""
+    attn_period, attn_offset = hf.get("attn_layer_period", 8), hf.get("attn_layer_offset", 4)
+    expert_period, expert_offset = hf.get("expert_layer_period", 2), hf.get("expert_layer_offset", 1)
+    for name, offset, period in (("attn", attn_offset, attn_period), ("expert", expert_offset, expert_period)):
+        if not 0 <= offset < period:
+            raise ValueError(f"{name}_layer_offset={offset} must lie in [0, {name}_layer_period={period})")
+    has_experts = hf.get("num_experts", 16) > 1
+    return tuple(
+        ("full_attention" if i % attn_period == attn_offset else "mamba",
+         "moe" if has_experts and i % expert_period == expert_offset else "mlp")
+        for i in range(hf["num_hidden_layers"])
+    )
+
+
+def parse_config(hf: dict, gen_eos: list[int]) -> ModelConfig:
+    """JambaConfig (config.json as a dict) -> ModelConfig."""
+    if hf.get("hidden_act", "silu") not in ("silu", "swish"):
+        raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported for Jamba (supported: silu)")
+    plan = layer_plan(hf)
+    hidden = hf["hidden_size"]
+    heads = hf["num_attention_heads"]
+    dt_rank = hf.get("mamba_dt_rank", "auto")
+    moe = None
+    if any(ffn == "moe" for _, ffn in plan):
+        moe = MoESpec(num_experts=hf["num_experts"], top_k=hf.get("num_experts_per_tok", 2),
+                      intermediate_size=hf["intermediate_size"], norm_topk_prob=False,
+                      shared_expert_intermediate_size=0, shared_expert_gate=False)
+    return ModelConfig(
+        architecture=(hf.get("architectures") or ["JambaForCausalLM"])[0],
+        model_type=hf["model_type"],
+        vocab_size=hf["vocab_size"],
+        hidden_size=hidden,
+        intermediate_size=hf["intermediate_size"],
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        norm_offset=0.0,
+        hidden_act="silu",
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        context_length=hf.get("max_position_embeddings", 262144),
+        dtype=str(hf.get("dtype") or hf.get("torch_dtype") or "bfloat16"),
+        layer_plan=plan,
+        eos_token_ids=tuple(dict.fromkeys(gen_eos + _as_list(hf.get("eos_token_id")))),
+        attention=AttentionSpec(
+            num_heads=heads,
+            num_kv_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim") or hidden // heads,
+            rotary_dim=0,
+            rope_theta=0.0,
+            output_gate=False,
+            qk_norm=False,
+        ),
+        mamba=MambaSpec(
+            intermediate_size=hf.get("mamba_expand", 2) * hidden,
+            state_size=hf.get("mamba_d_state", 16),
+            conv_kernel=hf.get("mamba_d_conv", 4),
+            dt_rank=math.ceil(hidden / 16) if dt_rank == "auto" else int(dt_rank),
+            conv_bias=hf.get("mamba_conv_bias", True),
+            proj_bias=hf.get("mamba_proj_bias", False),
+        ),
+        moe=moe,
+        hf_text_config=hf,
+    )
+
+
+class JambaForCausalLM(HybridCausalLM):
+    def __init__(self, config: ModelConfig, backends: Backends, max_positions: int):
+        c = config
+        super().__init__(config, backends, RMSNorm(c.hidden_size, c.rms_norm_eps))
+        kv_index, state_index = 0, 0
+        for mixer_kind, ffn_kind in c.layer_plan:
+            if mixer_kind == "full_attention":
+                mixer = GatedAttention(spec=c.attention, hidden_size=c.hidden_size, eps=c.rms_norm_eps,
+                                       norm_offset=0.0, kv_index=kv_index, rotary=None, ops=backends.attention)
+                kv_index += 1
+            else:
+                mixer = MambaMixer(spec=c.mamba, hidden_size=c.hidden_size, eps=c.rms_norm_eps,
+                                   state_index=state_index, ops=backends.ssm)
+                state_index += 1
+            if ffn_kind == "moe":
+                ffn = SparseMoE(spec=c.moe, hidden_size=c.hidden_size, ops=backends.moe)
+            else:
+                ffn = GatedMLP(c.hidden_size, c.intermediate_size)
+            self.layers.append(DecoderLayer(mixer, ffn, c.hidden_size, c.rms_norm_eps, 0.0))
+
+    def load_weight(self, name: str, tensor: torch.Tensor) -> None:
+        """Names below `model.`: embed_tokens, final_layernorm, layers.{i}.{self_attn | mamba |
+        feed_forward | input_layernorm | pre_ff_layernorm}.*; the MoE router is feed_forward.router."""
+        if name == "embed_tokens.weight":
+            self.embed.weight.data.copy_(tensor)
+        elif name == "final_layernorm.weight":
+            self.norm.weight.data.copy_(tensor)
+        elif m := _LAYER.fullmatch(name):
+            layer = self.layers[int(m.group(1))]
+            part, rest = m.group(2), m.group(3)
+            if part in ("self_attn", "mamba"):
+                layer.mixer.load_weight(rest, tensor)
+            elif part == "feed_forward":
+                layer.ffn.load_weight("gate.weight" if rest == "router.weight" else rest, tensor)
+            elif part == "input_layernorm" and rest == "weight":
+                layer.input_norm.weight.data.copy_(tensor)
+            elif part == "pre_ff_layernorm" and rest == "weight":
+                layer.post_norm.weight.data.copy_(tensor)
+            else:
+                raise KeyError(name)
+        else:
+            raise KeyError(name)
