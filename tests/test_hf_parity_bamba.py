@@ -1,0 +1,151 @@
+"""Bamba and Granite-4.0-H (GraniteMoeHybrid) against HF transformers in float32: prefill and decode
+with chunked prefill, staggered batches, preemption, and other config options; plus the config
+parser's layer plans and its rejections, and the Granite router against HF's."""
+
+import json
+
+import pytest
+import torch
+
+from hybrid_sgl.config import ModelConfig
+from tests.test_hf_parity import check_against_hf, full_request, make_scheduler, prompt_of, run_to_end
+
+FAMILIES = ["bamba", "granitemoehybrid"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("chunk", [-1, 7, 16])
+def test_prefill_and_decode_match_hf(tiny_checkpoint, family, chunk):
+    path = tiny_checkpoint(family)
+    s = make_scheduler(path, chunked_prefill_size=chunk)
+    vocab = s.vocab_size
+    req = full_request("a", prompt_of(37, 0, vocab), vocab)
+    run_to_end(s, {0: [req]})
+    check_against_hf(path, req, vocab)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_batch_with_staggered_arrivals_matches_hf(tiny_checkpoint, family):
+    path = tiny_checkpoint(family)
+    s = make_scheduler(path, chunked_prefill_size=16)
+    vocab = s.vocab_size
+    reqs = [full_request(f"r{i}", prompt_of(n, i, vocab), vocab, max_new=m)
+            for i, (n, m) in enumerate([(23, 9), (5, 4), (41, 6), (1, 5)])]
+    run_to_end(s, {0: [reqs[0]], 2: [reqs[1], reqs[2]], 5: [reqs[3]]})
+    for req in reqs:
+        check_against_hf(path, req, vocab)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_preempted_requests_resume_and_match_hf(tiny_checkpoint, family):
+    path = tiny_checkpoint(family)
+    # 12 pages of 4 tokens: two 20-token requests growing to 32 cannot both stay resident
+    s = make_scheduler(path, chunked_prefill_size=8, page_size=4, max_total_tokens=48, max_running_requests=3)
+    vocab = s.vocab_size
+    reqs = [full_request(f"p{i}", prompt_of(20, 10 + i, vocab), vocab, max_new=12) for i in range(3)]
+    run_to_end(s, {0: reqs})
+    assert s.num_preemptions > 0
+    for req in reqs:
+        check_against_hf(path, req, vocab)
+    assert s.allocator.num_free_pages == s.allocator.num_pages
+
+
+VARIANTS = {
+    # one B/C group, no conv bias, in/out projection biases, attention biases, full rope at another
+    # theta, explicit head_dim, tied embeddings, attention first
+    "bamba_variant": ("bamba", dict(mamba_n_groups=1, mamba_conv_bias=False, mamba_proj_bias=True,
+                                    attention_bias=True, attn_layer_indices=[0, 3], num_hidden_layers=4,
+                                    rope_parameters={"rope_type": "default", "rope_theta": 1e6,
+                                                     "partial_rotary_factor": 1.0},
+                                    tie_word_embeddings=True, mamba_d_state=8, mamba_chunk_size=4)),
+    # rope, MoE with 4 groups, top-1 of 6 experts, MHA, dt clamped from below and above
+    "granite_rope_moe": ("granitemoehybrid", dict(position_embedding_type="rope", mamba_n_groups=4,
+                                                  num_local_experts=6, num_experts_per_tok=1,
+                                                  num_key_value_heads=4, time_step_limit=[0.05, 1.5],
+                                                  rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # dense: the shared MLP is the whole FFN; no rope; tied embeddings; proj biases; mamba heads of 32
+    "granite_dense": ("granitemoehybrid", dict(num_local_experts=0, tie_word_embeddings=True, mamba_n_heads=4,
+                                               mamba_proj_bias=True, attention_bias=True,
+                                               layer_types=["attention", "mamba", "mamba", "attention"],
+                                               num_hidden_layers=4)),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_other_dimensions_match_hf(tiny_checkpoint, variant):
+    family, overrides = VARIANTS[variant]
+    path = tiny_checkpoint(family, **overrides)
+    s = make_scheduler(path, chunked_prefill_size=11)
+    vocab = s.vocab_size
+    reqs = [full_request(f"v{i}", prompt_of(n, 20 + i, vocab), vocab) for i, n in enumerate([29, 3])]
+    run_to_end(s, {0: reqs})
+    for req in reqs:
+        check_against_hf(path, req, vocab)
+
+
+def test_layer_plans_and_fields(tiny_checkpoint):
+    bamba = ModelConfig.from_hf(tiny_checkpoint("bamba"))
+    assert [m for m, _ in bamba.layer_plan] == ["mamba2", "full_attention", "mamba2", "mamba2", "full_attention"]
+    assert {f for _, f in bamba.layer_plan} == {"mlp"} and bamba.moe is None
+    assert bamba.attention.rotary_dim == 8 and bamba.attention.scale is None  # half of head_dim 16
+    assert bamba.mamba2.head_dim == 16 and bamba.mamba2.conv_dim == 128 + 2 * 2 * 16
+    assert bamba.kv_layers == [1, 4] and bamba.state_layers == [0, 2, 3]
+    granite = ModelConfig.from_hf(tiny_checkpoint("granitemoehybrid"))
+    assert [m for m, _ in granite.layer_plan] == [m for m, _ in bamba.layer_plan]
+    assert {f for _, f in granite.layer_plan} == {"moe"} and granite.moe.shared_expert_intermediate_size == 48
+    assert granite.attention.rotary_dim == 0 and granite.attention.scale == 0.125
+    dense = ModelConfig.from_hf(tiny_checkpoint("granitemoehybrid", **VARIANTS["granite_dense"][1]))
+    assert {f for _, f in dense.layer_plan} == {"mlp"} and dense.intermediate_size == 48
+
+
+def _write_config(tmp_path, base: str, **changes) -> str:
+    with open(f"{base}/config.json") as f:
+        cfg = json.load(f)
+    cfg.update(changes)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return str(tmp_path)
+
+
+def test_legacy_granite_layer_types(tmp_path, tiny_checkpoint):
+    path = _write_config(tmp_path, tiny_checkpoint("granitemoehybrid"),
+                         layer_types=["attention", "mamba", "mamba", "attention", "mamba"])
+    plan = ModelConfig.from_hf(path).layer_plan
+    assert [m for m, _ in plan] == ["full_attention", "mamba2", "mamba2", "full_attention", "mamba2"]
+
+
+@pytest.mark.parametrize("family, changes, message", [
+    ("bamba", dict(mlp_bias=True), "mlp_bias"),
+    ("bamba", dict(hidden_act="gelu"), "hidden_act 'gelu'"),
+    ("bamba", dict(attn_layer_indices=[1, 9]), r"attn_layer_indices \[9\]"),
+    ("bamba", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}), "rope_type 'yarn'"),
+    ("granitemoehybrid", dict(position_embedding_type="alibi"), "position_embedding_type 'alibi'"),
+    ("granitemoehybrid", dict(layer_types=["mamba", "sliding_attention"] * 2 + ["mamba"]), "sliding_attention"),
+    ("granitemoehybrid", dict(layer_types=["mamba"]), "layer_types has 1 entries"),
+    ("granitemoehybrid", dict(mamba_n_heads=6, mamba_d_head=16), "mamba_n_heads=6"),
+])
+def test_unsupported_options_are_rejected(tmp_path, tiny_checkpoint, family, changes, message):
+    path = _write_config(tmp_path, tiny_checkpoint(family), **changes)
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.from_hf(path)
+
+
+def test_granite_router_matches_hf():
+    """Top-k logits then softmax (HF) == softmax, top-k, renormalize (SparseMoE), ids and weights."""
+    import transformers as tf
+    from transformers.models.granitemoehybrid import modeling_granitemoehybrid as hf_granite
+
+    from hybrid_sgl.config import MoESpec
+    from hybrid_sgl.layers.moe import SparseMoE
+
+    cfg = tf.GraniteMoeHybridConfig(hidden_size=32, num_local_experts=7, num_experts_per_tok=3, mamba_n_heads=4)
+    hf_router = hf_granite.GraniteMoeHybridTopKRouter(cfg)
+    torch.nn.init.normal_(hf_router.weight, std=0.5)
+    ours = SparseMoE(spec=MoESpec(num_experts=7, top_k=3, intermediate_size=8, norm_topk_prob=True,
+                                  shared_expert_intermediate_size=0, shared_expert_gate=False),
+                     hidden_size=32, ops=None)
+    ours.router.data.copy_(hf_router.weight.data)
+    x = torch.randn(50, 32, generator=torch.Generator().manual_seed(0))
+    _, ref_weights, ref_ids = hf_router(x)
+    weights, ids = ours.route(x)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_weights, rtol=1e-6, atol=1e-6)
