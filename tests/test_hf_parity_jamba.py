@@ -82,6 +82,20 @@ def test_other_dimensions_match_hf(tiny_checkpoint, variant):
         check_against_hf(path, req, vocab)
 
 
+
+def test_triton_ssm_kernels_match_hf(tiny_checkpoint):
+    """The Mamba layers through the Triton conv1d and selective-scan kernels (the interpreter on CPU):
+    chunked prefill, a second request joining, and decode steps."""
+    path = tiny_checkpoint("jamba")
+    s = make_scheduler(path, chunked_prefill_size=7, linear_attn_backend="triton")
+    assert "[triton]" in s.runner.model.dispatch_plan()[0]
+    vocab = s.vocab_size
+    reqs = [full_request(f"t{i}", prompt_of(n, 30 + i, vocab), vocab, max_new=m)
+            for i, (n, m) in enumerate([(13, 4), (5, 3)])]
+    run_to_end(s, {0: [reqs[0]], 2: [reqs[1]]})
+    for req in reqs:
+        check_against_hf(path, req, vocab)
+
 def test_engine_greedy_matches_hf_generate(tiny_checkpoint):
     import torch
     import transformers as tf
