@@ -1,0 +1,63 @@
+"""Smoke tests of the benchmark scripts on the CPU: bench/offline.py on the bundled tiny model and
+bench/serving.py against a real server process; both must finish and report real numbers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hybrid_sgl.server_args import BUNDLED_MODEL
+from tests.server.server_process import launch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(script: str, *args: str, timeout: float = 120) -> str:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", script), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def test_offline_reports_decode_prefill_and_step_times(tmp_path):
+    out = tmp_path / "offline.json"
+    text = _run("offline.py", "--config", BUNDLED_MODEL, "--device", "cpu", "--batch", "1", "--prompt", "8",
+                "--output", "4", "--skip-hf", "--out", str(out))
+    result = json.loads(out.read_text())
+    case = result["ours"]["cases"]["1x8"]
+    assert case["status"] == "ok" and case["preemptions"] == 0
+    decode, prefill = case["decode"], case["prefill"]
+    assert decode["whole_batch"] and decode["steps"] == 3  # 4 tokens: the first comes from the prefill step
+    assert decode["tok_s"] > 0 and decode["roofline_fraction"] > 0
+    assert decode["forward_ms"] > 0 and decode["step_ms"] >= decode["forward_ms"]
+    assert prefill["tokens"] == 8 and prefill["tok_s"] > 0 and prefill["mfu"] > 0
+    assert result["hf"] == {"skipped": "--skip-hf"}
+    for heading in ("## Decode", "## Prefill", "## Decode step time", "| 1 | 8 |"):
+        assert heading in text
+
+
+@pytest.fixture(scope="module")
+def bundled_server(tmp_path_factory):
+    srv = launch(BUNDLED_MODEL, tmp_path_factory.mktemp("bench-server"), name="bench")
+    yield srv
+    srv.stop()
+
+
+def test_serving_completes_requests_and_checks_the_plan(bundled_server, tmp_path):
+    out = tmp_path / "serving.json"
+    text = _run("serving.py", "--base-url", bundled_server.url, "--num-prompts", "4", "--random-input-len", "24",
+                "--random-output-len", "6", "--poll-interval", "0.02", "--out", str(out))
+    result = json.loads(out.read_text())
+    m = result["metrics"]
+    assert m["completed"] == 4 and m["failed"] == 0 and m["total_output_tokens"] == 24
+    assert m["output_throughput"] > 0 and m["request_throughput"] > 0
+    assert m["ttft_ms"]["count"] == 4 and m["itl_ms"]["count"] == 4 * 5
+    server = result["server"]
+    assert server["max_running_requests"] >= server["peaks"].get("num_running_reqs", 0)
+    assert server["preemptions"] == 0
+    assert "Pools free after the run:                   yes" in text
