@@ -149,3 +149,22 @@ def test_granite_router_matches_hf():
     weights, ids = ours.route(x)
     assert torch.equal(ids, ref_ids)
     torch.testing.assert_close(weights, ref_weights, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_engine_greedy_matches_hf_generate(tiny_checkpoint, family):
+    import transformers as tf
+
+    from hybrid_sgl import Engine
+
+    path = tiny_checkpoint(family)
+    hf = tf.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with Engine(model_path=path, device="cpu", dtype="float32", chunked_prefill_size=16,
+                log_level="warning") as engine:
+        prompt = "The capital of France is Paris. The capital of Germany is"
+        ids = engine.tokenizer(prompt, return_tensors="pt").input_ids
+        ref = hf.generate(ids, max_new_tokens=10, do_sample=False)[0, ids.shape[1]:].tolist()
+        out = engine.generate(prompt, {"temperature": 0, "max_new_tokens": 10})
+        assert out["output_ids"] == ref and len(ref) > 0
+        assert out["meta_info"]["finish_reason"]["type"] in ("length", "stop")
+        engine.check_integrity()
