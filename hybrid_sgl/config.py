@@ -152,12 +152,12 @@ class ModelConfig:
                 raise ValueError(f"layer {i} is {mixer} but the config has no Mamba2 dimensions")
             if mixer == "mamba" and self.mamba is None:
                 raise ValueError(f"layer {i} is mamba but the config has no Mamba dimensions")
+            if ffn == "moe" and self.moe is None:
+                raise ValueError(f"layer {i} is MoE but the config has no MoE dimensions")
         kinds = {m for m, _ in self.layer_plan if m in STATE_MIXERS and m != "attention_mamba2"}
         kinds |= {"mamba2"} if any(m == "attention_mamba2" for m, _ in self.layer_plan) else set()
         if len(kinds) > 1:
             raise ValueError(f"one model mixes recurrent layer kinds {sorted(kinds)}; the state pool holds one")
-            if ffn == "moe" and self.moe is None:
-                raise ValueError(f"layer {i} is MoE but the config has no MoE dimensions")
 
     @property
     def num_layers(self) -> int:
