@@ -1,0 +1,60 @@
+"""The Mamba2 / Mamba-1 families on CUDA against HF float32 (CPU): the serving path of
+tests/test_hf_parity.py through the torch references and through the Triton kernels (with decode
+CUDA graphs, padded batch sizes), and bf16 runs about as close to HF float32 as HF bf16 is.
+Skipped without CUDA."""
+
+import pytest
+import torch
+
+from tests.test_hf_parity import (
+    check_against_hf,
+    dense,
+    full_request,
+    hf_logprobs,
+    make_scheduler,
+    prompt_of,
+    run_to_end,
+)
+
+pytestmark = pytest.mark.gpu
+
+FAMILIES = ["bamba", "granitemoehybrid", "nemotron_h", "falcon_h1", "jamba"]
+BACKENDS = {"torch": dict(attention_backend="torch", linear_attn_backend="torch", moe_runner_backend="torch"),
+            "triton": dict(attention_backend="triton", linear_attn_backend="triton", moe_runner_backend="triton",
+                           cuda_graph_max_bs=8)}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_cuda_float32_matches_hf(tiny_checkpoint, family, backend):
+    path = tiny_checkpoint(family)
+    s = make_scheduler(path, device="cuda", chunked_prefill_size=16, page_size=16, **BACKENDS[backend])
+    assert (s.runner.graphs is not None) == (backend == "triton")
+    vocab = s.vocab_size
+    reqs = [full_request(f"r{i}", prompt_of(n, i, vocab), vocab, max_new=m)
+            for i, (n, m) in enumerate([(67, 9), (5, 4), (130, 6)])]
+    run_to_end(s, {0: [reqs[0]], 2: [reqs[1], reqs[2]]})
+    for req in reqs:
+        check_against_hf(path, req, vocab)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cuda_bfloat16_triton_close_to_hf(tiny_checkpoint, family):
+    import transformers as tf
+
+    path = tiny_checkpoint(family)
+    s = make_scheduler(path, device="cuda", dtype="bfloat16", chunked_prefill_size=32, **BACKENDS["triton"])
+    vocab = s.vocab_size
+    req = full_request("b", prompt_of(100, 3, vocab), vocab, max_new=8)
+    run_to_end(s, {0: [req]})
+    ids = req.prompt_ids + req.output_ids
+    ref = hf_logprobs(path, ids)
+    ours = dense(req.input_top_logprobs[1:] + req.output_top_logprobs, vocab)
+    hf16 = tf.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()
+    with torch.no_grad():
+        hf_bf16 = hf16(torch.tensor([ids], device="cuda")).logits[0, :-1].float().log_softmax(-1).cpu()
+    tv_ours = (ours.exp() - ref.exp()).abs().sum(-1) / 2
+    tv_hf = (hf_bf16.exp() - ref.exp()).abs().sum(-1) / 2
+    assert torch.isfinite(ours).all()
+    assert tv_ours.mean() <= 2 * tv_hf.mean() + 0.005, (tv_ours.mean(), tv_hf.mean())
+    assert tv_ours.max() <= 2 * tv_hf.max() + 0.05, (tv_ours.max(), tv_hf.max())
