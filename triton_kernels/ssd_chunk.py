@@ -48,9 +48,10 @@ def default_launch(num_tokens: int, num_seqs: int, H: int, G: int, P: int, N: in
     """Chosen by hand for sm90, not autotuned (the state kernel updates the pool in place, so an
     autotuner's repeated runs would corrupt it). State kernel: [64, N] fp32 state slices on 4 warps
     when the (sequence, head, P block) programs fill the GPU twice, else [32, N] slices (twice the
-    programs; each re-reads B, which the heads of a group share through L2). Output kernel: 8 warps
-    for 128-token tiles (the [128, 128] fp32 C B^T takes 64 registers a thread), and as many heads of
-    a group per program (C B^T computed once for all of them) as leave four programs per SM."""
+    programs; each re-reads B, which the heads of a group share through L2); two stages of prefetch
+    leave room for two programs per SM. Output kernel: 8 warps for 128-token tiles (the [128, 128]
+    fp32 C B^T takes 64 registers a thread), and as many heads of a group per program (C B^T computed
+    once for all of them) as leave four programs per SM."""
     sms = _num_sms(device)
     block_p = min(64, max(16, triton.next_power_of_2(P)))
     if num_seqs * H * triton.cdiv(P, block_p) < 2 * sms and block_p > 16:
@@ -59,7 +60,7 @@ def default_launch(num_tokens: int, num_seqs: int, H: int, G: int, P: int, N: in
     chunk_groups = num_virtual_chunks(num_tokens, num_seqs, tile) * G
     while per_group % (2 * heads) == 0 and chunk_groups * (per_group // (2 * heads)) >= 4 * sms:
         heads *= 2
-    return SSDLaunch(state_block_p=block_p, state_warps=4, state_stages=3, heads_per_program=heads,
+    return SSDLaunch(state_block_p=block_p, state_warps=4, state_stages=2, heads_per_program=heads,
                      output_warps=8 if tile >= 128 else 4, output_stages=2)
 
 
