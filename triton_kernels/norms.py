@@ -178,11 +178,17 @@ def gate_rmsnorm(*, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps:
     assert z.shape == x.shape and weight.shape == (d,), (x.shape, z.shape, weight.shape)
     assert d % group_size == 0, f"D={d} is not a multiple of group_size={group_size}"
     y = torch.empty((t, d), dtype=x.dtype, device=x.device)
-    block_r, block_g = _rows_per_program(group_size)
+    block_r, block_g, warps = _gate_rmsnorm_config(group_size)
     _gate_rmsnorm_kernel[(triton.cdiv(t, block_r), d // group_size)](
         x, z, weight, y, x.stride(0), z.stride(0), y.stride(0), t, group_size, eps,
-        BLOCK_R=block_r, BLOCK_G=block_g, num_warps=8 if block_r * block_g > 2048 else 4)
+        BLOCK_R=block_r, BLOCK_G=block_g, num_warps=warps)
     return y
+
+
+def _gate_rmsnorm_config(group_size: int) -> tuple[int, int, int]:
+    """(rows per program, group block, warps): 8 warps once a program holds more than 2048 channels."""
+    block_r, block_g = _rows_per_program(group_size)
+    return block_r, block_g, 8 if block_r * block_g > 2048 else 4
 
 
 def silu_and_mul(*, gate_up: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,7 @@ Interpreter on CPU in float32; bf16 on GPU, where the roundings must match eager
 import pytest
 import torch
 
+from tests.kernels.test_ssd_chunk import compile_sm90_in_subprocess
 from triton_kernels.norms import gate_rmsnorm, gate_rmsnorm_ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -51,3 +52,22 @@ def test_bf16_nemotron_shape(group_size):
     kw = dict(**inputs(512, 8192, dtype=torch.bfloat16, seed=2), eps=1e-5, group_size=group_size)
     y, y_ref = gate_rmsnorm(**kw), gate_rmsnorm_ref(**kw)
     assert (y.float() - y_ref.float()).abs().max() <= 2 ** -6 * y_ref.float().abs().max()
+
+
+NORM_SM90 = r'''
+from triton_kernels import norms
+BF16 = "*bf16"
+types = dict(x=BF16, z=BF16, w=BF16, y=BF16, eps="fp32")
+for group_size in (1024, 8192):  # Nemotron-H-8B: 8 groups of 1024; a whole 8192 row
+    block_r, block_g, warps = norms._gate_rmsnorm_config(group_size)
+    out[f"group {group_size}"] = compile_sm90(norms._gate_rmsnorm_kernel, types,
+                                              dict(BLOCK_R=block_r, BLOCK_G=block_g), warps, 1)
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the tests above run the compiled kernel")
+def test_compiles_for_hopper_without_spills():
+    results = compile_sm90_in_subprocess(NORM_SM90)
+    assert len(results) == 2 and all(spilled == 0 for _, spilled in results.values()), results
