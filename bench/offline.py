@@ -144,16 +144,29 @@ def run_case(engine, timer, cost, ceilings, prompts, batch: int, prompt: int, ou
     timer.take()
     ids = prompts(batch, prompt, batch)
     start = time.perf_counter()
-    engine.generate(input_ids=ids, sampling_params=params)
+    outputs = engine.generate(input_ids=ids, sampling_params=params)
     total = time.perf_counter() - start
     records = timer.take()
+    short = [o["meta_info"] for o in outputs if o["meta_info"]["completion_tokens"] != output]
+    if short:
+        return {"status": "error", "reason": f"{len(short)} requests ended early, e.g. {short[0]['finish_reason']}"}
     return {"status": "ok", "total_s": total, "output_tok_s": batch * output / total,
             "preemptions": engine.run_on_engine(lambda s: s.num_preemptions) - before,
             "decode": decode_summary(records, batch, cost, ceilings),
             "prefill": prefill_summary(records, cost, ceilings, start)}
 
 
-def run_ours(a: argparse.Namespace, device: torch.device, dtype: str, context_length: int, ceilings) -> dict:
+def _progress(case: dict) -> str:
+    if case["status"] != "ok":
+        return case["reason"]
+    d, p = case["decode"], case["prefill"]
+    return (f"decode {d.get('tok_s', 0):.1f} tok/s ({100 * d.get('roofline_fraction', 0):.0f} % of roofline), "
+            f"prefill {p.get('tok_s', 0):.0f} tok/s, {case['total_s']:.1f} s")
+
+
+def run_ours(a: argparse.Namespace, device: torch.device, dtype: str, context_length: int, ceilings,
+             save) -> dict:
+    """Our engine over all cases; save(partial result) after each case."""
     engine = Engine(**engine_kwargs(a, device.type, dtype, context_length))
     try:
         runner = engine.runner
@@ -176,8 +189,13 @@ def run_ours(a: argparse.Namespace, device: torch.device, dtype: str, context_le
                     if reason:
                         out["cases"][key] = {"status": "skipped", "reason": reason}
                         continue
-                    out["cases"][key] = run_case(engine, timer, cost, ceilings, prompts, batch, prompt, a.output)
-                    print(f"  done {key}: {out['cases'][key]['total_s']:.1f} s", flush=True)
+                    try:
+                        case = run_case(engine, timer, cost, ceilings, prompts, batch, prompt, a.output)
+                    except Exception as e:  # reported with the case; the others still run
+                        case = {"status": "error", "reason": f"{type(e).__name__}: {e}"}
+                    out["cases"][key] = case
+                    save(out)
+                    print(f"  {key}: {_progress(case)}", flush=True)
         return out
     finally:
         engine.shutdown()
@@ -196,7 +214,13 @@ def main(argv=None) -> dict:
     result = {"config": os.path.relpath(os.path.abspath(a.config), ROOT), "architecture": config.architecture,
               "device": ceilings.device_name, "torch": torch.__version__, "ceilings": ceilings.to_dict(),
               "output_tokens": a.output, "args": vars(a)}
-    result["ours"] = run_ours(a, device, dtype, context_length, ceilings)
+
+    def save(partial: dict) -> None:
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump({**result, "ours": partial, "complete": False}, f, indent=1)
+
+    result["ours"] = run_ours(a, device, dtype, context_length, ceilings, save)
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -208,6 +232,7 @@ def main(argv=None) -> dict:
         result["hf"] = run_hf(a.config, hf_cases, a.hf_decode_tokens, getattr(torch, dtype), device, prompts)
     else:
         result["hf"] = {"skipped": reason or "no case with a batch in --hf-batches"}
+    result["complete"] = True
     print(render(result))
     if a.out:
         with open(a.out, "w") as f:

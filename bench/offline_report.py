@@ -75,9 +75,10 @@ def render(r: dict) -> str:
         batch, prompt = key.split("x")
         lines.append(f"| {batch} | {prompt} | {_f(case['total_s'])} | {_f(case['output_tok_s'])} | "
                      f"{case['preemptions']} |")
-    skipped = {k: v["reason"] for k, v in ours["cases"].items() if v["status"] != "ok"}
-    if skipped:
-        lines += ["", "Skipped (memory plan): " + "; ".join(f"{k}: {why}" for k, why in skipped.items())]
+    for status, title in (("skipped", "Skipped (memory plan)"), ("error", "Failed")):
+        cases = {k: v["reason"] for k, v in ours["cases"].items() if v["status"] == status}
+        if cases:
+            lines += ["", f"{title}: " + "; ".join(f"{k}: {why}" for k, why in cases.items())]
     return "\n".join(lines) + "\n"
 
 
