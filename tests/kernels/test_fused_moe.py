@@ -93,3 +93,17 @@ def test_sort_by_expert(num_assign, num_experts, chunk):
     assert torch.equal(sorted_assign.long(), torch.sort(ids.flatten(), stable=True).indices)
     counts = torch.bincount(ids.flatten(), minlength=num_experts)
     assert torch.equal(offsets.long(), torch.cat([counts.new_zeros(1), counts.cumsum(0)]))
+
+
+def test_up_and_down_with_different_block_rows():
+    """Each GEMM finds its blocks from the expert offsets alone, so their BLOCK_M may differ."""
+    from triton_kernels.fused_moe import _fused_moe_fwd
+
+    w13, w2 = _experts(5, "silu", seed=9)
+    weights, ids = _routing(17, 5, 2, seed=10)
+    x = torch.randn(17, H, generator=torch.Generator().manual_seed(11)).to(DEVICE)
+    up = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, num_warps=4, num_stages=1)
+    down = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=16, num_warps=4, num_stages=1)
+    out = _fused_moe_fwd(x, w13, w2, weights, ids, "silu", up_config=up, down_config=down)
+    ref = fused_moe_ref(x=x, w13=w13, w2=w2, topk_weights=weights, topk_ids=ids)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
