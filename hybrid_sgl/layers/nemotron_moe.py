@@ -1,0 +1,87 @@
+"""Nemotron-H MoE block: float32 sigmoid router whose expert choice adds a score-correction bias
+and first keeps the best `topk_group` of `n_group` expert groups (a group scores the sum of its two
+best experts); the chosen experts are weighted by their uncorrected scores, optionally renormalized,
+times `routed_scaling_factor`. Experts are non-gated relu2 MLPs, optionally run in a smaller latent
+space (`moe_latent_size`); an ungated relu2 shared expert sees the block input."""
+
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hybrid_sgl.config import MoESpec
+from hybrid_sgl.layers.backends import MoEOps
+from hybrid_sgl.layers.relu2_mlp import Relu2MLP
+
+_EXPERT = re.compile(r"experts\.(\d+)\.(up_proj|down_proj)\.weight")
+
+
+class NemotronMoE(nn.Module):
+    def __init__(self, *, spec: MoESpec, hidden_size: int, latent_size: int | None, bias: bool, ops: MoEOps):
+        super().__init__()
+        if spec.num_experts % spec.n_group or spec.num_experts // spec.n_group < 2:
+            raise ValueError(f"{spec.num_experts} experts cannot form {spec.n_group} groups of at least 2")
+        self.spec = spec
+        self.ops = ops
+        e, i, d = spec.num_experts, spec.intermediate_size, latent_size or hidden_size
+        self.router = nn.Parameter(torch.empty(e, hidden_size, dtype=torch.float32))
+        self.correction_bias = nn.Parameter(torch.empty(e, dtype=torch.float32))
+        self.w_up = nn.Parameter(torch.empty(e, i, d))  # [E, I, D], D = latent or hidden size
+        self.w_down = nn.Parameter(torch.empty(e, d, i))  # [E, D, I]
+        self.to_latent = nn.Linear(hidden_size, latent_size, bias=bias) if latent_size else None
+        self.from_latent = nn.Linear(latent_size, hidden_size, bias=bias) if latent_size else None
+        shared = spec.shared_expert_intermediate_size
+        self.shared = Relu2MLP(hidden_size, shared, bias) if shared else None
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: [T, H] -> (weights [T, k] float32, expert ids [T, k])."""
+        s = self.spec
+        scores = F.linear(x.float(), self.router).sigmoid()  # [T, E]
+        choice = scores + self.correction_bias
+        if s.topk_group < s.n_group:
+            grouped = choice.view(x.shape[0], s.n_group, -1)  # [T, G, E/G]
+            group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # [T, G]
+            kept = group_scores.topk(s.topk_group, dim=-1).indices
+            keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
+            choice = choice.masked_fill(~keep.repeat_interleave(grouped.shape[-1], dim=1), float("-inf"))
+        ids = choice.topk(s.top_k, dim=-1).indices
+        weights = scores.gather(1, ids)
+        if s.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * s.routed_scaling_factor, ids
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, H] -> [T, H]."""
+        weights, ids = self.route(x)
+        h = x if self.to_latent is None else self.to_latent(x)
+        out = self.ops.fused_moe(x=h, w13=self.w_up, w2=self.w_down, topk_weights=weights, topk_ids=ids,
+                                 activation="relu2")
+        if self.from_latent is not None:
+            out = self.from_latent(out)
+        return out if self.shared is None else out + self.shared(x)
+
+    def load_weight(self, name: str, tensor: torch.Tensor) -> None:
+        """Checkpoint names: gate.weight, gate.e_score_correction_bias, experts.{e}.{up,down}_proj.weight
+        or stacked experts.up_proj [E, I, D] / experts.down_proj [E, D, I], shared_experts.*,
+        fc1_latent_proj.*, fc2_latent_proj.*."""
+        module, _, rest = name.partition(".")
+        if name == "gate.weight":
+            self.router.data.copy_(tensor)
+        elif name == "gate.e_score_correction_bias":
+            self.correction_bias.data.copy_(tensor)
+        elif m := _EXPERT.fullmatch(name):
+            target = self.w_up if m.group(2) == "up_proj" else self.w_down
+            target.data[int(m.group(1))].copy_(tensor)
+        elif name in ("experts.up_proj", "experts.down_proj"):
+            (self.w_up if name == "experts.up_proj" else self.w_down).data.copy_(tensor)
+        elif module == "shared_experts" and self.shared is not None:
+            self.shared.load_weight(rest, tensor)
+        elif module in ("fc1_latent_proj", "fc2_latent_proj") and self.to_latent is not None:
+            linear = self.to_latent if module == "fc1_latent_proj" else self.from_latent
+            param = getattr(linear, rest, None)
+            if not isinstance(param, nn.Parameter):
+                raise KeyError(name)
+            param.data.copy_(tensor)
+        else:
+            raise KeyError(name)
