@@ -213,16 +213,16 @@ def _generation_eos(path: str) -> list[int]:
     if not os.path.exists(gen_path):
         return []
     with open(gen_path) as f:
-        return _as_list(json.load(f).get("eos_token_id"))
+        return as_list(json.load(f).get("eos_token_id"))
 
 
-def _as_list(value) -> list[int]:
+def as_list(value) -> list[int]:
     if value is None:
         return []
     return [int(v) for v in value] if isinstance(value, list) else [int(value)]
 
 
-def _rope_params(text: dict) -> tuple[float, float]:
+def rope_params(text: dict) -> tuple[float, float]:
     """(rope_theta, partial_rotary_factor) from either the v5 `rope_parameters` dict or v4 fields."""
     rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -263,7 +263,7 @@ def _parse_qwen3_gdn(hf: dict, gen_eos: list[int]) -> ModelConfig:
     if text.get("hidden_act", "silu") not in ("silu", "swish"):
         raise ValueError(f"hidden_act {text['hidden_act']!r} is not supported (supported: silu)")
     head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
-    theta, partial = _rope_params(text)
+    theta, partial = rope_params(text)
     tie = hf.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
     return ModelConfig(
         architecture=(hf.get("architectures") or ["Qwen3NextForCausalLM"])[0],
@@ -278,8 +278,8 @@ def _parse_qwen3_gdn(hf: dict, gen_eos: list[int]) -> ModelConfig:
         context_length=text.get("max_position_embeddings", 32768),
         dtype=str(text.get("dtype") or text.get("torch_dtype") or hf.get("dtype") or "bfloat16"),
         layer_plan=tuple((layer_types[i], ffn_of(i)) for i in range(n_layers)),
-        eos_token_ids=tuple(dict.fromkeys(gen_eos + _as_list(text.get("eos_token_id"))
-                                          + _as_list(hf.get("eos_token_id")))),
+        eos_token_ids=tuple(dict.fromkeys(gen_eos + as_list(text.get("eos_token_id"))
+                                          + as_list(hf.get("eos_token_id")))),
         attention=AttentionSpec(
             num_heads=text["num_attention_heads"],
             num_kv_heads=text["num_key_value_heads"],

@@ -15,15 +15,15 @@ import re
 import torch
 from torch import nn
 
-from hybrid_sgl.config import AttentionSpec, Mamba2Spec, ModelConfig, MoESpec, _as_list, _rope_params
+from hybrid_sgl.config import AttentionSpec, Mamba2Spec, ModelConfig, MoESpec, as_list, rope_params
 from hybrid_sgl.layers.attention import GatedAttention
+from hybrid_sgl.layers.decoder_layer import DecoderLayer
 from hybrid_sgl.layers.mamba2 import Mamba2Mixer
 from hybrid_sgl.layers.mlp import GatedMLP
 from hybrid_sgl.layers.moe import SparseMoE
 from hybrid_sgl.layers.norm import RMSNorm
 from hybrid_sgl.layers.rotary import RotaryEmbedding
 from hybrid_sgl.models.base import Backends, HybridCausalLM
-from hybrid_sgl.runner.forward_batch import ForwardBatch
 
 GRANITE = "granitemoehybrid"
 _MIXER_OF_LAYER_TYPE = {"mamba": "mamba2", "linear_attention": "mamba2",
@@ -43,9 +43,9 @@ def parse_config(hf: dict, gen_eos: list[int]) -> ModelConfig:
     head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
     if granite:  # HF's Granite rotary covers the whole head; Bamba's defaults to half of it
         rotary_dim = head_dim if hf.get("position_embedding_type") == "rope" else 0
-        theta = _rope_params(hf)[0] if rotary_dim else 10000.0
+        theta = rope_params(hf)[0] if rotary_dim else 10000.0
     else:
-        theta, partial = _rope_params({"partial_rotary_factor": 0.5, **hf})
+        theta, partial = rope_params({"partial_rotary_factor": 0.5, **hf})
         rotary_dim = int(head_dim * partial)
     return ModelConfig(
         architecture=(hf.get("architectures") or ["BambaForCausalLM"])[0],
@@ -60,7 +60,7 @@ def parse_config(hf: dict, gen_eos: list[int]) -> ModelConfig:
         context_length=hf.get("max_position_embeddings", 2048 if granite else 262144),
         dtype=str(hf.get("dtype") or hf.get("torch_dtype") or "bfloat16"),
         layer_plan=tuple((mixer, ffn) for mixer in mixers),
-        eos_token_ids=tuple(dict.fromkeys(gen_eos + _as_list(hf.get("eos_token_id")))),
+        eos_token_ids=tuple(dict.fromkeys(gen_eos + as_list(hf.get("eos_token_id")))),
         attention=AttentionSpec(
             num_heads=heads,
             num_kv_heads=hf.get("num_key_value_heads") or heads,
@@ -142,31 +142,6 @@ def _json_float(value) -> float:
 
 
 # ---- model -------------------------------------------------------------------------------------
-class DecoderLayer(nn.Module):
-    """norm -> mixer -> (x residual_multiplier) -> add -> norm -> ffn -> (x residual_multiplier)."""
-
-    def __init__(self, mixer: nn.Module, ffn: nn.Module, hidden_size: int, eps: float, residual_multiplier: float):
-        super().__init__()
-        self.input_norm = RMSNorm(hidden_size, eps)
-        self.mixer = mixer
-        self.post_norm = RMSNorm(hidden_size, eps)
-        self.ffn = ffn
-        self.residual_multiplier = residual_multiplier
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, fb: ForwardBatch):
-        """x: this layer's input delta [T, H]; residual: the stream before it (None at layer 0).
-        Returns (scaled ffn output, residual stream)."""
-        if residual is None:
-            h, residual = self.input_norm(x), x
-        else:
-            h, residual = self.input_norm.add(x, residual)
-        h, residual = self.post_norm.add(self._scaled(self.mixer(h, fb)), residual)
-        return self._scaled(self.ffn(h)), residual
-
-    def _scaled(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.residual_multiplier if self.residual_multiplier != 1.0 else x
-
-
 _LAYER = re.compile(r"layers\.(\d+)\.(\w+)\.(.+)")
 # Granite FFN names (original checkpoints and transformers v5 saves) -> SparseMoE names
 _GRANITE_MOE_NAMES = {
@@ -206,7 +181,8 @@ class BambaForCausalLM(HybridCausalLM):
                 ffn = SparseMoE(spec=c.moe, hidden_size=c.hidden_size, ops=backends.moe)
             else:
                 ffn = GatedMLP(c.hidden_size, c.intermediate_size)
-            self.layers.append(DecoderLayer(mixer, ffn, c.hidden_size, c.rms_norm_eps, residual_multiplier))
+            self.layers.append(DecoderLayer(mixer, ffn, c.hidden_size, c.rms_norm_eps,
+                                            residual_multiplier=residual_multiplier))
 
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:
         if name == "embed_tokens.weight":

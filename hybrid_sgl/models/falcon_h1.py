@@ -17,7 +17,7 @@ import re
 import torch
 from torch import nn
 
-from hybrid_sgl.config import AttentionSpec, Mamba2Spec, ModelConfig, _as_list, _rope_params
+from hybrid_sgl.config import AttentionSpec, Mamba2Spec, ModelConfig, as_list, rope_params
 from hybrid_sgl.layers.attention import GatedAttention
 from hybrid_sgl.layers.mamba2 import Mamba2Mixer
 from hybrid_sgl.layers.mlp import GatedMLP
@@ -41,7 +41,7 @@ def parse_config(hf: dict, gen_eos: list[int]) -> ModelConfig:
         raise ValueError("falcon_h1 with mlp_bias=true is not supported (the gated MLP has no biases)")
     hidden, heads = hf["hidden_size"], hf["num_attention_heads"]
     head_dim = hf.get("head_dim") or hidden // heads
-    theta, _ = _rope_params(hf)  # transformers rotates the whole head whatever partial_rotary_factor says
+    theta, _ = rope_params(hf)  # transformers rotates the whole head whatever partial_rotary_factor says
     d_ssm = hf.get("mamba_d_ssm") or int(hf.get("mamba_expand", 2) * hidden)
     n_heads = hf.get("mamba_n_heads", 128)
     d_head = hf.get("mamba_d_head", "auto")
@@ -62,7 +62,7 @@ def parse_config(hf: dict, gen_eos: list[int]) -> ModelConfig:
         context_length=hf.get("max_position_embeddings", 8192),
         dtype=str(hf.get("dtype") or hf.get("torch_dtype") or "bfloat16"),
         layer_plan=(("attention_mamba2", "mlp"),) * hf["num_hidden_layers"],
-        eos_token_ids=tuple(dict.fromkeys(gen_eos + _as_list(hf.get("eos_token_id")))),
+        eos_token_ids=tuple(dict.fromkeys(gen_eos + as_list(hf.get("eos_token_id")))),
         attention=AttentionSpec(
             num_heads=heads,
             num_kv_heads=hf.get("num_key_value_heads") or heads,

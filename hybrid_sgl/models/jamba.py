@@ -10,14 +10,14 @@ import re
 
 import torch
 
-from hybrid_sgl.config import AttentionSpec, MambaSpec, ModelConfig, MoESpec, _as_list
+from hybrid_sgl.config import AttentionSpec, MambaSpec, ModelConfig, MoESpec, as_list
 from hybrid_sgl.layers.attention import GatedAttention
+from hybrid_sgl.layers.decoder_layer import DecoderLayer
 from hybrid_sgl.layers.mamba import MambaMixer
 from hybrid_sgl.layers.mlp import GatedMLP
 from hybrid_sgl.layers.moe import SparseMoE
 from hybrid_sgl.layers.norm import RMSNorm
 from hybrid_sgl.models.base import Backends, HybridCausalLM
-from hybrid_sgl.models.qwen3_next import DecoderLayer
 
 _LAYER = re.compile(r"layers\.(\d+)\.(\w+)\.(.+)")
 
@@ -64,7 +64,7 @@ def parse_config(hf: dict, gen_eos: list[int]) -> ModelConfig:
         context_length=hf.get("max_position_embeddings", 262144),
         dtype=str(hf.get("dtype") or hf.get("torch_dtype") or "bfloat16"),
         layer_plan=plan,
-        eos_token_ids=tuple(dict.fromkeys(gen_eos + _as_list(hf.get("eos_token_id")))),
+        eos_token_ids=tuple(dict.fromkeys(gen_eos + as_list(hf.get("eos_token_id")))),
         attention=AttentionSpec(
             num_heads=heads,
             num_kv_heads=hf.get("num_key_value_heads") or heads,
@@ -105,7 +105,7 @@ class JambaForCausalLM(HybridCausalLM):
                 ffn = SparseMoE(spec=c.moe, hidden_size=c.hidden_size, ops=backends.moe)
             else:
                 ffn = GatedMLP(c.hidden_size, c.intermediate_size)
-            self.layers.append(DecoderLayer(mixer, ffn, c.hidden_size, c.rms_norm_eps, 0.0))
+            self.layers.append(DecoderLayer(mixer, ffn, c.hidden_size, c.rms_norm_eps))
 
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:
         """Names below `model.`: embed_tokens, final_layernorm, layers.{i}.{self_attn | mamba |

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from hybrid_sgl.config import AttentionSpec, Mamba2Spec, ModelConfig, MoESpec, _as_list
+from hybrid_sgl.config import AttentionSpec, Mamba2Spec, ModelConfig, MoESpec, as_list
 from hybrid_sgl.layers.attention import GatedAttention
 from hybrid_sgl.layers.mamba2 import Mamba2Mixer
 from hybrid_sgl.layers.nemotron_moe import NemotronMoE
@@ -101,7 +101,7 @@ def parse_config(hf: dict, gen_eos: list[int]) -> ModelConfig:
         context_length=hf.get("max_position_embeddings", 4096),
         dtype=str(hf.get("dtype") or hf.get("torch_dtype") or "bfloat16"),
         layer_plan=tuple(BLOCKS[c] for c in pattern),
-        eos_token_ids=tuple(dict.fromkeys(gen_eos + _as_list(hf.get("eos_token_id")))),
+        eos_token_ids=tuple(dict.fromkeys(gen_eos + as_list(hf.get("eos_token_id")))),
         attention=AttentionSpec(num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
                                 head_dim=head_dim, rotary_dim=0, rope_theta=0.0, output_gate=False,
                                 qk_norm=False),

@@ -6,39 +6,19 @@ from __future__ import annotations
 import re
 
 import torch
-from torch import nn
 
 from hybrid_sgl.config import ModelConfig
 from hybrid_sgl.layers.attention import GatedAttention
+from hybrid_sgl.layers.decoder_layer import DecoderLayer
 from hybrid_sgl.layers.gdn import GatedDeltaNet
 from hybrid_sgl.layers.mlp import GatedMLP
 from hybrid_sgl.layers.moe import SparseMoE
 from hybrid_sgl.layers.norm import RMSNorm
 from hybrid_sgl.layers.rotary import RotaryEmbedding
 from hybrid_sgl.models.base import Backends, HybridCausalLM
-from hybrid_sgl.runner.forward_batch import ForwardBatch
 
 _LAYER = re.compile(r"layers\.(\d+)\.(\w+)\.(.+)")
 _SKIPPED = ("model.visual.", "visual.", "mtp.", "model.mtp.")
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, mixer: nn.Module, ffn: nn.Module, hidden_size: int, eps: float, offset: float):
-        super().__init__()
-        self.input_norm = RMSNorm(hidden_size, eps, offset)
-        self.mixer = mixer
-        self.post_norm = RMSNorm(hidden_size, eps, offset)
-        self.ffn = ffn
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, fb: ForwardBatch):
-        """x: this layer's input delta [T, H]; residual: the stream before it (None at layer 0).
-        Returns (ffn output, residual stream); the next layer adds them in its fused norm."""
-        if residual is None:
-            h, residual = self.input_norm(x), x
-        else:
-            h, residual = self.input_norm.add(x, residual)
-        h, residual = self.post_norm.add(self.mixer(h, fb), residual)
-        return self.ffn(h), residual
 
 
 class Qwen3NextForCausalLM(HybridCausalLM):

@@ -1,0 +1,35 @@
+"""The pre-norm hybrid block shared by most families: norm -> mixer -> add -> norm -> ffn.
+
+Residual adds are fused into the next RMSNorm: a layer returns its FFN output as the delta for
+the next layer (or the final norm) to add. `residual_multiplier` scales both branch outputs
+before they are added (Granite); `offset` = 1.0 for zero-centered norm weights (Qwen3-Next)."""
+
+import torch
+from torch import nn
+
+from hybrid_sgl.layers.norm import RMSNorm
+from hybrid_sgl.runner.forward_batch import ForwardBatch
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, mixer: nn.Module, ffn: nn.Module, hidden_size: int, eps: float, offset: float = 0.0,
+                 residual_multiplier: float = 1.0):
+        super().__init__()
+        self.input_norm = RMSNorm(hidden_size, eps, offset)
+        self.mixer = mixer
+        self.post_norm = RMSNorm(hidden_size, eps, offset)
+        self.ffn = ffn
+        self.residual_multiplier = residual_multiplier
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, fb: ForwardBatch):
+        """x: this layer's input delta [T, H]; residual: the stream before it (None at layer 0).
+        Returns (scaled ffn output, residual stream)."""
+        if residual is None:
+            h, residual = self.input_norm(x), x
+        else:
+            h, residual = self.input_norm.add(x, residual)
+        h, residual = self.post_norm.add(self._scaled(self.mixer(h, fb)), residual)
+        return self._scaled(self.ffn(h)), residual
+
+    def _scaled(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.residual_multiplier if self.residual_multiplier != 1.0 else x
