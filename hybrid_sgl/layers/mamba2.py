@@ -31,7 +31,7 @@ class Mamba2Mixer(nn.Module):
         self.norm_weight = nn.Parameter(torch.ones(s.intermediate_size)) if s.gated_norm else None
         self.out_proj = nn.Linear(s.intermediate_size, hidden_size, bias=s.proj_bias)
         # optional per-channel multipliers of the in_proj output [sum(splits)] (Falcon-H1's mup)
-        self.in_proj_scale: torch.Tensor | None = None
+        self.register_buffer("in_proj_scale", None, persistent=False)
 
     @property
     def norm_group_size(self) -> int:
