@@ -138,8 +138,12 @@ def prefill_summary(records, cost, ceilings, start: float) -> dict:
 
 def run_case(engine, timer, cost, ceilings, prompts, batch: int, prompt: int, output: int) -> dict:
     params = {"max_new_tokens": output, "ignore_eos": True, "temperature": 0}
-    engine.generate(input_ids=prompts(min(batch, 4), prompt, 1000 + batch), sampling_params={**params,
-                    "max_new_tokens": min(output, 4)})  # warm-up: kernels for this prompt length
+    # Warm-up: the prefill chunks of this case (Triton compiles kernel variants on first use, e.g.
+    # per number of sequences in a chunk) with two full chunks of these prompts.
+    chunk = engine.server_args.chunked_prefill_size
+    per_chunk = max(1, chunk // prompt) if chunk > 0 else batch
+    engine.generate(input_ids=prompts(min(batch, 2 * per_chunk), prompt, 1000 + batch),
+                    sampling_params={**params, "max_new_tokens": min(output, 4)})
     before = engine.run_on_engine(lambda s: s.num_preemptions)
     timer.take()
     ids = prompts(batch, prompt, batch)

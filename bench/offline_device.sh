@@ -31,7 +31,7 @@ serving() {  # serving CONFIG_DIR: 256 concurrent requests, random 1k in / 256 o
   python3 bench/serving.py --launch "--model-path configs/$1 --load-format dummy \
       --tokenizer-path configs/default-tiny-qwen3_5 --context-length 2048 --log-level info" \
     --launch-log "$OUT/server_$1.log" --num-prompts 256 --random-input-len 1024 --random-output-len 256 \
-    --request-rate inf --out "$OUT/serving_$1.json" ${SERVING_ARGS:-} 2>&1 | tee "$OUT/serving_$1.txt"
+    --request-rate inf --warmup-requests 16 --out "$OUT/serving_$1.json" ${SERVING_ARGS:-} 2>&1 | tee "$OUT/serving_$1.txt"
   grep -E "memory plan|captured|error|Error" "$OUT/server_$1.log" | tail -5
 }
 

@@ -61,7 +61,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="requests per second (Poisson arrivals); inf sends all at once")
     p.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight at once")
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--warmup-requests", type=int, default=1)
+    p.add_argument("--warmup-requests", type=int, default=1, help="sent together before the run, not measured")
     p.add_argument("--poll-interval", type=float, default=0.2, help="seconds between /metrics samples")
     p.add_argument("--request-timeout", type=float, default=3600.0)
     p.add_argument("--api-key", default=None)
@@ -197,11 +197,13 @@ async def benchmark(args) -> dict:
                                                     args.seed, args.sharegpt_output_len)
         if not requests:
             raise SystemExit(f"no usable conversation in {args.dataset_path}")
-    for i in range(args.warmup_requests):
-        warm = BenchRequest(requests[i % len(requests)].prompt_ids[:32], 4)
-        result = await send(args, warm, model)
-        if result.error:
-            raise SystemExit(f"warm-up request failed: {result.error}")
+    # Warm-up, not measured: the first requests at full length, sent together (compiles the kernel
+    # variants a burst of prefill chunks needs)
+    warm = [BenchRequest(requests[i % len(requests)].prompt_ids, min(4, requests[i % len(requests)].output_len))
+            for i in range(args.warmup_requests)]
+    failed = [r.error for r in await asyncio.gather(*(send(args, w, model) for w in warm)) if r.error]
+    if failed:
+        raise SystemExit(f"{len(failed)} warm-up requests failed, e.g. {failed[0]}")
     results, duration, peaks = await run_load(args, requests, model)
     info_after = await fetch_json(args.base_url + "/get_server_info")
     return {"args": vars(args), "lengths_counted": counted, "duration_s": duration,

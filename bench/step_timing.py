@@ -1,8 +1,10 @@
 """Per-step timing of a running Engine, instrumented from outside (nothing in the runtime changes).
 
 While a StepTimer is installed, every scheduler step on the engine thread leaves a StepRecord:
-- host time (time.perf_counter) of the whole step, of scheduling, of ForwardBatch.build and of
-  ModelRunner.run (which ends when the sampled ids reach the host, so it includes waiting);
+- host time (time.perf_counter) of the whole step, of scheduling, of building the batch
+  (ForwardBatch.build, or on the CUDA-graph path DecodeGraphs.run: filling the static input
+  buffers and launching the replay) and of ModelRunner.run (which ends when the sampled ids reach
+  the host, so it includes waiting);
 - device time of the model forward: CUDA events around each CUDA-graph replay (exact device time
   of the decode graph) or, for eager forwards, around the model call (a span that also contains
   the gaps while the host launches kernels); on CPU the host time of the model call;
@@ -85,7 +87,8 @@ class StepTimer:
         pre = runner.model.register_forward_pre_hook(lambda *_: self._start_forward())
         post = runner.model.register_forward_hook(lambda *_: self._end_forward())
         self._undo += [pre.remove, post.remove]
-        if runner.graphs is not None:
+        if runner.graphs is not None:  # the graph path fills static buffers instead of building a batch
+            self._wrap_instance(runner.graphs, "run", self._timed_graph_run)
             originals = dict(runner.graphs.graphs)
             runner.graphs.graphs.update({bs: _TimedGraph(g, self) for bs, g in originals.items()})
             self._undo.append(lambda: runner.graphs.graphs.update(originals))
@@ -142,6 +145,9 @@ class StepTimer:
                 rec.attn_pairs += n * it.start + n * (n + 1) // 2
                 rec.logit_rows += it.sample
         return mode, items
+
+    def _timed_graph_run(self, original, *args, **kwargs):
+        return self._timed(original, "build_s", *args, **kwargs)
 
     def _timed_run(self, original, *args, **kwargs):
         return self._timed(original, "run_s", *args, **kwargs)
