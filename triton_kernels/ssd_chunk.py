@@ -24,7 +24,14 @@ import triton
 from triton_kernels.ssd_chunk_parts import _ssd_chunk_output_kernel, _ssd_chunk_state_kernel, _ssd_dt_kernel
 from triton_kernels.varlen import num_virtual_chunks
 
-MAX_TILE = 128  # tokens per kernel chunk: the output kernel keeps a [tile, tile] fp32 C B^T in registers
+
+def tile_tokens(chunk_size: int, N: int) -> int:
+    """Tokens per kernel chunk: the config's chunk_size, at most 128 (the output kernel keeps a
+    [tile, tile] fp32 C B^T in registers), at most 64 for d_state above 128 (its [tile, N] C and the
+    [N, 64] state blocks would spill at 128)."""
+    if chunk_size < 16 or chunk_size & (chunk_size - 1):
+        raise ValueError(f"chunk_size={chunk_size}: the kernels need a power of two >= 16")
+    return min(chunk_size, 128 if N <= 128 else 64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,14 +53,16 @@ def _num_sms(device: torch.device) -> int:
 def default_launch(num_tokens: int, num_seqs: int, H: int, G: int, P: int, N: int, tile: int,
                    device: torch.device) -> SSDLaunch:
     """Chosen by hand for sm90, not autotuned (the state kernel updates the pool in place, so an
-    autotuner's repeated runs would corrupt it). State kernel: [64, N] fp32 state slices on 4 warps
-    when the (sequence, head, P block) programs fill the GPU twice, else [32, N] slices (twice the
-    programs; each re-reads B, which the heads of a group share through L2); two stages of prefetch
-    leave room for two programs per SM. Output kernel: 8 warps for 128-token tiles (the [128, 128]
-    fp32 C B^T takes 64 registers a thread), and as many heads of a group per program (C B^T computed
-    once for all of them) as leave four programs per SM."""
+    autotuner's repeated runs would corrupt it). State kernel: state slices of up to 8192 fp32
+    ([64, 128] at N = 128: 64 registers a thread on 4 warps), halved when the (sequence, head,
+    P block) programs do not fill the GPU twice (each re-reads B, which the heads of a group share
+    through L2); two stages of prefetch leave room for two programs per SM. Output kernel: 8 warps
+    for 128-token tiles (the [128, 128] fp32 C B^T takes 64 registers a thread) and for N above 128,
+    and as many heads of a group per program (C B^T computed once for all of them) as leave four
+    programs per SM."""
     sms = _num_sms(device)
-    block_p = min(64, max(16, triton.next_power_of_2(P)))
+    block_n = max(16, triton.next_power_of_2(N))
+    block_p = min(max(16, triton.next_power_of_2(P)), max(16, 8192 // block_n))
     if num_seqs * H * triton.cdiv(P, block_p) < 2 * sms and block_p > 16:
         block_p //= 2
     heads, per_group = 1, H // G
@@ -61,7 +70,7 @@ def default_launch(num_tokens: int, num_seqs: int, H: int, G: int, P: int, N: in
     while per_group % (2 * heads) == 0 and chunk_groups * (per_group // (2 * heads)) >= 4 * sms:
         heads *= 2
     return SSDLaunch(state_block_p=block_p, state_warps=4, state_stages=2, heads_per_program=heads,
-                     output_warps=8 if tile >= 128 else 4, output_stages=2)
+                     output_warps=8 if tile >= 128 or N > 128 else 4, output_stages=2)
 
 
 def _mamba2_prefill_fwd(x, dt, A_log, B, C, D, dt_bias, z, ssm_states, cu_seqlens, state_slots, has_initial_state,
@@ -79,13 +88,12 @@ def _mamba2_prefill_fwd(x, dt, A_log, B, C, D, dt_bias, z, ssm_states, cu_seqlen
     assert cu_seqlens.shape == (S + 1,) and has_initial_state.shape == (S,)
     for name, t in (("x", x), ("dt", dt), ("B", B), ("C", C), ("z", z)):
         assert t is None or t.stride(-1) == 1, f"{name} needs a unit stride on its last dim; got {t.stride()}"
-    if chunk_size < 16 or chunk_size & (chunk_size - 1):
-        raise ValueError(f"chunk_size={chunk_size}: the kernels need a power of two >= 16")
+    tile = tile_tokens(chunk_size, N)
     y = torch.empty(T, H, P, dtype=x.dtype, device=x.device)
     if S == 0:
         return y
-    tile = min(chunk_size, MAX_TILE)
     BP, BN = max(16, triton.next_power_of_2(P)), max(16, triton.next_power_of_2(N))
+    output_block_p = min(BP, 64 if N <= 128 else 32)  # head-dim columns per output tile
     prec = "tf32x3" if x.dtype == torch.float32 else "tf32"
     launch = launch or default_launch(T, S, H, G, P, N, tile, x.device)
     assert (H // G) % launch.heads_per_program == 0, f"{launch.heads_per_program} heads per program, {H // G} per group"
@@ -110,8 +118,8 @@ def _mamba2_prefill_fwd(x, dt, A_log, B, C, D, dt_bias, z, ssm_states, cu_seqlen
     _ssd_chunk_output_kernel[(NC * H // launch.heads_per_program,)](
         x, B, C, zz, D, dt_proc, dA_cum, h, y, cu_seqlens,
         x.stride(0), x.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1), zz.stride(0), zz.stride(1),
-        T, S, H=H, G=G, P=P, N=N, BT=tile, BP=BP, BN=BN, HEADS=launch.heads_per_program, HAS_Z=z is not None,
-        BLOCK_N=64, PREC=prec, num_warps=launch.output_warps, num_stages=launch.output_stages,
+        T, S, H=H, G=G, P=P, N=N, BT=tile, BP=output_block_p, BN=BN, HEADS=launch.heads_per_program,
+        HAS_Z=z is not None, BLOCK_N=64, PREC=prec, num_warps=launch.output_warps, num_stages=launch.output_stages,
     )
     return y
 
@@ -136,10 +144,11 @@ def mamba2_prefill(
     """Triton version of mamba2_prefill_ref (same arguments and result). x, dt, B, C, z may be
     strided views with a unit last stride (slices of one projection row); ssm_states [S, H, P, N]
     in any float dtype (math in fp32), contiguous within a slot, updated in place. The kernels cut
-    sequences into chunks of min(chunk_size, 128) tokens (a power of two >= 16): the result does not
-    depend on the tiling beyond rounding. Scratch per call: dt and dA_cum [H, T] fp32, and one
-    [H, P, N] state per chunk in x's dtype (for Nemotron-H-8B in bf16: 16 KiB per token at
-    128-token chunks, 0.5 GiB for 32768 tokens). Returns y [T, H, P] in x's dtype."""
+    sequences into chunks of `tile_tokens(chunk_size, N)` tokens (chunk_size, a power of two >= 16,
+    capped at 128, or at 64 where N > 128): the result does not depend on the tiling beyond
+    rounding. Scratch per call: dt and dA_cum [H, T] fp32, and one [H, P, N] state per chunk in x's
+    dtype (for Nemotron-H-8B in bf16: 16 KiB per token at 128-token chunks, 0.5 GiB for 32768
+    tokens). Returns y [T, H, P] in x's dtype."""
     return _mamba2_prefill_fwd(x, dt, A_log, B, C, D, dt_bias, z, ssm_states, cu_seqlens, state_slots,
                                has_initial_state, chunk_size, dt_limit)
 

@@ -184,7 +184,8 @@ def _ssd_chunk_output_kernel(
 ):
     """One program per (virtual chunk, group, block of HEADS heads of that group), head blocks then
     groups fastest: the programs of one chunk run together and share its B, C and x through the
-    cache. CB = C B^T is computed once and kept in registers for the program's heads."""
+    cache. CB = C B^T is computed once and kept in registers for the program's heads; each head's
+    [BT, BT] mixing matrix is built once and applied to its head dim in blocks of BP."""
     NHB: tl.constexpr = H // G // HEADS
     pid = tl.program_id(0)
     i_hb, i_g, i_c = pid % NHB, pid // NHB % G, pid // (NHB * G)
@@ -193,10 +194,8 @@ def _ssd_chunk_output_kernel(
         return
     t0 = bos + i_t * BT
     o_t = tl.arange(0, BT)
-    o_p = tl.arange(0, BP)
     o_n = tl.arange(0, BN)
-    m_t, m_p, m_n = o_t < eos - t0, o_p < P, o_n < N
-    m_y = m_t[:, None] & m_p[None, :]
+    m_t, m_n = o_t < eos - t0, o_n < N
     m_causal = o_t[:, None] >= o_t[None, :]
 
     b_C = _rows(C + t0 * stride_C_t + i_g * stride_C_g, o_t, m_t, stride_C_t, o_n, m_n)  # [BT, BN]
@@ -214,16 +213,22 @@ def _ssd_chunk_output_kernel(
     for j in range(HEADS):
         b_cum = tl.load(dA_cum + j * T + o_t, mask=m_t, other=0.0)
         b_dt = tl.load(dt + j * T + o_t, mask=m_t, other=0.0)
-        # the state's part: the state entering the chunk, decayed to each token
-        b_h = _rows_transposed(h + j * (P * N), o_p, m_p, N, o_n, m_n)  # [BN, BP]
-        b_y = tl.dot(b_C, b_h, input_precision=PREC) * tl.exp(b_cum)[:, None]  # [BT, BP]
-        # the chunk's part; dA_cum does not grow along the chunk, the clamp only guards masked entries
+        b_D = tl.load(D + h0 + j).to(tl.float32)
+        # the chunk's part mixes tokens s <= t; dA_cum does not grow along the chunk, the clamp only
+        # guards the masked entries
         b_decay = tl.exp(tl.minimum(b_cum[:, None] - b_cum[None, :], 0.0))
         b_M = tl.where(m_causal, b_CB * b_decay * b_dt[None, :], 0.0).to(DT)
-        b_x = _rows(x + j * stride_x_h, o_t, m_t, stride_x_t, o_p, m_p)
-        b_y = tl.dot(b_M, b_x, b_y, input_precision=PREC)
-        b_y += tl.load(D + h0 + j).to(tl.float32) * b_x.to(tl.float32)
-        if HAS_Z:
-            b_z = _rows(z + j * stride_z_h, o_t, m_t, stride_z_t, o_p, m_p).to(tl.float32)
-            b_y *= b_z * tl.sigmoid(b_z)
-        tl.store(y + j * P + o_t[:, None] * (H * P) + o_p[None, :], b_y.to(y.dtype.element_ty), mask=m_y)
+        for i_p in range(0, P, BP):
+            o_p = i_p + tl.arange(0, BP)
+            m_p = o_p < P
+            # the state's part: the state entering the chunk, decayed to each token
+            b_h = _rows_transposed(h + j * (P * N), o_p, m_p, N, o_n, m_n)  # [BN, BP]
+            b_y = tl.dot(b_C, b_h, input_precision=PREC) * tl.exp(b_cum)[:, None]  # [BT, BP]
+            b_x = _rows(x + j * stride_x_h, o_t, m_t, stride_x_t, o_p, m_p)
+            b_y = tl.dot(b_M, b_x, b_y, input_precision=PREC)
+            b_y += b_D * b_x.to(tl.float32)
+            if HAS_Z:
+                b_z = _rows(z + j * stride_z_h, o_t, m_t, stride_z_t, o_p, m_p).to(tl.float32)
+                b_y *= b_z * tl.sigmoid(b_z)
+            tl.store(y + j * P + o_t[:, None] * (H * P) + o_p[None, :], b_y.to(y.dtype.element_ty),
+                     mask=m_t[:, None] & m_p[None, :])
