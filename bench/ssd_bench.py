@@ -39,7 +39,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.mamba_ssm_anchor import load_mamba_triton  # noqa: E402
-from triton_kernels.ssd_chunk import SSDLaunch, _mamba2_prefill_fwd, default_launch  # noqa: E402
+from triton_kernels.ssd_chunk import SSDLaunch, _mamba2_prefill_fwd, default_launch, tile_tokens  # noqa: E402
 
 H, G, P, N, CHUNK = 128, 8, 64, 128, 128  # Nemotron-H-8B mamba2 mixer
 CASES = [(1, 4096), (1, 32768), (8, 4096)]  # (sequences, tokens each)
@@ -122,7 +122,7 @@ class Case:
         return T * per_token + states
 
     def default_launch(self) -> SSDLaunch:
-        return default_launch(self.T, self.num_seqs, H, G, P, N, CHUNK, torch.device(DEVICE))
+        return default_launch(self.T, self.num_seqs, H, G, P, N, tile_tokens(CHUNK, N), torch.device(DEVICE))
 
 
 def check(case: Case, scan: Callable) -> tuple[float, float]:

@@ -108,8 +108,8 @@ def _ssd_chunk_state_kernel(
     PREC: tl.constexpr,
 ):
     """One program per (P block, head, sequence), looping over the sequence's chunks with the
-    [BP, N] state slice in registers (fp32). The chunk's matmul does not depend on the state, so
-    its loads and MMA overlap the previous chunk's update; the state chain itself is one FMA."""
+    [BP, N] state slice in registers (fp32): per chunk one MMA, with the decayed state as its
+    accumulator, while the next chunk's x and B are prefetched."""
     i_p, i_h, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     length = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
