@@ -26,12 +26,14 @@ from triton_kernels.varlen import num_virtual_chunks
 
 
 def tile_tokens(chunk_size: int, N: int) -> int:
-    """Tokens per kernel chunk: the config's chunk_size, at most 128 (the output kernel keeps a
+    """Tokens per kernel chunk: the config's chunk_size rounded up to a power of two >= 16 (the
+    result does not depend on the tiling beyond rounding), at most 128 (the output kernel keeps a
     [tile, tile] fp32 C B^T in registers), at most 64 for d_state above 128 (its [tile, N] C and the
     [N, 64] state blocks would spill at 128)."""
-    if chunk_size < 16 or chunk_size & (chunk_size - 1):
-        raise ValueError(f"chunk_size={chunk_size}: the kernels need a power of two >= 16")
-    return min(chunk_size, 128 if N <= 128 else 64)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size={chunk_size} must be positive")
+    tile = max(16, 1 << (chunk_size - 1).bit_length())
+    return min(tile, 128 if N <= 128 else 64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,8 +146,8 @@ def mamba2_prefill(
     """Triton version of mamba2_prefill_ref (same arguments and result). x, dt, B, C, z may be
     strided views with a unit last stride (slices of one projection row); ssm_states [S, H, P, N]
     in any float dtype (math in fp32), contiguous within a slot, updated in place. The kernels cut
-    sequences into chunks of `tile_tokens(chunk_size, N)` tokens (chunk_size, a power of two >= 16,
-    capped at 128, or at 64 where N > 128): the result does not depend on the tiling beyond
+    sequences into chunks of `tile_tokens(chunk_size, N)` tokens (chunk_size rounded up to a power
+    of two >= 16, capped at 128, or at 64 where N > 128): the result does not depend on the tiling beyond
     rounding. Scratch per call: dt and dA_cum [H, T] fp32, and one [H, P, N] state per chunk in x's
     dtype (for Nemotron-H-8B in bf16: 16 KiB per token at 128-token chunks, 0.5 GiB for 32768
     tokens). Returns y [T, H, P] in x's dtype."""

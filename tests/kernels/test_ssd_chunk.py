@@ -163,10 +163,16 @@ def test_launch_configs(launch):
 
 
 @pytest.mark.parametrize("chunk_size", [8, 48])
-def test_prefill_rejects_bad_chunk_sizes(chunk_size):
+def test_prefill_any_chunk_size(chunk_size):
+    """Config chunk sizes that are not tiles (below 16, not a power of two) run as the next tile."""
+    x = ssd_inputs(37, 2, 1, 16, 16)
+    check(x, [20, 17], [1, 0], [True, False], pool(2, 2, 16, 16), chunk_size)
+
+
+def test_prefill_rejects_nonpositive_chunk_size():
     x = ssd_inputs(4, 1, 1, 16, 16)
     with pytest.raises(ValueError, match="chunk_size"):
-        mamba2_prefill(**x, **batch_args([4], [0], [False]), ssm_states=pool(1, 1, 16, 16), chunk_size=chunk_size)
+        mamba2_prefill(**x, **batch_args([4], [0], [False]), ssm_states=pool(1, 1, 16, 16), chunk_size=0)
 
 
 @pytest.mark.parametrize("prefix", [1, 16, 35])
