@@ -3,6 +3,8 @@
 The recurrence is the one of `ssm_step.mamba1_decode_ref`, run over every token of each
 sequence; sequence i owns tokens cu_seqlens[i]:cu_seqlens[i+1] and slot state_slots[i], starts
 from the slot's state when has_initial_state[i] (else zeros) and writes its final state back.
+`mamba1_prefill` runs it in time order, one program per (channel block, sequence) with the
+[BD, N] state in registers.
 """
 
 from __future__ import annotations
@@ -100,12 +102,16 @@ def _mamba1_prefill_kernel(
 
 
 def _prefill_config(num_seqs: int, DM: int, N: int) -> tuple[int, int]:
-    """(BD, num_warps): the steps of one program are a serial chain, so the time is set by how many
-    chains run side by side; narrow channel blocks give enough programs for a single sequence."""
-    BN = triton.next_power_of_2(N)
-    BD = 32 if num_seqs * DM >= 32 * 4 * 132 else 16
-    BD = max(1, min(BD, triton.next_power_of_2(DM), 2048 // BN))
-    return BD, max(1, min(4, BD * BN // (32 * 16)))
+    """(BD, num_warps): one warp per (channel block, sequence). The steps of a program form a serial
+    chain bound by load latency, so the time is set by how many chains run side by side: about 2048
+    programs (one wave) was best in the H200 sweep at DM = 8192, N = 16 (BD = 8 for one sequence,
+    2.0 ms for 4096 tokens; BD = 32 for eight, 3.5 ms); fewer, wider programs or a second wave were
+    slower. A version that loaded 16-token tiles and picked each token's column out of them was
+    faster for one sequence (1.8 ms) but slower for eight (6.4 ms): the picking costs more than the
+    latency it hides."""
+    BD = triton.next_power_of_2(triton.cdiv(num_seqs * DM, 2048))
+    BD = min(max(BD, 8), 64, max(1, 2048 // triton.next_power_of_2(N)), triton.next_power_of_2(DM))
+    return BD, 1
 
 
 def _mamba1_prefill_fwd(x, dt, A_log, B, C, D, dt_bias, z, ssm_states, cu_seqlens, state_slots, has_initial_state,

@@ -57,10 +57,11 @@ def prefill_both(kw, states, lens, slots, has_init):
 
 @pytest.mark.parametrize("lens,Dm,N,gated,with_dt_bias", [
     ([1], 8, 4, True, True), ([7, 1, 12], 20, 16, True, False), ([5, 9], 33, 7, False, True),
-    ([3, 0, 4], 40, 16, True, True)])
+    ([3, 0, 4], 40, 16, True, True), ([37, 16, 17], 24, 16, True, True)])
 def test_prefill_matches_ref(lens, Dm, N, gated, with_dt_bias):
-    """Odd Dm and N, an empty sequence, dt_bias None, strided inputs, unordered slots, with and without
-    initial states; slots of no sequence keep their state."""
+    """Odd Dm and N, an empty sequence, sequences over several chunks of N tokens and shorter than one,
+    dt_bias None, strided inputs, unordered slots, with and without initial states; slots of no sequence
+    keep their state."""
     kw = mamba1_inputs(sum(lens), Dm, N, gated=gated, with_dt_bias=with_dt_bias, seed=len(lens) + Dm)
     states = state_pool(6, Dm, N)
     slots, has_init = [4, 0, 2][: len(lens)], [True, False, True][: len(lens)]
