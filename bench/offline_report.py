@@ -27,7 +27,7 @@ def render(r: dict) -> str:
         f"model: {_f(cost['total_params'] / 1e9)} B parameters ({_f(cost['weight_bytes'] / 1e9)} GB), "
         f"{_f(cost['active_params'] / 1e9)} B used per token; read every decode step: "
         f"{_f(cost['dense_read_bytes'] / 1e9)} GB"
-        + (f" + {cost['expert_bytes'] / 1e6:.1f} MB per distinct routed expert x {cost['moe_layers']} MoE layers "
+        + (f" + {_f(cost['expert_bytes'] / 1e6)} MB per distinct routed expert x {cost['moe_layers']} MoE layers "
            f"({cost['num_experts']} experts, top {cost['top_k']})" if cost["moe_layers"] else ""),
         f"KV {cost['kv_bytes_per_token']} B/token, state {cost['state_bytes_per_request'] / 2**20:.2f} MiB/request",
         ours["memory_plan"],
