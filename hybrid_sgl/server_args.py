@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 
 BUNDLED_MODEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                             "configs", "default-tiny-qwen3_5")
+                             "configs", "default-model")
 
 
 def _f(default, help: str, choices=None):

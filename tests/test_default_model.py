@@ -15,6 +15,8 @@ import httpx
 import pytest
 import torch
 
+from tests.server.server_process import free_port
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKPOINT = os.path.join(ROOT, "configs", "default-model")
 WORDS_FILE = os.path.join(ROOT, "tools", "default_model", "corpus_words.txt")
@@ -91,9 +93,6 @@ def test_chat_template_reply_stops_with_real_words(engine):
 
 def launch_default_server(log_path: str) -> tuple[subprocess.Popen, str]:
     """The launcher as a user starts it: no --model-path (a free port, quiet logs)."""
-    sys.path.insert(0, os.path.join(ROOT, "tests", "server"))
-    from server_process import free_port
-
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with open(log_path, "w") as log:

