@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The Mamba-family GPU pass in one call: SSD prefill and SSM step benchmarks against mamba_ssm's
+# Triton kernels (same run), then the SSD/step kernel GPU tests and the Mamba-family models on
+# CUDA through the Triton kernels vs HF float32. Run from the repo root with .whl/ carried
+# (mamba_ssm, einops and transformers wheels). Logs go to $OUT.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/hybrid_sgl_bench}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+export PYTHONPATH=$PWD:/tmp/site
+git log -1 --format='%H %s' 2>/dev/null > "$OUT/commit.txt"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+timeout 100 python3 bench/ssd_bench.py 2>&1 | tee "$OUT/ssd_bench.md" | tail -25
+timeout 45 python3 bench/ssm_step_bench.py --no-tune 2>&1 | tee "$OUT/ssm_step_bench.md" | tail -20
+timeout 150 python3 -m pytest -q -rf -p no:cacheprovider tests/gpu/test_ssd_chunk_cuda.py tests/gpu/test_ssm_step_cuda.py \
+  tests/gpu/test_ssm_models_cuda.py -k "not torch" 2>&1 | tee "$OUT/tests.log" | tail -25
