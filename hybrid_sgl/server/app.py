@@ -24,7 +24,7 @@ def create_app(engine: Engine) -> FastAPI:
     app.state.ctx = ServerContext(engine=engine, metrics=Metrics(args.served_model_name),
                                   served_model_name=args.served_model_name,
                                   context_length=engine.runner.context_length)
-    app.state.token_text = TokenText(engine.tokenizer)
+    app.state.token_text = TokenText(engine.tokenizer) if engine.tokenizer is not None else None
     install_error_handlers(app)
     for module in (native, openai_common, openai_completions, openai_chat, tokenize):
         app.include_router(module.router)

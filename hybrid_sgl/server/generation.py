@@ -31,6 +31,14 @@ class ServerContext:
     served_model_name: str
     context_length: int
 
+    def tokenizer(self, route: str):
+        """The engine's tokenizer, or a 400 naming the route when the server runs without one."""
+        tok = self.engine.tokenizer
+        if tok is None:
+            raise ApiError(f"{route} needs a tokenizer, and this server was started with --skip-tokenizer-init; "
+                           "send token ids to /generate (input_ids) instead")
+        return tok
+
 
 class ClientDisconnected(Exception):
     pass

@@ -60,7 +60,7 @@ def _message_dict(i: int, m: ChatMessage) -> dict:
 
 def render_chat(ctx: ServerContext, req: ChatCompletionRequest) -> list[int]:
     """Prompt token ids from the tokenizer's chat template."""
-    tok = ctx.engine.tokenizer
+    tok = ctx.tokenizer("chat templates")
     if not tok.chat_template:
         raise ApiError("this model's tokenizer has no chat template; use /v1/completions with a prompt")
     messages = [_message_dict(i, m) for i, m in enumerate(req.messages)]

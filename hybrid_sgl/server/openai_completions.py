@@ -43,7 +43,7 @@ router = APIRouter()
 
 def _prompts(ctx: ServerContext, prompt) -> tuple[list[list[int]], list[str]]:
     """Token ids and echo text of each prompt (a string, strings, token ids, or lists of ids)."""
-    tok = ctx.engine.tokenizer
+    tok = ctx.tokenizer("/v1/completions")
     if isinstance(prompt, str):
         return [tok.encode(prompt)], [prompt]
     if not prompt:

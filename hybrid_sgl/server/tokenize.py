@@ -20,7 +20,7 @@ async def tokenize(request: Request):
     req = await parse_body(request, TokenizeRequest)
     if (req.prompt is None) == (req.messages is None):
         raise ApiError("give exactly one of prompt and messages", param="prompt")
-    tok = ctx.engine.tokenizer
+    tok = ctx.tokenizer("/tokenize")
     if req.messages is not None:
         chat = ChatCompletionRequest(messages=req.messages, add_generation_prompt=req.add_generation_prompt,
                                      continue_final_message=req.continue_final_message,
@@ -46,5 +46,6 @@ async def detokenize(request: Request):
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise ApiError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="tokens")
-    texts = [ctx.engine.tokenizer.decode(ids, skip_special_tokens=req.skip_special_tokens) for ids in lists]
+    tok = ctx.tokenizer("/detokenize")
+    texts = [tok.decode(ids, skip_special_tokens=req.skip_special_tokens) for ids in lists]
     return json_response({"text": texts[0] if lists is not req.tokens else texts})
