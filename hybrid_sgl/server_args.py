@@ -22,7 +22,8 @@ def _f(default, help: str, choices=None):
 
 @dataclass(frozen=True)
 class ServerArgs:
-    model_path: str | None = _f(None, "Checkpoint directory (HF layout). Default: the bundled tiny model.")
+    model_path: str | None = _f(None, "Checkpoint directory (HF layout). Default: the bundled default model "
+                                 "(configs/default-model).")
     tokenizer_path: str | None = _f(None, "Tokenizer directory. Default: the model path.")
     host: str = _f("127.0.0.1", "HTTP host to bind.")
     port: int = _f(30000, "HTTP port to bind.")
