@@ -14,8 +14,6 @@ import pytest  # noqa: E402
 
 from hybrid_sgl.testing.tiny_checkpoint import make_checkpoint  # noqa: E402
 
-FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen3_5_vl", "qwen3_5_moe_vl")
-
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):

@@ -14,7 +14,8 @@ from hybrid_sgl.scheduler.request import Req
 from hybrid_sgl.scheduler.scheduler import Scheduler
 from hybrid_sgl.server_args import ServerArgs
 
-FAMILIES = ["qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen3_5_vl", "qwen3_5_moe_vl"]
+FAMILIES = ["qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen3_5_vl", "qwen3_5_moe_vl",
+            "nemotron_h", "falcon_h1", "bamba", "granitemoehybrid", "jamba"]
 TOL = dict(rtol=1e-4, atol=1e-4)
 _HF_CACHE: dict[str, torch.nn.Module] = {}
 
@@ -105,7 +106,8 @@ def test_batch_with_staggered_arrivals_matches_hf(tiny_checkpoint, family):
         check_against_hf(path, req, vocab)
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "nemotron_h", "falcon_h1", "bamba",
+                                    "granitemoehybrid", "jamba"])
 def test_preempted_requests_resume_and_match_hf(tiny_checkpoint, family):
     path = tiny_checkpoint(family)
     # 12 pages of 4 tokens: two 20-token requests growing to 32 cannot both stay resident

@@ -1,6 +1,7 @@
-"""Nemotron-H and Falcon-H1 against HF transformers in float32 on tiny checkpoints: prefill and
-decode with odd chunking, staggered batches, preemption, other dimensions and options, the config
-parsers' layer plans and their refusals, and a greedy Engine run against HF generate."""
+"""Nemotron-H and Falcon-H1 against HF transformers in float32 on tiny checkpoints, beyond the shared
+matrix of tests/test_hf_parity.py (prefill and decode, odd chunking, staggered batches,
+preemption): other dimensions and options, the config parsers' layer plans and their refusals,
+and a greedy Engine run against HF generate."""
 
 import pytest
 import torch
@@ -11,43 +12,6 @@ from hybrid_sgl.models import falcon_h1, nemotron_h
 from tests.test_hf_parity import TOL, check_against_hf, dense, full_request, make_scheduler, prompt_of, run_to_end
 
 FAMILIES = ["nemotron_h", "falcon_h1"]
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("chunk", [-1, 7, 16])
-def test_prefill_and_decode_match_hf(tiny_checkpoint, family, chunk):
-    path = tiny_checkpoint(family)
-    s = make_scheduler(path, chunked_prefill_size=chunk)
-    vocab = s.vocab_size
-    req = full_request("a", prompt_of(37, 0, vocab), vocab)
-    run_to_end(s, {0: [req]})
-    check_against_hf(path, req, vocab)
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_batch_with_staggered_arrivals_matches_hf(tiny_checkpoint, family):
-    path = tiny_checkpoint(family)
-    s = make_scheduler(path, chunked_prefill_size=16)
-    vocab = s.vocab_size
-    reqs = [full_request(f"r{i}", prompt_of(n, i, vocab), vocab, max_new=m)
-            for i, (n, m) in enumerate([(23, 9), (5, 4), (41, 6), (1, 5)])]
-    run_to_end(s, {0: [reqs[0]], 2: [reqs[1], reqs[2]], 5: [reqs[3]]})
-    for req in reqs:
-        check_against_hf(path, req, vocab)
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_preempted_requests_resume_and_match_hf(tiny_checkpoint, family):
-    path = tiny_checkpoint(family)
-    # 12 pages of 4 tokens: two 20-token requests growing to 32 cannot both stay resident
-    s = make_scheduler(path, chunked_prefill_size=8, page_size=4, max_total_tokens=48, max_running_requests=3)
-    vocab = s.vocab_size
-    reqs = [full_request(f"p{i}", prompt_of(20, 10 + i, vocab), vocab, max_new=12) for i in range(3)]
-    run_to_end(s, {0: reqs})
-    assert s.num_preemptions > 0
-    for req in reqs:
-        check_against_hf(path, req, vocab)
-    assert s.allocator.num_free_pages == s.allocator.num_pages
 
 
 VARIANTS = {
