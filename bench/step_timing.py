@@ -79,7 +79,9 @@ class StepTimer:
         sched, runner = self.scheduler, self.runner
         self._wrap_instance(sched, "step", self._timed_step)
         self._wrap_instance(sched, "_schedule", self._timed_schedule)
+        self._wrap_instance(sched, "_follow_up", self._timed_follow_up)  # overlapped decode steps
         self._wrap_instance(runner, "run", self._timed_run)
+        self._wrap_instance(runner, "launch_decode", self._timed_run)
         original_build = inspect.getattr_static(ForwardBatch, "build")
         build = ForwardBatch.build
         ForwardBatch.build = staticmethod(lambda *a, **k: self._timed(build, "build_s", *a, **k))
@@ -133,6 +135,19 @@ class StepTimer:
     def _timed_schedule(self, original):
         t = time.perf_counter()
         mode, items = original()
+        self._describe(t, mode, items)
+        return mode, items
+
+    def _timed_follow_up(self, original, pending):
+        """With --enable-overlap-schedule a step launches the next decode batch (from here) and then
+        reads the previous one: the record describes the launched batch."""
+        t = time.perf_counter()
+        follow = original(pending)
+        if follow is not None:
+            self._describe(t, ForwardMode.DECODE, follow[0])
+        return follow
+
+    def _describe(self, t: float, mode, items) -> None:
         rec = self._current
         if rec is not None and items:
             rec.schedule_s = time.perf_counter() - t
@@ -144,7 +159,6 @@ class StepTimer:
                 rec.context_tokens += it.end
                 rec.attn_pairs += n * it.start + n * (n + 1) // 2
                 rec.logit_rows += it.sample
-        return mode, items
 
     def _timed_graph_run(self, original, *args, **kwargs):
         return self._timed(original, "build_s", *args, **kwargs)

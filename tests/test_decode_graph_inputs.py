@@ -39,3 +39,18 @@ def test_device_side_decode_batch_matches_host_build():
     assert got.slot_mapping[b:].tolist() == [-1] * (bs - b)
     assert got.seq_lens[b:].tolist() == [0] * (bs - b)
     assert (got.block_table[b:] == alloc.pad_page).all()
+
+
+def test_device_side_tokens_from_the_previous_step():
+    """Overlapped decode: a token -(j + 1) is taken from prev_ids[j] on the device."""
+    alloc = Allocator(num_slots=4, num_pages=8, page_size=4, max_pages_per_request=4, device="cpu")
+    slots = [alloc.alloc_slot() for _ in range(3)]
+    for slot in slots:
+        alloc.grow(slot, 5)
+    graphs = DecodeGraphs(model=None, allocator=alloc, kv_pool=None, state_pool=None, max_bs=4,
+                          device=torch.device("cpu"), take_prev_ids=True)
+    graphs.prev_ids[:3] = torch.tensor([101, 102, 103])
+    graphs.host_view[0, :3], graphs.host_view[1, :3], graphs.host_view[2, :3] = [-3, 42, -1], [4, 4, 4], slots
+    graphs.host_view[2, 3] = alloc.pad_slot
+    graphs.inputs.copy_(graphs.host_inputs)
+    assert graphs._batch(4).input_ids[:3].tolist() == [103, 42, 101]

@@ -32,7 +32,7 @@ def capture_sizes(max_bs: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, *, model: torch.nn.Module, allocator: Allocator, kv_pool: KVPool | None,
-                 state_pool: StatePool | None, max_bs: int, device: torch.device):
+                 state_pool: StatePool | None, max_bs: int, device: torch.device, take_prev_ids: bool = False):
         self.model = model
         self.allocator = allocator
         self.kv_pool = kv_pool
@@ -43,6 +43,8 @@ class DecodeGraphs:
         self.host_view = self.host_inputs.numpy()  # rows: token ids, positions, state slots
         self.inputs = torch.zeros((3, self.max_bs), dtype=torch.int64, device=device)
         self.inputs[2].fill_(allocator.pad_slot)
+        # overlapped decode: a token id -(j + 1) means prev_ids[j], sampled by the previous step on the device
+        self.prev_ids = torch.zeros(self.max_bs, dtype=torch.int64, device=device) if take_prev_ids else None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
 
@@ -50,6 +52,8 @@ class DecodeGraphs:
         """The decode ForwardBatch of the first `bs` input rows, computed on the device."""
         a = self.allocator
         ids, positions, slots = self.inputs[:, :bs]
+        if self.prev_ids is not None:
+            ids = torch.where(ids >= 0, ids, self.prev_ids[(-ids - 1).clamp(min=0)])
         valid = slots != a.pad_slot
         block_table = a.page_table.index_select(0, slots)
         page = block_table.gather(1, (positions // a.page_size)[:, None]).squeeze(1).long()
@@ -84,10 +88,13 @@ class DecodeGraphs:
     def fits(self, batch_size: int) -> bool:
         return batch_size <= self.max_bs
 
-    def run(self, token_ids: list[int], positions: list[int], slots: list[int]) -> torch.Tensor:
+    def run(self, token_ids: list[int], positions: list[int], slots: list[int],
+            prev_ids: torch.Tensor | None = None) -> torch.Tensor:
         """One decode step of B = len(token_ids) requests. Returns logits [B, V] (valid until the
-        next run)."""
+        next run). prev_ids: the previous step's sampled ids on the device, for tokens -(j + 1)."""
         b = len(token_ids)
+        if prev_ids is not None:
+            self.prev_ids[:prev_ids.shape[0]].copy_(prev_ids)
         bs = next(s for s in self.sizes if s >= b)
         host = self.host_view
         host[0, :b], host[1, :b], host[2, :b] = token_ids, positions, slots

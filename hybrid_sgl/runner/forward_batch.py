@@ -45,8 +45,11 @@ class ForwardBatch:
     @staticmethod
     def build(*, mode: ForwardMode, token_runs: list[list[int]], prefix_lens: list[int], slots: list[int],
               page_table: torch.Tensor, page_size: int, kv_pool: KVPool | None,
-              state_pool: StatePool | None, device: torch.device) -> ForwardBatch:
-        """token_runs[i]: the new tokens of request i, which starts at position prefix_lens[i]."""
+              state_pool: StatePool | None, device: torch.device,
+              prev_ids: torch.Tensor | None = None) -> ForwardBatch:
+        """token_runs[i]: the new tokens of request i, which starts at position prefix_lens[i]. A token
+        -(j + 1) stands for prev_ids[j], a token the previous step sampled and the host has not seen
+        yet (overlapped decode)."""
         lens = torch.tensor([len(run) for run in token_runs], dtype=torch.int64)
         starts = torch.tensor(prefix_lens, dtype=torch.int64)
         cu = torch.zeros(len(token_runs) + 1, dtype=torch.int64)
@@ -61,7 +64,10 @@ class ForwardBatch:
         block_table = page_table[dev_slots.long(), :max_pages]
         pages = block_table[to(row), dev_positions // page_size].long()
         slot_mapping = pages * page_size + dev_positions % page_size
-        return ForwardBatch(mode=mode, input_ids=to(input_ids), positions=dev_positions, seq_lens=to(seq_lens),
+        input_ids = to(input_ids)
+        if prev_ids is not None:
+            input_ids = torch.where(input_ids >= 0, input_ids, prev_ids[(-input_ids - 1).clamp(min=0)])
+        return ForwardBatch(mode=mode, input_ids=input_ids, positions=dev_positions, seq_lens=to(seq_lens),
                             state_slots=dev_slots, block_table=block_table, slot_mapping=slot_mapping,
                             cu_seqlens=to(cu.to(torch.int32)), has_initial_state=to(starts > 0), kv_pool=kv_pool,
                             state_pool=state_pool)

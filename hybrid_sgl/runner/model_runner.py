@@ -48,6 +48,23 @@ class ItemResult:
     input_logprobs: list[tuple[int, float, list]] = field(default_factory=list)
 
 
+@dataclass
+class PendingDecode:
+    """A decode step launched on the device whose sampled tokens the host has not read yet."""
+
+    items: list[BatchItem]
+    next_ids: torch.Tensor  # [B] int64 on the device
+    host_ids: torch.Tensor  # [B] int64, pinned on CUDA; filled by an async copy
+    done: torch.cuda.Event | None
+    deferred: list[Req] = field(default_factory=list)  # finished earlier; their slots free after this step
+
+    def results(self) -> list[ItemResult]:
+        """Waits for the step; one ItemResult (next token only) per item."""
+        if self.done is not None:
+            self.done.synchronize()
+        return [ItemResult(next_token=t) for t in self.host_ids.tolist()]
+
+
 class ModelRunner:
     def __init__(self, args: ServerArgs, config: ModelConfig):
         self.args = args
@@ -174,11 +191,47 @@ class ModelRunner:
             return None
         max_bs = min(self.args.cuda_graph_max_bs or 256, self.plan.max_running_requests)
         graphs = DecodeGraphs(model=self.model, allocator=self.allocator, kv_pool=self.kv_pool,
-                              state_pool=self.state_pool, max_bs=max_bs, device=self.device)
+                              state_pool=self.state_pool, max_bs=max_bs, device=self.device,
+                              take_prev_ids=self.args.enable_overlap_schedule)
         graphs.capture()
         return graphs
 
     # ---- one step --------------------------------------------------------------------------------
+    @staticmethod
+    def can_overlap(items: list[BatchItem]) -> bool:
+        """Whether a decode batch may run without the host waiting for its tokens: every row samples,
+        and nothing in sampling reads the request's outputs so far (penalties, min_new_tokens) or
+        returns logprobs."""
+        return all(it.sample and not it.req.return_logprob and not it.req.params.uses_penalties
+                   and it.req.params.min_new_tokens == 0 for it in items)
+
+    @torch.inference_mode()
+    def launch_decode(self, items: list[BatchItem], prev: PendingDecode | None = None,
+                      prev_rows: list[int] | None = None) -> PendingDecode:
+        """Launch a decode step and its sampling without waiting for them. prev_rows[i] >= 0: item i's
+        input token is the one `prev` sampled in that row (still on the device)."""
+        prev_rows = prev_rows or [-1] * len(items)
+        tokens = [-(j + 1) if j >= 0 else it.req.token_slice(it.start, it.end)[0] for it, j in zip(items, prev_rows)]
+        prev_ids = prev.next_ids if prev is not None else None
+        positions, slots = [it.start for it in items], [it.req.slot for it in items]
+        if self.graphs is not None and self.graphs.fits(len(items)):
+            logits = self.graphs.run(tokens, positions, slots, prev_ids=prev_ids)
+        else:
+            fb = ForwardBatch.build(mode=ForwardMode.DECODE, token_runs=[[t] for t in tokens], prefix_lens=positions,
+                                    slots=slots, page_table=self.allocator.page_table,
+                                    page_size=self.allocator.page_size, kv_pool=self.kv_pool,
+                                    state_pool=self.state_pool, device=self.device, prev_ids=prev_ids)
+            logits = self.model.compute_logits(self.model(fb))
+        next_ids = sample(logits, [it.req for it in items], self.config.eos_token_ids)
+        on_gpu = self.device.type == "cuda"
+        host_ids = torch.empty(len(items), dtype=torch.int64, pin_memory=on_gpu)
+        host_ids.copy_(next_ids, non_blocking=on_gpu)
+        done = None
+        if on_gpu:
+            done = torch.cuda.Event()
+            done.record()
+        return PendingDecode(items=items, next_ids=next_ids, host_ids=host_ids, done=done)
+
     @torch.inference_mode()
     def run(self, mode: ForwardMode, items: list[BatchItem]) -> list[ItemResult]:
         rows, sample_rows, lp_rows = self._logit_rows(items)

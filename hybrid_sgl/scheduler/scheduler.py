@@ -5,6 +5,13 @@ or a DECODE batch (one token for every decoding request). Extend work goes first
 requests are decoding, steps alternate so a long prompt delays them by at most one chunk.
 Pages are taken as tokens arrive; when they run out, the newest running request is preempted
 (slot and pages released, tokens kept) and recomputed later, so the oldest always progresses.
+
+With `enable_overlap_schedule`, a run of decode steps is pipelined: step N+1 is launched (its
+input tokens are step N's samples, still on the device) before the host reads step N's tokens,
+so the host's bookkeeping overlaps the device's work. A request that stops at step N (EOS, stop
+token or string, abort) wastes its row of step N+1, which is discarded; its slot is freed only
+after that step. Anything else (prompt work, new arrivals, memory pressure, logprobs) first
+waits for the step in flight and then runs synchronously.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from collections.abc import Callable
 
 from hybrid_sgl.memory.allocator import Allocator
 from hybrid_sgl.runner.forward_batch import ForwardMode
-from hybrid_sgl.runner.model_runner import BatchItem, ItemResult, ModelRunner
+from hybrid_sgl.runner.model_runner import BatchItem, ItemResult, ModelRunner, PendingDecode
 from hybrid_sgl.scheduler.request import Req, ReqStatus
 
 logger = logging.getLogger(__name__)
@@ -41,6 +48,9 @@ class Scheduler:
         self.last_was_extend = False
         self.num_preemptions = 0
         self._arrivals = itertools.count()
+        self.overlap = runner.args.enable_overlap_schedule
+        self._pending: PendingDecode | None = None
+        self.num_overlapped_steps = 0
 
     # ---- requests in / out -----------------------------------------------------------------------
     def validate(self, prompt_ids: list[int], max_new_tokens: int) -> None:
@@ -78,16 +88,21 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self._pending)
 
     # ---- one step --------------------------------------------------------------------------------
     def step(self) -> list[Req]:
         """Run one batch. Returns the requests that got a token or finished."""
+        if self._pending is not None:
+            return self._step_after_pending()
         mode, items = self._schedule()
         if not items:
             return []
-        results = self.runner.run(mode, items)
         self.last_was_extend = mode is ForwardMode.EXTEND
+        if self.overlap and mode is ForwardMode.DECODE and self.runner.can_overlap(items):
+            self._pending = self.runner.launch_decode(items)
+            return []
+        results = self.runner.run(mode, items)
         changed = []
         for item, result in zip(items, results):
             if self._apply(item, result):
@@ -95,6 +110,63 @@ class Scheduler:
         for req in changed:
             if req.finished:
                 self._release(req)
+        return changed
+
+    # ---- overlapped decode -----------------------------------------------------------------------
+    def _step_after_pending(self) -> list[Req]:
+        """Launch the follow-up decode step if one can run blind, then read the step in flight."""
+        pending, follow = self._pending, self._follow_up(self._pending)
+        self._pending = None
+        if follow is not None:
+            items, rows = follow
+            self._pending = self.runner.launch_decode(items, prev=pending, prev_rows=rows)
+            self.num_overlapped_steps += 1
+        return self._resolve(pending)
+
+    def _follow_up(self, pending: PendingDecode) -> tuple[list[BatchItem], list[int]] | None:
+        """The next decode batch, built before `pending`'s tokens are known: its requests go on
+        unless they stop by length at `pending`. None when the next step needs the host's answer
+        first (prompt work or arrivals waiting, a decoding request outside `pending`, too few pages)."""
+        if self.waiting or any(r.status is ReqStatus.RUNNING and not r.is_decoding for r in self.running):
+            return None
+        items, rows, pages = [], [], 0
+        for j, it in enumerate(pending.items):
+            req = it.req
+            if req.status is not ReqStatus.RUNNING:
+                continue  # aborted while in flight
+            n_out = len(req.output_ids) + 1  # once pending's token is in
+            if n_out >= req.params.max_new_tokens or req.seq_len + 1 >= self.context_length:
+                continue
+            items.append(BatchItem(req=req, start=it.end, end=it.end + 1, sample=True))
+            rows.append(j)
+            pages += self.allocator.extra_pages_needed(req.slot, it.end + 1)
+        in_flight = {id(it.req) for it in pending.items}
+        if not items or any(r.is_decoding and id(r) not in in_flight for r in self.running):
+            return None
+        if pages > self.allocator.num_free_pages:
+            return None  # would need preemption: decide it with the tokens in hand
+        for it in items:
+            self.allocator.grow(it.req.slot, it.end)
+        return items, rows
+
+    def _resolve(self, pending: PendingDecode) -> list[Req]:
+        """Wait for `pending`, apply its tokens; a request that finishes while it is also in the step
+        now in flight keeps its slot until that step is read."""
+        changed = []
+        for item, result in zip(pending.items, pending.results()):
+            if item.req.status is ReqStatus.RUNNING and self._apply(item, result):
+                changed.append(item.req)
+        next_reqs = {id(it.req) for it in self._pending.items} if self._pending is not None else set()
+        for req in changed:
+            if req.finished:
+                if id(req) in next_reqs:
+                    self._release(req, free_slot=False)
+                    self._pending.deferred.append(req)
+                else:
+                    self._release(req)
+        for req in pending.deferred:
+            self.allocator.free_slot(req.slot)
+            req.slot = None
         return changed
 
     def _schedule(self) -> tuple[ForwardMode, list[BatchItem]]:
@@ -173,8 +245,8 @@ class Scheduler:
         self.waiting.append(req)
         self.waiting = deque(sorted(self.waiting, key=lambda r: r.arrival))
 
-    def _release(self, req: Req) -> None:
-        if req.slot is not None:
+    def _release(self, req: Req, free_slot: bool = True) -> None:
+        if req.slot is not None and free_slot:
             self.allocator.free_slot(req.slot)
             req.slot = None
         if req in self.running:
