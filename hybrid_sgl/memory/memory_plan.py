@@ -71,7 +71,8 @@ def plan_memory(*, config: ModelConfig, state: StateShapes | None, kv_dtype: tor
                          f"the budget is {budget_bytes} bytes; raise --mem-fraction-static or use a smaller model")
     left = budget_bytes - running * state_per_req
     tokens = left // max(kv_per_token, 1)
-    tokens = min(tokens, running * context_length)  # more could never be used at once
+    per_request = -(-context_length // page_size) * page_size  # whole pages
+    tokens = min(tokens, running * per_request)  # more could never be used at once
     if max_total_tokens is not None:
         tokens = min(tokens, max_total_tokens)
     num_pages = tokens // page_size

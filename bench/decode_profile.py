@@ -1,0 +1,69 @@
+"""Where a decode step's device time goes: per-kernel totals of a decode run, under torch.profiler,
+on a `configs/` model with dummy weights. The gap between the sum of kernel times and the step time
+measured by bench/offline.py is launch gaps (inside the CUDA graph) and host time.
+
+    PYTHONPATH=$PWD python bench/decode_profile.py --config configs/qwen3_5-9b-text --batch 1
+
+Profiling runs the decode eagerly by default (kernels are the same as in the graph; CUPTI does not
+see inside every graph replay); --graphs keeps the CUDA graphs. Prints the top kernels by device
+time per decode step, their share of the step, and the kernel count per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from hybrid_sgl import Engine  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default=os.path.join(ROOT, "configs", "qwen3_5-9b-text"))
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--prompt", type=int, default=16, help="prompt tokens (small: the profile is about decode)")
+    p.add_argument("--steps", type=int, default=32, help="decode steps profiled")
+    p.add_argument("--graphs", action="store_true", help="keep decode CUDA graphs")
+    p.add_argument("--top", type=int, default=30)
+    a = p.parse_args()
+    engine = Engine(model_path=a.config, load_format="dummy", skip_tokenizer_init=True, random_seed=0,
+                    context_length=a.prompt + a.steps + 8, max_running_requests=a.batch,
+                    disable_cuda_graph=not a.graphs, log_level="warning")
+    vocab = engine.model_config.vocab_size
+    prompts = [[(7 * i + j) % (vocab - 1) + 1 for j in range(a.prompt)] for i in range(a.batch)]
+    params = {"max_new_tokens": a.steps, "temperature": 0, "ignore_eos": True}
+    on_gpu = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    try:
+        engine.generate(input_ids=prompts, sampling_params={**params, "max_new_tokens": 4})  # warm-up
+        sync()
+        with profile(activities=[ProfilerActivity.CUDA if on_gpu else ProfilerActivity.CPU]) as prof:
+            engine.generate(input_ids=prompts, sampling_params=params)
+            sync()
+    finally:
+        engine.shutdown()
+    per_kernel: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in prof.events():  # on CPU (a smoke run): aten ops of every thread instead of kernels
+        if e.device_type.name == ("CUDA" if on_gpu else "CPU") and (on_gpu or e.name.startswith("aten::")):
+            per_kernel[e.name][0] += e.device_time_total
+            per_kernel[e.name][1] += 1
+    total_us = sum(t for t, _ in per_kernel.values())
+    count = sum(n for _, n in per_kernel.values())
+    print(f"# Decode profile: {a.config}, batch {a.batch}, {a.steps} steps, graphs {'on' if a.graphs else 'off'}\n")
+    print(f"device kernel time per step: {total_us / a.steps / 1000:.3f} ms over {count / a.steps:.0f} kernels "
+          f"(prefill of {a.prompt} tokens included, amortized)\n")
+    print("| kernel | ms / step | % | calls / step |\n|---|---|---|---|")
+    for name, (t, n) in sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[: a.top]:
+        print(f"| {name[:90]} | {t / a.steps / 1000:.4f} | {100 * t / total_us:.1f} | {n / a.steps:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
