@@ -68,7 +68,8 @@ class Mamba2Spec:
     conv_kernel: int
     chunk_size: int
     conv_bias: bool = True
-    proj_bias: bool = False  # in_proj / out_proj bias
+    proj_bias: bool = False  # in_proj bias (and out_proj's unless out_proj_bias says otherwise)
+    out_proj_bias: bool | None = None  # None: as proj_bias (Falcon-H1 sets the two apart)
     gated_norm: bool = True  # y = norm(y * silu(z)) before out_proj; False: y * silu(z) without a norm
     norm_group_size: int = 0  # channels per group of the gated norm; 0 = intermediate_size / n_groups
     norm_before_gate: bool = False  # True: y = norm(y) * silu(z)
@@ -77,6 +78,10 @@ class Mamba2Spec:
     @property
     def intermediate_size(self) -> int:
         return self.num_heads * self.head_dim
+
+    @property
+    def out_bias(self) -> bool:
+        return self.proj_bias if self.out_proj_bias is None else self.out_proj_bias
 
     @property
     def conv_dim(self) -> int:
@@ -220,6 +225,17 @@ def as_list(value) -> list[int]:
     if value is None:
         return []
     return [int(v) for v in value] if isinstance(value, list) else [int(value)]
+
+
+def json_float(value) -> float:
+    """A float from config.json, where transformers writes non-finite ones as {"__float__": "Infinity"}."""
+    return float(value["__float__"]) if isinstance(value, dict) else float(value)
+
+
+def dt_limit(hf: dict) -> tuple[float, float]:
+    """Mamba2's `time_step_limit` (dt clamp), default (0, inf)."""
+    low, high = hf.get("time_step_limit") or (0.0, float("inf"))
+    return json_float(low), json_float(high)
 
 
 def rope_params(text: dict) -> tuple[float, float]:

@@ -14,7 +14,10 @@ from hybrid_sgl.runner.forward_batch import ForwardBatch
 
 
 class Mamba2Mixer(nn.Module):
-    def __init__(self, *, spec: Mamba2Spec, hidden_size: int, eps: float, state_index: int, ops: SSMOps):
+    def __init__(self, *, spec: Mamba2Spec, hidden_size: int, eps: float, state_index: int, ops: SSMOps,
+                 in_proj_scale: torch.Tensor | None = None):
+        """in_proj_scale: optional per-channel multipliers of the in_proj output [sum(splits)]
+        (Falcon-H1's ssm_multipliers)."""
         super().__init__()
         self.spec = spec
         self.eps = eps
@@ -29,9 +32,8 @@ class Mamba2Mixer(nn.Module):
         self.D = nn.Parameter(torch.ones(s.num_heads, dtype=torch.float32))
         self.dt_bias = nn.Parameter(torch.ones(s.num_heads, dtype=torch.float32))
         self.norm_weight = nn.Parameter(torch.ones(s.intermediate_size)) if s.gated_norm else None
-        self.out_proj = nn.Linear(s.intermediate_size, hidden_size, bias=s.proj_bias)
-        # optional per-channel multipliers of the in_proj output [sum(splits)] (Falcon-H1's mup)
-        self.register_buffer("in_proj_scale", None, persistent=False)
+        self.out_proj = nn.Linear(s.intermediate_size, hidden_size, bias=s.out_bias)
+        self.register_buffer("in_proj_scale", in_proj_scale, persistent=False)
 
     @property
     def norm_group_size(self) -> int:

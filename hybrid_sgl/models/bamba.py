@@ -15,7 +15,7 @@ import re
 import torch
 from torch import nn
 
-from hybrid_sgl.config import AttentionSpec, Mamba2Spec, ModelConfig, MoESpec, as_list, rope_params
+from hybrid_sgl.config import AttentionSpec, Mamba2Spec, ModelConfig, MoESpec, as_list, dt_limit, rope_params
 from hybrid_sgl.layers.attention import GatedAttention
 from hybrid_sgl.layers.decoder_layer import DecoderLayer
 from hybrid_sgl.layers.mamba2 import Mamba2Mixer
@@ -122,7 +122,6 @@ def _mamba2_spec(hf: dict) -> Mamba2Spec:
     head_dim = inner // heads if head_dim in (None, "auto") else int(head_dim)
     if heads * head_dim != inner:
         raise ValueError(f"mamba_n_heads={heads} x mamba_d_head={head_dim} != mamba_expand x hidden_size = {inner}")
-    limit = hf.get("time_step_limit") or (0.0, float("inf"))
     return Mamba2Spec(
         num_heads=heads,
         head_dim=head_dim,
@@ -132,13 +131,10 @@ def _mamba2_spec(hf: dict) -> Mamba2Spec:
         chunk_size=hf.get("mamba_chunk_size", 256),
         conv_bias=bool(hf.get("mamba_conv_bias", True)),
         proj_bias=bool(hf.get("mamba_proj_bias", False)),
-        dt_limit=(_json_float(limit[0]), _json_float(limit[1])),
+        dt_limit=dt_limit(hf),
     )
 
 
-def _json_float(value) -> float:
-    """A float from config.json, where transformers writes infinity as {"__float__": "Infinity"}."""
-    return float(value["__float__"]) if isinstance(value, dict) else float(value)
 
 
 # ---- model -------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import re
 import torch
 from torch import nn
 
-from hybrid_sgl.config import AttentionSpec, Mamba2Spec, ModelConfig, as_list, rope_params
+from hybrid_sgl.config import AttentionSpec, Mamba2Spec, ModelConfig, as_list, dt_limit, rope_params
 from hybrid_sgl.layers.attention import GatedAttention
 from hybrid_sgl.layers.mamba2 import Mamba2Mixer
 from hybrid_sgl.layers.mlp import GatedMLP
@@ -27,11 +27,6 @@ from hybrid_sgl.models.base import Backends, HybridCausalLM
 from hybrid_sgl.runner.forward_batch import ForwardBatch
 
 _LAYER = re.compile(r"layers\.(\d+)\.(\w+)\.(.+)")
-
-
-def _as_float(value) -> float:
-    """JSON floats, including transformers' {"__float__": "Infinity"} spelling of non-finite ones."""
-    return float(value["__float__"] if isinstance(value, dict) else value)
 
 
 def parse_config(hf: dict, gen_eos: list[int]) -> ModelConfig:
@@ -48,7 +43,6 @@ def parse_config(hf: dict, gen_eos: list[int]) -> ModelConfig:
     d_head = d_ssm // n_heads if d_head in (None, "auto") else d_head
     if n_heads * d_head != d_ssm:
         raise ValueError(f"mamba_n_heads * mamba_d_head = {n_heads} * {d_head} != mamba_d_ssm = {d_ssm}")
-    limit = hf.get("time_step_limit") or (0.0, float("inf"))
     return ModelConfig(
         architecture=(hf.get("architectures") or ["FalconH1ForCausalLM"])[0],
         model_type=hf["model_type"],
@@ -82,10 +76,11 @@ def parse_config(hf: dict, gen_eos: list[int]) -> ModelConfig:
             conv_kernel=hf.get("mamba_d_conv", 4),
             chunk_size=hf.get("mamba_chunk_size", 256),
             conv_bias=bool(hf.get("mamba_conv_bias", True)),
-            proj_bias=bool(hf.get("mamba_proj_bias", False)),  # in_proj; out_proj follows projectors_bias
+            proj_bias=bool(hf.get("mamba_proj_bias", False)),
+            out_proj_bias=bool(hf.get("projectors_bias", False)),
             gated_norm=bool(hf.get("mamba_rms_norm", False)),
             norm_before_gate=bool(hf.get("mamba_norm_before_gate", True)),
-            dt_limit=(_as_float(limit[0]), _as_float(limit[1])),
+            dt_limit=dt_limit(hf),
         ),
         weight_prefix="model.",
         hf_text_config=hf,
@@ -124,11 +119,7 @@ class FalconH1Layer(nn.Module):
         self.self_attn = GatedAttention(spec=c.attention, hidden_size=c.hidden_size, eps=c.rms_norm_eps,
                                         norm_offset=0.0, kv_index=index, rotary=rotary, ops=backends.attention)
         self.mamba = Mamba2Mixer(spec=c.mamba2, hidden_size=c.hidden_size, eps=c.rms_norm_eps, state_index=index,
-                                 ops=backends.ssm)
-        self.mamba.in_proj_scale = ssm_in_proj_scale(c)
-        out_bias = bool(hf.get("projectors_bias", False))
-        if out_bias != c.mamba2.proj_bias:  # Falcon-H1 sets the two biases of the mixer separately
-            self.mamba.out_proj = nn.Linear(c.mamba2.intermediate_size, c.hidden_size, bias=out_bias)
+                                 ops=backends.ssm, in_proj_scale=ssm_in_proj_scale(c))
         self.pre_ff_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         multipliers = hf.get("mlp_multipliers") or [1.0, 1.0]
         self.feed_forward = FalconH1MLP(c.hidden_size, c.intermediate_size, (float(multipliers[0]),
