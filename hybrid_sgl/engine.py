@@ -49,7 +49,8 @@ class Engine:
         self.tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args.tokenizer_path)
         self.runner = ModelRunner(args, self.model_config)
         self.scheduler = Scheduler(self.runner, chunked_prefill_size=args.chunked_prefill_size,
-                                   stop_string_checker=StopStringChecker(self.tokenizer) if self.tokenizer else None)
+                                   stop_string_checker=StopStringChecker(self.tokenizer) if self.tokenizer else None,
+                                   overlap=args.enable_overlap_schedule)
         self.loop = EngineLoop(self.scheduler)
         self.loop.start()
         self._ids = itertools.count()

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from hybrid_sgl.memory.allocator import Allocator
 from hybrid_sgl.runner.forward_batch import ForwardMode
-from hybrid_sgl.runner.model_runner import ItemResult
+from hybrid_sgl.runner.model_runner import ItemResult, ModelRunner
 from hybrid_sgl.sampling_params import SamplingParams
 from hybrid_sgl.scheduler.request import Req, ReqStatus
 from hybrid_sgl.scheduler.scheduler import AdmissionError, Scheduler
@@ -45,12 +45,32 @@ class FakeRunner:
         self.batches.append((mode, len(items)))
         return [ItemResult(next_token=self.rng.randrange(50) if it.sample else None) for it in items]
 
+    can_overlap = staticmethod(ModelRunner.can_overlap)
+
+    def launch_decode(self, items, prev=None, prev_rows=None):
+        """Overlapped decode: item i continues from prev's row prev_rows[i] (one token not applied yet)."""
+        prev_rows = prev_rows or [-1] * len(items)
+        slots = [it.req.slot for it in items]
+        assert len(set(slots)) == len(slots) and None not in slots
+        for it, j in zip(items, prev_rows):
+            req = it.req
+            assert req.status is ReqStatus.RUNNING and it.end - it.start == 1 and it.sample
+            assert it.start == req.num_computed + (j >= 0), (it.start, req.num_computed, j)
+            if j >= 0:
+                assert prev.items[j].req is req and prev.items[j].end == it.start
+            assert len(self.allocator.slot_pages[req.slot]) * self.allocator.page_size >= it.end
+        self.batches.append((ForwardMode.DECODE, len(items)))
+        tokens = [self.rng.randrange(50) for _ in items]
+        return SimpleNamespace(items=items, deferred=[],
+                               results=lambda: [ItemResult(next_token=t) for t in tokens])
+
 
 def check(s: Scheduler):
     s.allocator.check_integrity()
     running_slots = [r.slot for r in s.running]
-    assert None not in running_slots and len(set(running_slots)) == len(running_slots)
-    assert s.allocator.num_free_slots == s.allocator.num_slots - len(running_slots)
+    held = [r.slot for r in s._pending.deferred] if s._pending is not None else []  # finished, step in flight
+    assert None not in running_slots + held and len(set(running_slots + held)) == len(running_slots + held)
+    assert s.allocator.num_free_slots == s.allocator.num_slots - len(running_slots) - len(held)
     assert all(r.slot is None and r.status is ReqStatus.WAITING for r in s.waiting)
 
 
@@ -62,10 +82,10 @@ events = st.lists(st.one_of(
 
 
 @settings(max_examples=120, deadline=None)
-@given(events, st.integers(0, 10_000), st.sampled_from([3, 8, 64]))
-def test_random_workloads_keep_pools_consistent(sequence, seed, chunk):
+@given(events, st.integers(0, 10_000), st.sampled_from([3, 8, 64]), st.booleans())
+def test_random_workloads_keep_pools_consistent(sequence, seed, chunk, overlap):
     runner = FakeRunner(num_slots=3, num_pages=14, page_size=4, context_length=48, chunk=chunk, seed=seed)
-    s = Scheduler(runner, chunked_prefill_size=chunk)
+    s = Scheduler(runner, chunked_prefill_size=chunk, overlap=overlap)
     reqs: list[Req] = []
     for kind, a, b in sequence:
         if kind == "arrive":
@@ -142,3 +162,19 @@ def test_requests_that_can_never_fit_are_rejected_with_the_cause():
         else:
             raise AssertionError(f"accepted {len(prompt)} tokens + {max_new}")
     assert not s.has_work
+
+
+def test_overlapped_decode_chains_steps_and_frees_everything():
+    runner = FakeRunner(num_slots=3, num_pages=30, page_size=4, context_length=40, chunk=64, seed=3)
+    runner.config.eos_token_ids = ()
+    s = Scheduler(runner, chunked_prefill_size=64, overlap=True)
+    reqs = [Req(rid=f"r{i}", prompt_ids=[1] * (3 + i), params=SamplingParams(max_new_tokens=8 + 3 * i))
+            for i in range(3)]
+    for r in reqs:
+        s.add(r)
+    while s.has_work:
+        s.step()
+        check(s)
+    assert s.num_overlapped_steps > 5
+    assert [len(r.output_ids) for r in reqs] == [8, 11, 14]
+    assert s.allocator.num_free_pages == s.allocator.num_pages and s.allocator.num_free_slots == 3

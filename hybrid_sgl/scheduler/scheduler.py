@@ -35,7 +35,7 @@ class AdmissionError(ValueError):
 
 class Scheduler:
     def __init__(self, runner: ModelRunner, *, chunked_prefill_size: int,
-                 stop_string_checker: Callable[[Req], str | None] | None = None):
+                 stop_string_checker: Callable[[Req], str | None] | None = None, overlap: bool = False):
         self.runner = runner
         self.allocator: Allocator = runner.allocator
         self.context_length = runner.context_length
@@ -48,7 +48,7 @@ class Scheduler:
         self.last_was_extend = False
         self.num_preemptions = 0
         self._arrivals = itertools.count()
-        self.overlap = runner.args.enable_overlap_schedule
+        self.overlap = overlap
         self._pending: PendingDecode | None = None
         self.num_overlapped_steps = 0
 
