@@ -17,7 +17,7 @@ class Mamba2Mixer(nn.Module):
     def __init__(self, *, spec: Mamba2Spec, hidden_size: int, eps: float, state_index: int, ops: SSMOps,
                  in_proj_scale: torch.Tensor | None = None):
         """in_proj_scale: optional per-channel multipliers of the in_proj output [sum(splits)]
-        (Falcon-H1's ssm_multipliers)."""
+        (Falcon-H1's ssm_multipliers), folded into the in_proj rows as they load."""
         super().__init__()
         self.spec = spec
         self.eps = eps
@@ -33,7 +33,7 @@ class Mamba2Mixer(nn.Module):
         self.dt_bias = nn.Parameter(torch.ones(s.num_heads, dtype=torch.float32))
         self.norm_weight = nn.Parameter(torch.ones(s.intermediate_size)) if s.gated_norm else None
         self.out_proj = nn.Linear(s.intermediate_size, hidden_size, bias=s.out_bias)
-        self.register_buffer("in_proj_scale", in_proj_scale, persistent=False)
+        self.in_proj_scale = in_proj_scale
 
     @property
     def norm_group_size(self) -> int:
@@ -43,10 +43,7 @@ class Mamba2Mixer(nn.Module):
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]."""
         s, t = self.spec, x.shape[0]
-        zxbcdt = self.in_proj(x)
-        if self.in_proj_scale is not None:
-            zxbcdt = zxbcdt * self.in_proj_scale
-        z, xbc, dt = zxbcdt.split(self.splits, dim=-1)
+        z, xbc, dt = self.in_proj(x).split(self.splits, dim=-1)
         conv_states, ssm_states = fb.state_pool.layer(self.state_index)
         if fb.is_decode:
             xbc = self.ops.conv_update(x=xbc, weight=self.conv_weight, bias=self.conv_bias, conv_states=conv_states,
@@ -97,6 +94,9 @@ class Mamba2Mixer(nn.Module):
             param = getattr(getattr(self, module), kind, None)
             if param is None:
                 raise KeyError(name)
+            if module == "in_proj" and self.in_proj_scale is not None:  # (m * W) x + m * b = m * (W x + b)
+                scale = self.in_proj_scale.to(tensor.device, torch.float32)
+                tensor = tensor.float() * (scale[:, None] if tensor.dim() == 2 else scale)
             param.data.copy_(tensor)
         else:
             raise KeyError(name)

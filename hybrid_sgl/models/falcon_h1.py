@@ -6,7 +6,7 @@ their outputs to the residual, then a gated MLP. The mup multipliers:
     mixer = mamba(h * ssm_in_multiplier) * ssm_out_multiplier
           + attention(h * attention_in_multiplier) * attention_out_multiplier
     keys * key_multiplier                    -> folded into the softmax scale
-    in_proj segments [z | x | B | C | dt] * ssm_multipliers  -> Mamba2Mixer.in_proj_scale
+    in_proj segments [z | x | B | C | dt] * ssm_multipliers  -> Mamba2Mixer.in_proj_scale (folded into its rows)
     mlp = down(silu(gate x * g) * up x) * d, (g, d) = mlp_multipliers  -> folded into the weights
 """
 
@@ -93,7 +93,7 @@ def ssm_in_proj_scale(config: ModelConfig) -> torch.Tensor:
     multipliers = config.hf_text_config.get("ssm_multipliers") or [1.0] * 5
     sizes = [m.intermediate_size, m.intermediate_size, m.n_groups * m.state_size, m.n_groups * m.state_size,
              m.num_heads]
-    return torch.cat([torch.full((n,), float(v)) for n, v in zip(sizes, multipliers, strict=True)])
+    return torch.cat([torch.full((n,), float(v), dtype=torch.float32) for n, v in zip(sizes, multipliers, strict=True)])
 
 
 def _scaled(x: torch.Tensor, multiplier: float) -> torch.Tensor:
