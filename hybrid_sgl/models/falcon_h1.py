@@ -4,7 +4,8 @@ their outputs to the residual, then a gated MLP. The mup multipliers:
 
     embeddings * embedding_multiplier, logits * lm_head_multiplier
     mixer = mamba(h * ssm_in_multiplier) * ssm_out_multiplier
-          + attention(h * attention_in_multiplier) * attention_out_multiplier
+          + attention(h * attention_in_multiplier) * attention_out_multiplier  -> folded into the
+            branches' input projection weights and output projections as they load
     keys * key_multiplier                    -> folded into the softmax scale
     in_proj segments [z | x | B | C | dt] * ssm_multipliers  -> Mamba2Mixer.in_proj_scale (folded into its rows)
     mlp = down(silu(gate x * g) * up x) * d, (g, d) = mlp_multipliers  -> folded into the weights
@@ -111,6 +112,13 @@ class FalconH1MLP(GatedMLP):
         super().load_weight(name, _scaled(tensor, self.multipliers.get(name, 1.0)))
 
 
+# (branch, tensor) -> the multiplier folded into it as it loads
+_FOLDED = {("mamba", "in_proj.weight"): "ssm_in_multiplier", ("mamba", "out_proj.weight"): "ssm_out_multiplier",
+           ("mamba", "out_proj.bias"): "ssm_out_multiplier", ("self_attn", "o_proj.weight"): "attention_out_multiplier",
+           ("self_attn", "o_proj.bias"): "attention_out_multiplier",
+           **{("self_attn", f"{p}_proj.weight"): "attention_in_multiplier" for p in "qkv"}}
+
+
 class FalconH1Layer(nn.Module):
     def __init__(self, config: ModelConfig, backends: Backends, rotary: RotaryEmbedding, index: int):
         super().__init__()
@@ -134,11 +142,14 @@ class FalconH1Layer(nn.Module):
             h, residual = self.input_norm(x), x
         else:
             h, residual = self.input_norm.add(x, residual)
-        m = self.multipliers
-        ssm = _scaled(self.mamba(_scaled(h, m["ssm_in_multiplier"]), fb), m["ssm_out_multiplier"])
-        attn = self.self_attn(_scaled(h, m["attention_in_multiplier"]), fb)
-        h, residual = self.pre_ff_norm.add(ssm + _scaled(attn, m["attention_out_multiplier"]), residual)
+        h, residual = self.pre_ff_norm.add(self.mamba(h, fb) + self.self_attn(h, fb), residual)
         return self.feed_forward(h), residual
+
+    def load_weight(self, part: str, rest: str, tensor: torch.Tensor) -> None:
+        """The branch multipliers are folded into the weights: an input multiplier into the input
+        projections' weights (not their biases), an output multiplier into the output projection."""
+        name = _FOLDED.get((part, rest))
+        getattr(self, part).load_weight(rest, _scaled(tensor, self.multipliers[name]) if name else tensor)
 
 
 class FalconH1ForCausalLM(HybridCausalLM):
@@ -163,7 +174,7 @@ class FalconH1ForCausalLM(HybridCausalLM):
             layer = self.layers[int(m.group(1))]
             part, rest = m.group(2), m.group(3)
             if part in ("mamba", "self_attn", "feed_forward"):
-                getattr(layer, part).load_weight(rest, tensor)
+                layer.load_weight(part, rest, tensor)
             elif part in ("input_layernorm", "pre_ff_layernorm") and rest == "weight":
                 norm = layer.input_norm if part == "input_layernorm" else layer.pre_ff_norm
                 norm.weight.data.copy_(tensor)
