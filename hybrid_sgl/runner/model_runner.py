@@ -214,7 +214,8 @@ class ModelRunner:
         tokens = [-(j + 1) if j >= 0 else it.req.token_slice(it.start, it.end)[0] for it, j in zip(items, prev_rows)]
         prev_ids = prev.next_ids if prev is not None else None
         positions, slots = [it.start for it in items], [it.req.slot for it in items]
-        if self.graphs is not None and self.graphs.fits(len(items)):
+        prev_fits = prev is None or self.graphs is None or self.graphs.fits(len(prev.items))
+        if self.graphs is not None and self.graphs.fits(len(items)) and prev_fits:
             logits = self.graphs.run(tokens, positions, slots, prev_ids=prev_ids)
         else:
             fb = ForwardBatch.build(mode=ForwardMode.DECODE, token_runs=[[t] for t in tokens], prefix_lens=positions,
