@@ -4,7 +4,7 @@ Interpreter on CPU in float32; bf16 on GPU, where the roundings must match eager
 import pytest
 import torch
 
-from tests.kernels.test_ssd_chunk import compile_sm90_in_subprocess
+from tests.kernels.sm90 import compile_sm90_in_subprocess
 from triton_kernels.norms import gate_rmsnorm, gate_rmsnorm_ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -2,54 +2,20 @@
 configs the launchers pick and every config the prefill autotuners may pick, and ptxas reports no
 register spills; so do the float32 variants of the tiny GPU test models.
 
-Needs no GPU: Triton's CUDA backend and the ptxas it bundles run on CPU. The interpreter tests run the
-kernels' logic; this catches what only the compiler sees (type or shape errors, 64-bit offset tiles
-that blow the register budget). It runs in a subprocess, since TRITON_INTERPRET=1 (set by conftest
-on CPU) replaces @triton.jit functions with interpreted ones.
+Needs no GPU (tests/kernels/sm90.py): the interpreter tests run the kernels' logic; this catches what
+only the compiler sees (type or shape errors, 64-bit offset tiles that blow the register budget).
 """
-
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.kernels.sm90 import compile_sm90_in_subprocess
 
 SCRIPT = r'''
-import json, re, subprocess, tempfile, warnings
-warnings.filterwarnings("ignore")
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import get_ptxas
-from triton.compiler import ASTSource
-from triton.runtime.jit import JITFunction
-
 from triton_kernels import causal_conv1d as conv, gdn_chunk, gdn_chunk_parts as parts, gdn_recurrent
-
-def compile_sm90(kernel, types, constexprs, num_warps, num_stages):
-    fn = kernel
-    while not isinstance(fn, JITFunction):
-        fn = fn.fn
-    sig = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
-    pointers_and_strides = [n for n in fn.arg_names if types.get(n, "").startswith("*") or n.startswith("stride")]
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in pointers_and_strides}
-    ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
-                        target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(ck.asm["ptx"])
-        f.flush()
-        log = subprocess.run([get_ptxas(90).path, "--gpu-name", "sm_90a", "-v", f.name, "-o", "/dev/null"],
-                             capture_output=True, text=True, check=True).stderr
-    regs = int(re.search(r"Used (\d+) registers", log).group(1))
-    spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
-    return regs, spills
 
 HK, HV, K, V, D = 16, 32, 128, 128, 8192
 BF16 = "*bf16"
-out = {}
 gdn = dict(q=BF16, k=BF16, v=BF16, a=BF16, b=BF16, A_log="*fp32", dt_bias="*fp32", ssm_states="*fp32",
            state_slots="*i32", cu_seqlens="*i32", has_initial_state="*i1", o=BF16, g_cum="*fp32", kn=BF16,
            w=BF16, u=BF16, h=BF16, v_new=BF16, scale="fp32")
@@ -89,14 +55,7 @@ print(json.dumps(out))
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernel tests run the compiled kernels")
 def test_kernels_compile_for_hopper_without_spills():
-    pytest.importorskip("triton.backends.nvidia.compiler")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    run = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=ROOT, capture_output=True, text=True,
-                         timeout=600)
-    assert run.returncode == 0, run.stderr[-4000:]
-    results = json.loads(run.stdout.strip().splitlines()[-1])
+    results = compile_sm90_in_subprocess(SCRIPT)
     spilling = {name: r for name, r in results.items() if r[1] > 0}
     assert not spilling, f"(registers, spilled bytes) of configs that spill: {spilling}"
     assert all(regs <= 255 for regs, _ in results.values())

@@ -9,6 +9,7 @@ pool has unordered slots and sequences with and without an initial state share a
 import pytest
 import torch
 
+from tests.kernels.sm90 import compile_sm90_in_subprocess
 from triton_kernels.ssd_chunk import SSDLaunch, _mamba2_prefill_fwd, mamba2_prefill, mamba2_prefill_ref
 from triton_kernels.ssm_step import mamba2_decode_ref
 
@@ -213,37 +214,6 @@ def test_prefill_in_pieces(split):
     torch.testing.assert_close(pieces[1], whole[1], **TOL)
 
 
-SM90_PRELUDE = r'''
-import json, re, subprocess, tempfile, warnings
-warnings.filterwarnings("ignore")
-import torch
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import get_ptxas
-from triton.compiler import ASTSource
-from triton.runtime.jit import JITFunction
-
-def compile_sm90(kernel, types, constexprs, num_warps, num_stages):
-    """(registers, spilled bytes) of kernel built for sm_90a; arguments not in types are i32."""
-    fn = kernel
-    while not isinstance(fn, JITFunction):
-        fn = fn.fn
-    sig = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
-    aligned = [n for n in fn.arg_names if types.get(n, "").startswith("*") or n.startswith("stride")]
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
-                        target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(ck.asm["ptx"])
-        f.flush()
-        log = subprocess.run([get_ptxas(90).path, "--gpu-name", "sm_90a", "-v", f.name, "-o", "/dev/null"],
-                             capture_output=True, text=True, check=True).stderr
-    regs = int(re.search(r"Used (\d+) registers", log).group(1))
-    return regs, sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
-
-out = {}
-'''
-
 SSD_SM90 = r'''
 from triton_kernels import ssd_chunk, ssd_chunk_parts as parts
 
@@ -277,24 +247,6 @@ build("granite-4.0-h", "*bf16", 128, 1, 64, 128, 128, 32768, 8, "tf32")  # one g
 build("f32 tiny", "*fp32", 4, 2, 16, 16, 128, 300, 3, "tf32x3")  # float32 GPU tests and tiny models
 print(json.dumps(out))
 '''
-
-
-def compile_sm90_in_subprocess(body: str) -> dict:
-    """Runs SM90_PRELUDE + body without the interpreter (TRITON_INTERPRET=1, set by conftest on CPU,
-    replaces @triton.jit functions) and returns the {name: (registers, spilled bytes)} it prints."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    pytest.importorskip("triton.backends.nvidia.compiler")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    run = subprocess.run([sys.executable, "-c", SM90_PRELUDE + body], env=env, cwd=root, capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-4000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
