@@ -13,5 +13,7 @@ git log -1 --format='%H %s' 2>/dev/null > "$OUT/commit.txt"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 timeout 100 python3 bench/ssd_bench.py 2>&1 | tee "$OUT/ssd_bench.md" | tail -25
 timeout 45 python3 bench/ssm_step_bench.py --no-tune 2>&1 | tee "$OUT/ssm_step_bench.md" | tail -20
-timeout 150 python3 -m pytest -q -rf -p no:cacheprovider tests/gpu/test_ssd_chunk_cuda.py tests/gpu/test_ssm_step_cuda.py \
-  tests/gpu/test_model_cuda.py -k "(bamba or granite or nemotron or falcon or jamba) and not torch" 2>&1 | tee "$OUT/tests.log" | tail -25
+timeout 60 python3 -m pytest -q -rf -p no:cacheprovider tests/gpu/test_ssd_chunk_cuda.py tests/gpu/test_ssm_step_cuda.py \
+  2>&1 | tee "$OUT/tests_kernels.log" | tail -5
+timeout 120 python3 -m pytest -q -rf -p no:cacheprovider tests/gpu/test_model_cuda.py \
+  -k "(bamba or granite or nemotron or falcon or jamba) and not torch" 2>&1 | tee "$OUT/tests_models.log" | tail -20
