@@ -3,7 +3,7 @@
 # vs fla-core, vLLM and SDPA in the same run), then the end-to-end benchmark. Run from the repo
 # root on a CUDA machine with the pure-Python anchors carried: .whl/ (fla-core wheel) and
 # .vllm_min/ (bench/vendor_vllm_attention.sh). Logs go to $OUT (or /tmp/hybrid_sgl_bench).
-#   bash bench/h200_run.sh [tests|kernels|e2e ...]   (default: all three)
+#   bash bench/h200_run.sh [tests|kernels|mamba|moe|e2e ...]   (default: all)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/hybrid_sgl_bench}
@@ -12,7 +12,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
 export PYTHONPATH=$PWD:/tmp/site:$PWD/.vllm_min
-parts=${*:-tests kernels e2e}
+parts=${*:-tests kernels mamba moe e2e}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 for part in $parts; do
   case $part in
@@ -21,6 +21,11 @@ for part in $parts; do
     kernels)
       timeout 300 python3 bench/gdn_kernels.py 2>&1 | tee "$OUT/gdn_kernels.md" | tail -30
       timeout 300 python3 bench/attention_kernels.py 2>&1 | tee "$OUT/attention_kernels.md" | tail -40 ;;
+    mamba)
+      timeout 120 python3 bench/ssd_bench.py 2>&1 | tee "$OUT/ssd_bench.md" | tail -25
+      timeout 60 python3 bench/ssm_step_bench.py --no-tune 2>&1 | tee "$OUT/ssm_step_bench.md" | tail -20 ;;
+    moe)
+      timeout 200 python3 bench/moe_kernels.py 2>&1 | tee "$OUT/moe_kernels.md" | tail -20 ;;
     e2e)
       timeout 240 python3 bench/e2e.py 2>&1 | tee "$OUT/e2e.md" | tail -12 ;;
   esac
