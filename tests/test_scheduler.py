@@ -178,3 +178,35 @@ def test_overlapped_decode_chains_steps_and_frees_everything():
     assert s.num_overlapped_steps > 5
     assert [len(r.output_ids) for r in reqs] == [8, 11, 14]
     assert s.allocator.num_free_pages == s.allocator.num_pages and s.allocator.num_free_slots == 3
+
+
+def test_a_failed_overlapped_step_leaks_nothing():
+    """A device error in the middle of a pipelined decode: after the engine loop's recovery (drop the
+    step in flight, abort everything) every slot and page is free."""
+    class FailingRunner(FakeRunner):
+        launches = 0
+
+        def launch_decode(self, items, prev=None, prev_rows=None):
+            self.launches += 1
+            if self.launches == 6:
+                raise RuntimeError("device error")
+            return super().launch_decode(items, prev, prev_rows)
+
+    runner = FailingRunner(num_slots=3, num_pages=30, page_size=4, context_length=40, chunk=64, seed=5)
+    runner.config.eos_token_ids = (3, 7, 11)  # frequent stops: slots held for the step in flight
+    s = Scheduler(runner, chunked_prefill_size=64, overlap=True)
+    reqs = [Req(rid=f"r{i}", prompt_ids=[1] * (2 + i), params=SamplingParams(max_new_tokens=20)) for i in range(3)]
+    for r in reqs:
+        s.add(r)
+    failed = False
+    while s.has_work:
+        try:
+            s.step()
+        except RuntimeError:
+            failed = True
+            s.drop_in_flight()  # what EngineLoop._fail_all does
+            for r in list(s.running) + list(s.waiting):
+                s.abort(r.rid)
+        check(s)
+    assert failed and all(r.finished for r in reqs)
+    assert s.allocator.num_free_pages == s.allocator.num_pages and s.allocator.num_free_slots == 3

@@ -112,6 +112,7 @@ class EngineLoop:
                     b.set_exception(e)
 
     def _fail_all(self, message: str) -> None:
+        self.scheduler.drop_in_flight()
         for req in list(self.scheduler.running) + list(self.scheduler.waiting):
             self.scheduler.abort(req.rid)
             req.finish({"type": "abort", "message": message, "status_code": 500, "err_type": "InternalError"})

@@ -115,13 +115,21 @@ class Scheduler:
     # ---- overlapped decode -----------------------------------------------------------------------
     def _step_after_pending(self) -> list[Req]:
         """Launch the follow-up decode step if one can run blind, then read the step in flight."""
-        pending, follow = self._pending, self._follow_up(self._pending)
-        self._pending = None
+        pending, follow, launched = self._pending, self._follow_up(self._pending), None
         if follow is not None:
             items, rows = follow
-            self._pending = self.runner.launch_decode(items, prev=pending, prev_rows=rows)
+            launched = self.runner.launch_decode(items, prev=pending, prev_rows=rows)
             self.num_overlapped_steps += 1
+        self._pending = launched
         return self._resolve(pending)
+
+    def drop_in_flight(self) -> None:
+        """After a failed step: forget the step in flight and free the slots it was holding."""
+        if self._pending is not None:
+            for req in self._pending.deferred:
+                self.allocator.free_slot(req.slot)
+                req.slot = None
+            self._pending = None
 
     def _follow_up(self, pending: PendingDecode) -> tuple[list[BatchItem], list[int]] | None:
         """The next decode batch, built before `pending`'s tokens are known: its requests go on
@@ -152,8 +160,14 @@ class Scheduler:
     def _resolve(self, pending: PendingDecode) -> list[Req]:
         """Wait for `pending`, apply its tokens; a request that finishes while it is also in the step
         now in flight keeps its slot until that step is read."""
+        try:
+            results = pending.results()
+        finally:  # whatever happens, the step is over: the slots it held are free
+            for req in pending.deferred:
+                self.allocator.free_slot(req.slot)
+                req.slot = None
         changed = []
-        for item, result in zip(pending.items, pending.results()):
+        for item, result in zip(pending.items, results):
             if item.req.status is ReqStatus.RUNNING and self._apply(item, result):
                 changed.append(item.req)
         next_reqs = {id(it.req) for it in self._pending.items} if self._pending is not None else set()
@@ -164,9 +178,6 @@ class Scheduler:
                     self._pending.deferred.append(req)
                 else:
                     self._release(req)
-        for req in pending.deferred:
-            self.allocator.free_slot(req.slot)
-            req.slot = None
         return changed
 
     def _schedule(self) -> tuple[ForwardMode, list[BatchItem]]:
