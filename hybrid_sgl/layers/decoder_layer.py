@@ -4,11 +4,23 @@ Residual adds are fused into the next RMSNorm: a layer returns its FFN output as
 the next layer (or the final norm) to add. `residual_multiplier` scales both branch outputs
 before they are added (Granite); `offset` = 1.0 for zero-centered norm weights (Qwen3-Next)."""
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from hybrid_sgl.layers.norm import RMSNorm
 from hybrid_sgl.runner.forward_batch import ForwardBatch
+
+
+@dataclass(frozen=True)
+class LayerWeightNames:
+    """A family's checkpoint names of the parts of a DecoderLayer (`layers.{i}.{part}.*`)."""
+
+    mixer: tuple[str, ...]
+    ffn: tuple[str, ...]
+    input_norm: str = "input_layernorm"
+    post_norm: tuple[str, ...] = ("post_attention_layernorm",)
 
 
 class DecoderLayer(nn.Module):
@@ -33,3 +45,15 @@ class DecoderLayer(nn.Module):
 
     def _scaled(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.residual_multiplier if self.residual_multiplier != 1.0 else x
+
+    def load_weight(self, part: str, rest: str, tensor: torch.Tensor, names: LayerWeightNames) -> None:
+        if part in names.mixer:
+            self.mixer.load_weight(rest, tensor)
+        elif part in names.ffn:
+            self.ffn.load_weight(rest, tensor)
+        elif rest == "weight" and part == names.input_norm:
+            self.input_norm.weight.data.copy_(tensor)
+        elif rest == "weight" and part in names.post_norm:
+            self.post_norm.weight.data.copy_(tensor)
+        else:
+            raise KeyError(f"{part}.{rest}")

@@ -10,14 +10,12 @@ then top-k, then renormalization (`SparseMoE` with `norm_topk_prob`).
 
 from __future__ import annotations
 
-import re
-
 import torch
 from torch import nn
 
 from hybrid_sgl.config import AttentionSpec, Mamba2Spec, ModelConfig, MoESpec, as_list, dt_limit, rope_params
 from hybrid_sgl.layers.attention import GatedAttention
-from hybrid_sgl.layers.decoder_layer import DecoderLayer
+from hybrid_sgl.layers.decoder_layer import DecoderLayer, LayerWeightNames
 from hybrid_sgl.layers.mamba2 import Mamba2Mixer
 from hybrid_sgl.layers.mlp import GatedMLP
 from hybrid_sgl.layers.moe import SparseMoE
@@ -138,7 +136,9 @@ def _mamba2_spec(hf: dict) -> Mamba2Spec:
 
 
 # ---- model -------------------------------------------------------------------------------------
-_LAYER = re.compile(r"layers\.(\d+)\.(\w+)\.(.+)")
+# Bamba's gated MLP is feed_forward; Granite's FFN norm is post_attention_layernorm
+_NAMES = LayerWeightNames(mixer=("mamba", "self_attn"), ffn=("feed_forward",),
+                          post_norm=("pre_ff_layernorm", "post_attention_layernorm"))
 # Granite FFN names (original checkpoints and transformers v5 saves) -> SparseMoE names
 _GRANITE_MOE_NAMES = {
     "router.layer.weight": "gate.weight", "router.weight": "gate.weight",
@@ -149,6 +149,8 @@ _GRANITE_MOE_NAMES = {
 
 class BambaForCausalLM(HybridCausalLM):
     """Serves BambaForCausalLM and GraniteMoeHybridForCausalLM checkpoints."""
+
+    final_norm_names = ("norm.weight", "final_layernorm.weight")
 
     def __init__(self, config: ModelConfig, backends: Backends, max_positions: int):
         c, hf = config, config.hf_text_config
@@ -180,34 +182,17 @@ class BambaForCausalLM(HybridCausalLM):
             self.layers.append(DecoderLayer(mixer, ffn, c.hidden_size, c.rms_norm_eps,
                                             residual_multiplier=residual_multiplier))
 
-    def load_weight(self, name: str, tensor: torch.Tensor) -> None:
-        if name == "embed_tokens.weight":
-            self.embed.weight.data.copy_(tensor)
-        elif name in ("norm.weight", "final_layernorm.weight"):
-            self.norm.weight.data.copy_(tensor)
-        elif m := _LAYER.fullmatch(name):
-            self._load_layer_weight(self.layers[int(m.group(1))], m.group(2), m.group(3), tensor, name)
-        else:
-            raise KeyError(name)
 
-    def _load_layer_weight(self, layer: DecoderLayer, part: str, rest: str, tensor: torch.Tensor, name: str):
-        if part in ("mamba", "self_attn"):
-            layer.mixer.load_weight(rest, tensor)
-        elif part == "feed_forward":  # Bamba's gated MLP
-            layer.ffn.load_weight(rest, tensor)
-        elif part == "block_sparse_moe" and rest in _GRANITE_MOE_NAMES and isinstance(layer.ffn, SparseMoE):
+    def load_layer_weight(self, layer: DecoderLayer, part: str, rest: str, tensor: torch.Tensor) -> None:
+        if part == "block_sparse_moe" and rest in _GRANITE_MOE_NAMES and isinstance(layer.ffn, SparseMoE):
             layer.ffn.load_weight(_GRANITE_MOE_NAMES[rest], tensor)
         elif part == "shared_mlp":
-            self._load_shared_mlp(layer.ffn, rest, tensor, name)
-        elif part == "input_layernorm" and rest == "weight":
-            layer.input_norm.weight.data.copy_(tensor)
-        elif part in ("pre_ff_layernorm", "post_attention_layernorm") and rest == "weight":
-            layer.post_norm.weight.data.copy_(tensor)
+            self._load_shared_mlp(layer.ffn, rest, tensor)
         else:
-            raise KeyError(name)
+            layer.load_weight(part, rest, tensor, _NAMES)
 
     @staticmethod
-    def _load_shared_mlp(ffn: nn.Module, rest: str, tensor: torch.Tensor, name: str) -> None:
+    def _load_shared_mlp(ffn: nn.Module, rest: str, tensor: torch.Tensor) -> None:
         """Granite's shared MLP: input_linear [2I, H] = [gate rows | up rows], output_linear [H, I];
         the whole FFN (dense) or the shared expert beside the routed experts (MoE)."""
         prefix = "shared_expert." if isinstance(ffn, SparseMoE) else ""
@@ -218,4 +203,4 @@ class BambaForCausalLM(HybridCausalLM):
         elif rest == "output_linear.weight":
             ffn.load_weight(prefix + "down_proj.weight", tensor)
         else:
-            raise KeyError(name)
+            raise KeyError(rest)

@@ -7,6 +7,7 @@ two in its first fused add+RMSNorm, and the final norm adds the last pair."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -16,6 +17,8 @@ from torch import nn
 from hybrid_sgl.config import ModelConfig
 from hybrid_sgl.layers.backends import AttentionOps, LinearAttnOps, MoEOps, SSMOps
 from hybrid_sgl.runner.forward_batch import ForwardBatch
+
+_LAYER = re.compile(r"layers\.(\d+)\.(\w+)\.(.+)")
 
 
 @dataclass(frozen=True)
@@ -39,9 +42,12 @@ class Backends:
 
 class HybridCausalLM(nn.Module):
     """Subclasses fill `self.layers` and implement `load_layer_weight`; they may change
-    `embedding_scale` / `logits_scale` (Granite, Falcon-H1 multipliers) and `skipped_prefixes`."""
+    `embedding_scale` / `logits_scale` (Granite, Falcon-H1 multipliers), the checkpoint names of the
+    embedding and the final norm, and `skipped_prefixes`."""
 
     skipped_prefixes: tuple[str, ...] = ()
+    embed_name = "embed_tokens.weight"
+    final_norm_names: tuple[str, ...] = ("norm.weight",)
 
     def __init__(self, config: ModelConfig, backends: Backends, final_norm: nn.Module):
         super().__init__()
@@ -95,5 +101,20 @@ class HybridCausalLM(nn.Module):
                 self.load_weight(name, tensor)
 
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:
-        """One tensor, `name` relative to the weight prefix (lm_head handled already)."""
+        """One tensor, `name` relative to the weight prefix (lm_head handled already): the embedding,
+        the final norm, or `layers.{i}.{part}.{rest}`, which goes to load_layer_weight."""
+        try:
+            if name == self.embed_name:
+                self.embed.weight.data.copy_(tensor)
+            elif name in self.final_norm_names:
+                self.norm.weight.data.copy_(tensor)
+            elif m := _LAYER.fullmatch(name):
+                self.load_layer_weight(self.layers[int(m.group(1))], m.group(2), m.group(3), tensor)
+            else:
+                raise KeyError(name)
+        except KeyError:
+            raise KeyError(name) from None
+
+    def load_layer_weight(self, layer: nn.Module, part: str, rest: str, tensor: torch.Tensor) -> None:
+        """`rest` of the layer's checkpoint sub-module `part`; KeyError when the name is unknown."""
         raise NotImplementedError

@@ -13,8 +13,6 @@ their outputs to the residual, then a gated MLP. The mup multipliers:
 
 from __future__ import annotations
 
-import re
-
 import torch
 from torch import nn
 
@@ -26,8 +24,6 @@ from hybrid_sgl.layers.norm import RMSNorm
 from hybrid_sgl.layers.rotary import RotaryEmbedding
 from hybrid_sgl.models.base import Backends, HybridCausalLM
 from hybrid_sgl.runner.forward_batch import ForwardBatch
-
-_LAYER = re.compile(r"layers\.(\d+)\.(\w+)\.(.+)")
 
 
 def parse_config(hf: dict, gen_eos: list[int]) -> ModelConfig:
@@ -148,11 +144,19 @@ class FalconH1Layer(nn.Module):
     def load_weight(self, part: str, rest: str, tensor: torch.Tensor) -> None:
         """The branch multipliers are folded into the weights: an input multiplier into the input
         projections' weights (not their biases), an output multiplier into the output projection."""
-        name = _FOLDED.get((part, rest))
-        getattr(self, part).load_weight(rest, _scaled(tensor, self.multipliers[name]) if name else tensor)
+        if part in ("input_layernorm", "pre_ff_layernorm") and rest == "weight":
+            norm = self.input_norm if part == "input_layernorm" else self.pre_ff_norm
+            norm.weight.data.copy_(tensor)
+        elif part in ("mamba", "self_attn", "feed_forward"):
+            name = _FOLDED.get((part, rest))
+            getattr(self, part).load_weight(rest, _scaled(tensor, self.multipliers[name]) if name else tensor)
+        else:
+            raise KeyError(f"{part}.{rest}")
 
 
 class FalconH1ForCausalLM(HybridCausalLM):
+    final_norm_names = ("final_layernorm.weight",)
+
     def __init__(self, config: ModelConfig, backends: Backends, max_positions: int):
         c = config
         super().__init__(config, backends, RMSNorm(c.hidden_size, c.rms_norm_eps))
@@ -163,22 +167,10 @@ class FalconH1ForCausalLM(HybridCausalLM):
         for i in range(c.num_layers):
             self.layers.append(FalconH1Layer(c, backends, rotary, i))
 
+
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:
-        if name.endswith(".mamba.mup_vector"):  # a buffer computed from the config, saved by some exports
-            return
-        if name == "embed_tokens.weight":
-            self.embed.weight.data.copy_(tensor)
-        elif name == "final_layernorm.weight":
-            self.norm.weight.data.copy_(tensor)
-        elif m := _LAYER.fullmatch(name):
-            layer = self.layers[int(m.group(1))]
-            part, rest = m.group(2), m.group(3)
-            if part in ("mamba", "self_attn", "feed_forward"):
-                layer.load_weight(part, rest, tensor)
-            elif part in ("input_layernorm", "pre_ff_layernorm") and rest == "weight":
-                norm = layer.input_norm if part == "input_layernorm" else layer.pre_ff_norm
-                norm.weight.data.copy_(tensor)
-            else:
-                raise KeyError(name)
-        else:
-            raise KeyError(name)
+        if not name.endswith(".mamba.mup_vector"):  # a buffer computed from the config, saved by some exports
+            super().load_weight(name, tensor)
+
+    def load_layer_weight(self, layer: FalconH1Layer, part: str, rest: str, tensor: torch.Tensor) -> None:
+        layer.load_weight(part, rest, tensor)

@@ -6,20 +6,19 @@ expert_layer_period/offset."""
 from __future__ import annotations
 
 import math
-import re
 
 import torch
 
 from hybrid_sgl.config import AttentionSpec, MambaSpec, ModelConfig, MoESpec, as_list
 from hybrid_sgl.layers.attention import GatedAttention
-from hybrid_sgl.layers.decoder_layer import DecoderLayer
+from hybrid_sgl.layers.decoder_layer import DecoderLayer, LayerWeightNames
 from hybrid_sgl.layers.mamba import MambaMixer
 from hybrid_sgl.layers.mlp import GatedMLP
 from hybrid_sgl.layers.moe import SparseMoE
 from hybrid_sgl.layers.norm import RMSNorm
 from hybrid_sgl.models.base import Backends, HybridCausalLM
 
-_LAYER = re.compile(r"layers\.(\d+)\.(\w+)\.(.+)")
+_NAMES = LayerWeightNames(mixer=("self_attn", "mamba"), ffn=("feed_forward",), post_norm=("pre_ff_layernorm",))
 
 
 def layer_plan(hf: dict) -> tuple[tuple[str, str], ...]:
@@ -88,6 +87,8 @@ def parse_config(hf: dict, gen_eos: list[int]) -> ModelConfig:
 
 
 class JambaForCausalLM(HybridCausalLM):
+    final_norm_names = ("final_layernorm.weight",)
+
     def __init__(self, config: ModelConfig, backends: Backends, max_positions: int):
         c = config
         super().__init__(config, backends, RMSNorm(c.hidden_size, c.rms_norm_eps))
@@ -107,25 +108,10 @@ class JambaForCausalLM(HybridCausalLM):
                 ffn = GatedMLP(c.hidden_size, c.intermediate_size)
             self.layers.append(DecoderLayer(mixer, ffn, c.hidden_size, c.rms_norm_eps))
 
-    def load_weight(self, name: str, tensor: torch.Tensor) -> None:
-        """Names below `model.`: embed_tokens, final_layernorm, layers.{i}.{self_attn | mamba |
-        feed_forward | input_layernorm | pre_ff_layernorm}.*; the MoE router is feed_forward.router."""
-        if name == "embed_tokens.weight":
-            self.embed.weight.data.copy_(tensor)
-        elif name == "final_layernorm.weight":
-            self.norm.weight.data.copy_(tensor)
-        elif m := _LAYER.fullmatch(name):
-            layer = self.layers[int(m.group(1))]
-            part, rest = m.group(2), m.group(3)
-            if part in ("self_attn", "mamba"):
-                layer.mixer.load_weight(rest, tensor)
-            elif part == "feed_forward":
-                layer.ffn.load_weight("gate.weight" if rest == "router.weight" else rest, tensor)
-            elif part == "input_layernorm" and rest == "weight":
-                layer.input_norm.weight.data.copy_(tensor)
-            elif part == "pre_ff_layernorm" and rest == "weight":
-                layer.post_norm.weight.data.copy_(tensor)
-            else:
-                raise KeyError(name)
-        else:
-            raise KeyError(name)
+
+    def load_layer_weight(self, layer: DecoderLayer, part: str, rest: str, tensor: torch.Tensor) -> None:
+        """Parts: self_attn | mamba | feed_forward (its MoE router is feed_forward.router) |
+        input_layernorm | pre_ff_layernorm."""
+        if part == "feed_forward" and rest == "router.weight":
+            rest = "gate.weight"
+        layer.load_weight(part, rest, tensor, _NAMES)

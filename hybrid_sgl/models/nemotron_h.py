@@ -5,7 +5,6 @@ from `hybrid_override_pattern` (M, *, -, E) or its list form `layers_block_type`
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 import torch
@@ -24,7 +23,6 @@ BLOCKS = {"M": ("mamba2", "none"), "*": ("full_attention", "none"), "-": ("none"
 # layers_block_type names (current and legacy) -> pattern symbols
 _BLOCK_NAMES = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*", "mlp": "-",
                 "moe": "E"}
-_LAYER = re.compile(r"layers\.(\d+)\.(norm|mixer)\.(.+)")
 
 
 def block_pattern(hf: dict) -> str:
@@ -133,6 +131,8 @@ class NemotronHBlock(nn.Module):
 
 class NemotronHForCausalLM(HybridCausalLM):
     skipped_prefixes = ("mtp.", "backbone.mtp.")  # multi-token-prediction head
+    embed_name = "embeddings.weight"
+    final_norm_names = ("norm_f.weight",)
 
     def __init__(self, config: ModelConfig, backends: Backends, max_positions: int):
         c = config
@@ -162,18 +162,10 @@ class NemotronHForCausalLM(HybridCausalLM):
         super().load_weights(("backbone." + n[len("model."):] if n.startswith("model.") else n, t)
                              for n, t in weights)
 
-    def load_weight(self, name: str, tensor: torch.Tensor) -> None:
-        if name == "embeddings.weight":
-            self.embed.weight.data.copy_(tensor)
-        elif name == "norm_f.weight":
-            self.norm.weight.data.copy_(tensor)
-        elif m := _LAYER.fullmatch(name):
-            block = self.layers[int(m.group(1))]
-            if m.group(2) == "mixer":
-                block.mixer.load_weight(m.group(3), tensor)
-            elif m.group(3) == "weight":
-                block.norm.weight.data.copy_(tensor)
-            else:
-                raise KeyError(name)
+    def load_layer_weight(self, layer: NemotronHBlock, part: str, rest: str, tensor: torch.Tensor) -> None:
+        if part == "mixer":
+            layer.mixer.load_weight(rest, tensor)
+        elif part == "norm" and rest == "weight":
+            layer.norm.weight.data.copy_(tensor)
         else:
-            raise KeyError(name)
+            raise KeyError(f"{part}.{rest}")

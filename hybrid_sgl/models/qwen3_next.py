@@ -3,13 +3,11 @@ layers (by layer plan), dense MLP or sparse MoE, zero-centered RMSNorm."""
 
 from __future__ import annotations
 
-import re
-
 import torch
 
 from hybrid_sgl.config import ModelConfig
 from hybrid_sgl.layers.attention import GatedAttention
-from hybrid_sgl.layers.decoder_layer import DecoderLayer
+from hybrid_sgl.layers.decoder_layer import DecoderLayer, LayerWeightNames
 from hybrid_sgl.layers.gdn import GatedDeltaNet
 from hybrid_sgl.layers.mlp import GatedMLP
 from hybrid_sgl.layers.moe import SparseMoE
@@ -17,7 +15,7 @@ from hybrid_sgl.layers.norm import RMSNorm
 from hybrid_sgl.layers.rotary import RotaryEmbedding
 from hybrid_sgl.models.base import Backends, HybridCausalLM
 
-_LAYER = re.compile(r"layers\.(\d+)\.(\w+)\.(.+)")
+_NAMES = LayerWeightNames(mixer=("self_attn", "linear_attn"), ffn=("mlp",))
 _SKIPPED = ("model.visual.", "visual.", "mtp.", "model.mtp.")
 
 
@@ -46,23 +44,5 @@ class Qwen3NextForCausalLM(HybridCausalLM):
                 ffn = GatedMLP(c.hidden_size, c.intermediate_size)
             self.layers.append(DecoderLayer(mixer, ffn, c.hidden_size, c.rms_norm_eps, c.norm_offset))
 
-    def load_weight(self, name: str, tensor: torch.Tensor) -> None:
-        if name == "embed_tokens.weight":
-            self.embed.weight.data.copy_(tensor)
-        elif name == "norm.weight":
-            self.norm.weight.data.copy_(tensor)
-        elif m := _LAYER.fullmatch(name):
-            layer = self.layers[int(m.group(1))]
-            part, rest = m.group(2), m.group(3)
-            if part in ("self_attn", "linear_attn"):
-                layer.mixer.load_weight(rest, tensor)
-            elif part == "mlp":
-                layer.ffn.load_weight(rest, tensor)
-            elif part == "input_layernorm" and rest == "weight":
-                layer.input_norm.weight.data.copy_(tensor)
-            elif part == "post_attention_layernorm" and rest == "weight":
-                layer.post_norm.weight.data.copy_(tensor)
-            else:
-                raise KeyError(name)
-        else:
-            raise KeyError(name)
+    def load_layer_weight(self, layer: DecoderLayer, part: str, rest: str, tensor: torch.Tensor) -> None:
+        layer.load_weight(part, rest, tensor, _NAMES)
