@@ -86,6 +86,9 @@ class ModelRunner:
         self.context_length = self.plan.context_length  # one request alone always fits
         self.state_pool, self.kv_pool, self.allocator = self._make_pools(self.plan)
         self.graphs = self._capture_decode_graphs(backends)
+        rows, pinned = self.plan.max_running_requests, self.device.type == "cuda"
+        self._host_ids = [torch.empty(rows, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
+        self._host_turn = 0
         for line in self.model.dispatch_plan():
             logger.info(line)
         logger.info(self.plan.describe())
@@ -225,7 +228,9 @@ class ModelRunner:
             logits = self.model.compute_logits(self.model(fb))
         next_ids = sample(logits, [it.req for it in items], self.config.eos_token_ids)
         on_gpu = self.device.type == "cuda"
-        host_ids = torch.empty(len(items), dtype=torch.int64, pin_memory=on_gpu)
+        # two host buffers in turn: at most two steps are alive (one launched, one being read)
+        self._host_turn ^= 1
+        host_ids = self._host_ids[self._host_turn][:len(items)]
         host_ids.copy_(next_ids, non_blocking=on_gpu)
         done = None
         if on_gpu:
