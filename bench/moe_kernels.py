@@ -21,7 +21,6 @@ keeps its default), to check the built-in choices.
 from __future__ import annotations
 
 import argparse
-import collections
 import os
 import sys
 from collections.abc import Callable
@@ -33,6 +32,7 @@ import triton.testing
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from bench.gdn_kernels import kernel_times  # noqa: E402
 from triton_kernels import fused_moe as moe  # noqa: E402
 
 SHAPES = {"Qwen3.5-35B-A3B": (256, 8, 2048, 512), "Qwen3-Next-80B-A3B": (512, 10, 2048, 512)}
@@ -74,21 +74,6 @@ def problem(num_experts: int, top_k: int, hidden: int, inter: int, num_tokens: i
     probs = torch.randn(num_tokens, num_experts, generator=g, device=DEVICE).softmax(dim=-1)
     weights, ids = probs.topk(top_k, dim=-1)
     return dict(x=x, w13=w13, w2=w2, topk_weights=weights / weights.sum(-1, keepdim=True), topk_ids=ids)
-
-
-def kernel_times(fn: Callable, iters: int = 5) -> list[tuple[str, float]]:
-    """(kernel name, ms per call) of the GPU kernels fn launches, slowest first."""
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    totals: dict[str, float] = collections.defaultdict(float)
-    for evt in prof.events():
-        if evt.device_type == torch.autograd.DeviceType.CUDA:
-            totals[evt.name] += evt.time_range.elapsed_us() / 1e3 / iters
-    return sorted(totals.items(), key=lambda kv: -kv[1])
 
 
 def up_configs() -> list[dict]:

@@ -26,7 +26,6 @@ Every case checks ours against mamba_ssm (relative L2 error of y and of the fina
 from __future__ import annotations
 
 import argparse
-import collections
 import os
 import sys
 from collections.abc import Callable
@@ -38,6 +37,7 @@ import triton.testing
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from bench.gdn_kernels import kernel_times  # noqa: E402
 from bench.mamba_ssm_anchor import load_mamba_triton  # noqa: E402
 from triton_kernels.ssd_chunk import SSDLaunch, _mamba2_prefill_fwd, default_launch, tile_tokens  # noqa: E402
 
@@ -133,21 +133,6 @@ def check(case: Case, scan: Callable) -> tuple[float, float]:
     return rel_err(y, y_anchor.reshape(y.shape)), rel_err(case.pool[case.slots.long()], final_anchor)
 
 
-def kernel_times(fn: Callable, iters: int = 10) -> dict[str, float]:
-    """GPU ms per call of each kernel fn launches (torch profiler)."""
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    times: dict[str, float] = collections.defaultdict(float)
-    for e in prof.key_averages():
-        if e.self_device_time_total > 0:
-            times[e.key[:60]] += e.self_device_time_total / iters / 1e3
-    return dict(sorted(times.items(), key=lambda kv: -kv[1]))
-
-
 def sweep_configs(base: SSDLaunch) -> list[SSDLaunch]:
     """Around the default: the state kernel's (P block, warps, stages) with the output kernel as
     chosen, then the output kernel's (heads per program, warps, stages) with the state kernel as chosen."""
@@ -185,7 +170,7 @@ def main() -> None:
                   f"{err_y:.1e} | {err_s:.1e} | {launch} |")
             if args.profile:
                 for side, fn in (("ours", case.ours), ("mamba_ssm", lambda case=case: case.anchor(scan))):
-                    parts = ", ".join(f"{k} {v:.3f}" for k, v in kernel_times(fn).items())
+                    parts = ", ".join(f"{k[:60]} {v:.3f}" for k, v in kernel_times(fn, iters=10))
                     print(f"|  | {side} by kernel (ms): {parts} |||||||")
             if args.sweep and not gated:
                 base = case.default_launch()
