@@ -27,6 +27,7 @@ for part in $parts; do
     moe)
       timeout 200 python3 bench/moe_kernels.py 2>&1 | tee "$OUT/moe_kernels.md" | tail -20 ;;
     e2e)
-      timeout 240 python3 bench/e2e.py 2>&1 | tee "$OUT/e2e.md" | tail -12 ;;
+      timeout 300 python3 bench/offline.py --batch 1,32 --prompt 512 --output 128 --out "$OUT/offline.json" 2>&1 \
+        | tee "$OUT/offline.md" | tail -40 ;;
   esac
 done
