@@ -1,43 +1,55 @@
 #!/usr/bin/env bash
-# End-to-end GPU pass: whole-model CUDA tests, per-kernel decode profiles, and bench/offline.py
-# with and without the overlap scheduler, in one call. Run from the repo root with a wheel folder
-# carried (WHEELS, default .whl_gpu: transformers and friends; bench/device_wheels.sh fills .whl).
-#   bash bench/h200_e2e_run.sh [tests|profile|offline|overlap|prefill|moe ...]   (default: all but moe)
-# Logs go to $OUT (default /tmp/hybrid_sgl_bench).
+# End-to-end GPU pass in one call: whole-model CUDA tests, decode profiles, the skinny-matmul
+# benchmark, bench/offline.py (default settings and ablations), the 8192-token prefill against HF,
+# the MoE configs, and bench/serving.py against a launched server. Run from the repo root with a
+# wheel folder carried (WHEELS, default .whl_srv: fastapi/uvicorn/pydantic, transformers, fla-core;
+# bench/device_wheels.sh fills .whl, pick from there). Logs go to $OUT (default /tmp/hybrid_sgl_bench).
+#   bash bench/h200_e2e_run.sh [tests|profile|skinny|offline|cublas|no-overlap|prefill|moe|serving ...]
+# Default: tests skinny offline prefill. Each offline config takes about a minute (batch 1 and 32,
+# prompt 512, 128 output tokens); OFFLINE_ARGS replaces that case list, SERVING_ARGS is appended.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/hybrid_sgl_bench}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site ${WHEELS:-.whl_gpu}/*.whl
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site ${WHEELS:-.whl_srv}/*.whl
 export PYTHONPATH=$PWD:/tmp/site
 git log -1 --format='%H %s' 2>/dev/null > "$OUT/commit.txt"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 DENSE="qwen3_5-9b-text nemotron_h-8b"
-OFF="--batch 1,32 --prompt 512 --output 128 --skip-hf"
-for part in ${*:-tests profile offline overlap prefill}; do
+OFF=${OFFLINE_ARGS:-"--batch 1,32 --prompt 512 --output 128 --skip-hf"}
+
+offline() {  # offline NAME CONFIG [extra offline.py args]: decode / prefill / step-time tables
+  local name=$1 config=$2
+  shift 2
+  timeout 180 python3 bench/offline.py --config "configs/$config" $OFF "$@" --out "$OUT/${name}_$config.json" 2>&1 \
+    | grep -v "^\[transformers\]" | tee "$OUT/${name}_$config.md" | sed -n '/## Decode$/,/## End/p'
+}
+
+for part in ${*:-tests skinny offline prefill}; do
   case $part in
     tests)
-      timeout 150 python3 -m pytest -q -rf -p no:cacheprovider tests/gpu/test_model_cuda.py tests/gpu/test_overlap_cuda.py \
-        2>&1 | tee "$OUT/tests_e2e.log" | tail -15 ;;
+      timeout 200 python3 -m pytest -q -rf -p no:cacheprovider tests/gpu tests/kernels/test_skinny_matmul.py \
+        2>&1 | tee "$OUT/tests_gpu.log" | tail -15 ;;
     profile)
       for c in $DENSE; do
-        timeout 120 python3 bench/decode_profile.py --config "configs/$c" --batch 1 --top 40 2>&1 \
-          | grep -v "^\[transformers\]" | tee "$OUT/profile_$c.md" | head -60
+        timeout 120 python3 bench/decode_profile.py --config "configs/$c" --batch 1 --top 30 2>&1 \
+          | grep -v "^\[transformers\]" | tee "$OUT/profile_$c.md" | head -45
       done ;;
-    offline|overlap)
-      extra=""; [ "$part" = overlap ] && extra="--engine-arg enable_overlap_schedule=true"
-      for c in $DENSE; do
-        timeout 150 python3 bench/offline.py --config "configs/$c" $OFF $extra --out "$OUT/${part}_$c.json" 2>&1 \
-          | grep -v "^\[transformers\]" | tee "$OUT/${part}_$c.md" | sed -n '/## Decode$/,/## End/p'
-      done ;;
+    skinny)
+      timeout 200 python3 bench/skinny_matmul_bench.py 2>&1 | tee "$OUT/skinny_matmul.md" ;;
+    offline) for c in $DENSE; do offline offline "$c"; done ;;
+    cublas) for c in $DENSE; do offline cublas "$c" --engine-arg decode_gemm_backend=torch; done ;;
+    no-overlap) for c in $DENSE; do offline no_overlap "$c" --engine-arg disable_overlap_schedule=true; done ;;
     prefill)
-      timeout 200 python3 bench/offline.py --config configs/qwen3_5-9b-text --batch 1 --prompt 8192 --output 16 \
-        --hf-batches 1 --out "$OUT/prefill_8192.json" 2>&1 | grep -v "^\[transformers\]" \
-        | tee "$OUT/prefill_8192.md" | sed -n '/## Prefill$/,/## Decode step/p' ;;
+      OFF="--batch 1 --prompt 8192 --output 16 --hf-batches 1" offline prefill qwen3_5-9b-text ;;
     moe)
-      for c in qwen3_5-35b-a3b-text qwen3_next-80b-a3b-24l granite_4_0-h-small; do
-        timeout 150 python3 bench/offline.py --config "configs/$c" $OFF --out "$OUT/offline_$c.json" 2>&1 \
-          | grep -v "^\[transformers\]" | tee "$OUT/offline_$c.md" | sed -n '/## Decode$/,/## End/p'
-      done ;;
+      for c in qwen3_5-35b-a3b-text qwen3_next-80b-a3b-24l granite_4_0-h-small; do offline offline "$c"; done ;;
+    serving)  # issue 6's serving case: 256 concurrent requests, random 1k in / 256 out, 9B shape
+      # dummy weights with the bundled tiny tokenizer standing in (prompts are sent as token ids)
+      timeout 400 python3 bench/serving.py --launch "--model-path configs/qwen3_5-9b-text --load-format dummy \
+          --tokenizer-path configs/default-tiny-qwen3_5 --context-length 2048 --log-level info" \
+        --launch-log "$OUT/server.log" --num-prompts 256 --random-input-len 1024 --random-output-len 256 \
+        --request-rate inf --warmup-requests 16 --out "$OUT/serving.json" ${SERVING_ARGS:-} 2>&1 | tee "$OUT/serving.txt"
+      grep -E "memory plan|decode GEMMs|captured|rror" "$OUT/server.log" | tail -8 ;;
   esac
 done

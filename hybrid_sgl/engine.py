@@ -50,7 +50,7 @@ class Engine:
         self.runner = ModelRunner(args, self.model_config)
         self.scheduler = Scheduler(self.runner, chunked_prefill_size=args.chunked_prefill_size,
                                    stop_string_checker=StopStringChecker(self.tokenizer) if self.tokenizer else None,
-                                   overlap=args.enable_overlap_schedule)
+                                   overlap=not args.disable_overlap_schedule)
         self.loop = EngineLoop(self.scheduler)
         self.loop.start()
         self._ids = itertools.count()

@@ -50,9 +50,12 @@ class ServerArgs:
                                  ["auto", "torch", "triton"])
     mamba_ssm_dtype: str = _f("float32", "dtype of recurrent (SSM / GDN) states.",
                               ["float32", "bfloat16", "float16"])
-    enable_overlap_schedule: bool = _f(False, "Overlap the host's work for the next decode step with the device's "
-                                       "work on the current one (decode batches without logprobs, penalties "
-                                       "or min_new_tokens).")
+    decode_gemm_backend: str = _f("auto", "Linear layers of decode batches (up to 32 rows): triton (the skinny "
+                                  "matmul, the MLP activation fused into its input) or torch (cuBLAS). auto: "
+                                  "triton on CUDA, torch on CPU.", ["auto", "torch", "triton"])
+    disable_overlap_schedule: bool = _f(False, "Do not overlap the host's work for the next decode step with the "
+                                        "device's work on the current one (overlap applies to decode batches "
+                                        "without logprobs, penalties or min_new_tokens).")
     disable_cuda_graph: bool = _f(False, "Run decode eagerly instead of replaying captured CUDA graphs.")
     cuda_graph_max_bs: int | None = _f(None, "Largest decode batch captured in a CUDA graph (larger batches run "
                                        "eagerly). Default: max_running_requests, at most 256.")

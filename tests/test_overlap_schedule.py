@@ -42,15 +42,15 @@ def run(s, reqs, abort_at: dict[int, str] | None = None) -> int:
 @pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h"])
 def test_overlapped_decode_matches_plain(tiny_checkpoint, family):
     path = tiny_checkpoint(family)
-    plain = make_scheduler(path, chunked_prefill_size=16)
+    plain = make_scheduler(path, chunked_prefill_size=16, disable_overlap_schedule=True)
     vocab = plain.vocab_size
     base = requests(vocab)
     run(plain, base)
     stop_token = base[4].output_ids[5]  # request 4 stops at its 6th token (or at an earlier repeat)
     base = requests(vocab, stop_token)
-    run(make_scheduler(path, chunked_prefill_size=16), base)
+    run(make_scheduler(path, chunked_prefill_size=16, disable_overlap_schedule=True), base)
     over_reqs = requests(vocab, stop_token)
-    over = make_scheduler(path, chunked_prefill_size=16, enable_overlap_schedule=True)
+    over = make_scheduler(path, chunked_prefill_size=16)
     run(over, over_reqs)
     assert over.num_overlapped_steps > 0
     for a, b in zip(base, over_reqs):
@@ -61,7 +61,7 @@ def test_overlapped_decode_matches_plain(tiny_checkpoint, family):
 
 def test_abort_while_a_step_is_in_flight(tiny_checkpoint):
     path = tiny_checkpoint("qwen3_5")
-    s = make_scheduler(path, chunked_prefill_size=16, enable_overlap_schedule=True)
+    s = make_scheduler(path, chunked_prefill_size=16)
     reqs = requests(s.vocab_size)
     run(s, reqs, abort_at={5: "r1", 6: "r0"})
     assert s.num_overlapped_steps > 0
@@ -72,7 +72,7 @@ def test_abort_while_a_step_is_in_flight(tiny_checkpoint):
 
 def test_logprob_requests_run_synchronously(tiny_checkpoint):
     path = tiny_checkpoint("qwen3_5")
-    s = make_scheduler(path, chunked_prefill_size=16, enable_overlap_schedule=True)
+    s = make_scheduler(path, chunked_prefill_size=16)
     req = Req(rid="lp", prompt_ids=prompt_of(9, 1, s.vocab_size), return_logprob=True,
               params=SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True))
     run(s, [req, *requests(s.vocab_size)[:1]])
@@ -87,7 +87,7 @@ def test_engine_with_overlap_streams_the_same_text(tiny_checkpoint):
     prompts = ["The capital of France is", "Hello", "def add(a, b):"]
     outs = {}
     for overlap in (False, True):
-        engine = Engine(model_path=path, device="cpu", dtype="float32", enable_overlap_schedule=overlap)
+        engine = Engine(model_path=path, device="cpu", dtype="float32", disable_overlap_schedule=not overlap)
         try:
             outs[overlap] = [o["output_ids"] for o in engine.generate(prompts, params)]
             streamed = [c["text"] for c in engine.generate(prompts[0], params, stream=True)]

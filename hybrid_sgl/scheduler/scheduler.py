@@ -6,7 +6,7 @@ requests are decoding, steps alternate so a long prompt delays them by at most o
 Pages are taken as tokens arrive; when they run out, the newest running request is preempted
 (slot and pages released, tokens kept) and recomputed later, so the oldest always progresses.
 
-With `enable_overlap_schedule`, a run of decode steps is pipelined: step N+1 is launched (its
+Unless `disable_overlap_schedule` is set, a run of decode steps is pipelined: step N+1 is launched (its
 input tokens are step N's samples, still on the device) before the host reads step N's tokens,
 so the host's bookkeeping overlaps the device's work. A request that stops at step N (EOS, stop
 token or string, abort) wastes its row of step N+1, which is discarded; its slot is freed only

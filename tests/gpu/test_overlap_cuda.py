@@ -13,10 +13,10 @@ pytestmark = pytest.mark.gpu
 def test_overlapped_decode_matches_plain_on_cuda(tiny_checkpoint, family):
     path = tiny_checkpoint(family)
     kw = dict(device="cuda", chunked_prefill_size=16, cuda_graph_max_bs=8)
-    plain = make_scheduler(path, **kw)
+    plain = make_scheduler(path, disable_overlap_schedule=True, **kw)
     base = requests(plain.vocab_size, device="cuda")
     run(plain, base)
-    over = make_scheduler(path, enable_overlap_schedule=True, **kw)
+    over = make_scheduler(path, **kw)
     assert over.runner.graphs is not None
     over_reqs = requests(over.vocab_size, device="cuda")
     run(over, over_reqs)
