@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# End-to-end GPU pass in one call: whole-model CUDA tests, decode profiles, the skinny-matmul
-# benchmark, bench/offline.py (default settings and ablations), the 8192-token prefill against HF,
-# the MoE configs, and bench/serving.py against a launched server. Run from the repo root with a
+# End-to-end GPU pass in one call: whole-model CUDA tests, decode profiles, bench/offline.py
+# (default settings, and without overlap), the 8192-token prefill against HF, the MoE configs, and
+# bench/serving.py against a launched server. Run from the repo root with a
 # wheel folder carried (WHEELS, default .whl_srv: fastapi/uvicorn/pydantic, transformers, fla-core;
 # bench/device_wheels.sh fills .whl, pick from there). Logs go to $OUT (default /tmp/hybrid_sgl_bench).
-#   bash bench/h200_e2e_run.sh [tests|profile|skinny|offline|cublas|no-overlap|prefill|moe|serving ...]
-# Default: tests skinny offline prefill. Each offline config takes about a minute (batch 1 and 32,
+#   bash bench/h200_e2e_run.sh [tests|profile|offline|no-overlap|prefill|moe|serving ...]
+# Default: tests offline prefill. Each offline config takes about a minute (batch 1 and 32,
 # prompt 512, 128 output tokens); OFFLINE_ARGS replaces that case list, SERVING_ARGS is appended.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -25,20 +25,17 @@ offline() {  # offline NAME CONFIG [extra offline.py args]: decode / prefill / s
     | grep -v "^\[transformers\]" | tee "$OUT/${name}_$config.md" | sed -n '/## Decode$/,/## End/p'
 }
 
-for part in ${*:-tests skinny offline prefill}; do
+for part in ${*:-tests offline prefill}; do
   case $part in
     tests)
-      timeout 200 python3 -m pytest -q -rf -p no:cacheprovider tests/gpu tests/kernels/test_skinny_matmul.py \
+      timeout 200 python3 -m pytest -q -rf -p no:cacheprovider tests/gpu \
         2>&1 | tee "$OUT/tests_gpu.log" | tail -15 ;;
     profile)
       for c in $DENSE; do
         timeout 120 python3 bench/decode_profile.py --config "configs/$c" --batch 1 --top 30 2>&1 \
           | grep -v "^\[transformers\]" | tee "$OUT/profile_$c.md" | head -45
       done ;;
-    skinny)
-      timeout 200 python3 bench/skinny_matmul_bench.py 2>&1 | tee "$OUT/skinny_matmul.md" ;;
     offline) for c in $DENSE; do offline offline "$c"; done ;;
-    cublas) for c in $DENSE; do offline cublas "$c" --engine-arg decode_gemm_backend=torch; done ;;
     no-overlap) for c in $DENSE; do offline no_overlap "$c" --engine-arg disable_overlap_schedule=true; done ;;
     prefill)
       OFF="--batch 1 --prompt 8192 --output 16 --hf-batches 1" offline prefill qwen3_5-9b-text ;;

@@ -50,9 +50,6 @@ class ServerArgs:
                                  ["auto", "torch", "triton"])
     mamba_ssm_dtype: str = _f("float32", "dtype of recurrent (SSM / GDN) states.",
                               ["float32", "bfloat16", "float16"])
-    decode_gemm_backend: str = _f("auto", "Linear layers of decode batches (up to 32 rows): triton (the skinny "
-                                  "matmul, the MLP activation fused into its input) or torch (cuBLAS). auto: "
-                                  "triton on CUDA, torch on CPU.", ["auto", "torch", "triton"])
     disable_overlap_schedule: bool = _f(False, "Do not overlap the host's work for the next decode step with the "
                                         "device's work on the current one (overlap applies to decode batches "
                                         "without logprobs, penalties or min_new_tokens).")

@@ -106,21 +106,6 @@ def test_batch_with_staggered_arrivals_matches_hf(tiny_checkpoint, family):
         check_against_hf(path, req, vocab)
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe", "nemotron_h", "falcon_h1", "jamba"])
-def test_skinny_matmul_linears_match_hf(tiny_checkpoint, family):
-    """Every linear layer with ≤ 32 input rows (decode steps, 16-token prefill chunks, lm_head)
-    through the skinny matmul (in the interpreter on CPU), MLP activations fused into it."""
-    path = tiny_checkpoint(family)
-    s = make_scheduler(path, chunked_prefill_size=16, decode_gemm_backend="triton")
-    assert s.runner.skinny_rows > 0
-    vocab = s.vocab_size
-    reqs = [full_request(f"r{i}", prompt_of(n, i, vocab), vocab, max_new=m)
-            for i, (n, m) in enumerate([(23, 5), (6, 4)])]
-    run_to_end(s, {0: [reqs[0]], 2: [reqs[1]]})
-    for req in reqs:
-        check_against_hf(path, req, vocab)
-
-
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "nemotron_h", "falcon_h1", "bamba",
                                     "granitemoehybrid", "jamba"])
 def test_preempted_requests_resume_and_match_hf(tiny_checkpoint, family):

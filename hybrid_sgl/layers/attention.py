@@ -8,7 +8,6 @@ from torch import nn
 
 from hybrid_sgl.config import AttentionSpec
 from hybrid_sgl.layers.backends import AttentionOps
-from hybrid_sgl.layers.linear import Linear
 from hybrid_sgl.layers.norm import RMSNorm
 from hybrid_sgl.layers.rotary import RotaryEmbedding
 from hybrid_sgl.runner.forward_batch import ForwardBatch
@@ -27,8 +26,8 @@ class GatedAttention(nn.Module):
         self.q_size = hq * d * (2 if spec.output_gate else 1)
         self.kv_size = hkv * d
         self.scale = d**-0.5 if spec.scale is None else spec.scale
-        self.qkv_proj = Linear(hidden_size, self.q_size + 2 * self.kv_size, bias=spec.bias)
-        self.o_proj = Linear(hq * d, hidden_size, bias=spec.bias)
+        self.qkv_proj = nn.Linear(hidden_size, self.q_size + 2 * self.kv_size, bias=spec.bias)
+        self.o_proj = nn.Linear(hq * d, hidden_size, bias=spec.bias)
         self.q_norm = RMSNorm(d, eps, norm_offset) if spec.qk_norm else None
         self.k_norm = RMSNorm(d, eps, norm_offset) if spec.qk_norm else None
 

@@ -11,7 +11,6 @@ from torch import nn
 
 from hybrid_sgl.config import GDNSpec
 from hybrid_sgl.layers.backends import LinearAttnOps
-from hybrid_sgl.layers.linear import Linear
 from hybrid_sgl.layers.norm import GatedRMSNorm
 from hybrid_sgl.runner.forward_batch import ForwardBatch
 
@@ -24,12 +23,12 @@ class GatedDeltaNet(nn.Module):
         self.ops = ops
         s = spec
         self.splits = [s.conv_dim, s.value_dim, s.num_v_heads, s.num_v_heads]  # qkv, z, b, a
-        self.in_proj = Linear(hidden_size, sum(self.splits), bias=False)
+        self.in_proj = nn.Linear(hidden_size, sum(self.splits), bias=False)
         self.conv_weight = nn.Parameter(torch.empty(s.conv_dim, s.conv_kernel))
         self.A_log = nn.Parameter(torch.empty(s.num_v_heads, dtype=torch.float32))
         self.dt_bias = nn.Parameter(torch.ones(s.num_v_heads, dtype=torch.float32))
         self.norm = GatedRMSNorm(s.head_v_dim, eps)
-        self.out_proj = Linear(s.value_dim, hidden_size, bias=False)
+        self.out_proj = nn.Linear(s.value_dim, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""

@@ -11,7 +11,6 @@ from torch import nn
 
 from hybrid_sgl.config import MambaSpec
 from hybrid_sgl.layers.backends import SSMOps
-from hybrid_sgl.layers.linear import Linear
 from hybrid_sgl.layers.norm import RMSNorm
 from hybrid_sgl.runner.forward_batch import ForwardBatch
 
@@ -26,7 +25,7 @@ class MambaMixer(nn.Module):
         self.state_index = state_index  # which state-pool layer is ours
         self.ops = ops
         i, n, r = spec.intermediate_size, spec.state_size, spec.dt_rank
-        self.in_proj = Linear(hidden_size, 2 * i, bias=spec.proj_bias)  # [x | z]
+        self.in_proj = nn.Linear(hidden_size, 2 * i, bias=spec.proj_bias)  # [x | z]
         self.conv_weight = nn.Parameter(torch.empty(i, spec.conv_kernel))
         self.conv_bias = nn.Parameter(torch.empty(i)) if spec.conv_bias else None
         self.x_proj = nn.Linear(i, r + 2 * n, bias=False)  # [dt | B | C]
@@ -37,7 +36,7 @@ class MambaMixer(nn.Module):
         self.dt_norm = RMSNorm(r, eps) if spec.inner_norms else None
         self.b_norm = RMSNorm(n, eps) if spec.inner_norms else None
         self.c_norm = RMSNorm(n, eps) if spec.inner_norms else None
-        self.out_proj = Linear(i, hidden_size, bias=spec.proj_bias)
+        self.out_proj = nn.Linear(i, hidden_size, bias=spec.proj_bias)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]."""

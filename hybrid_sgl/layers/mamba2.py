@@ -10,7 +10,6 @@ from torch import nn
 
 from hybrid_sgl.config import Mamba2Spec
 from hybrid_sgl.layers.backends import SSMOps
-from hybrid_sgl.layers.linear import Linear
 from hybrid_sgl.runner.forward_batch import ForwardBatch
 
 
@@ -26,14 +25,14 @@ class Mamba2Mixer(nn.Module):
         self.ops = ops
         s = spec
         self.splits = [s.intermediate_size, s.conv_dim, s.num_heads]  # z, xBC, dt
-        self.in_proj = Linear(hidden_size, sum(self.splits), bias=s.proj_bias)
+        self.in_proj = nn.Linear(hidden_size, sum(self.splits), bias=s.proj_bias)
         self.conv_weight = nn.Parameter(torch.empty(s.conv_dim, s.conv_kernel))
         self.conv_bias = nn.Parameter(torch.empty(s.conv_dim)) if s.conv_bias else None
         self.A_log = nn.Parameter(torch.empty(s.num_heads, dtype=torch.float32))
         self.D = nn.Parameter(torch.ones(s.num_heads, dtype=torch.float32))
         self.dt_bias = nn.Parameter(torch.ones(s.num_heads, dtype=torch.float32))
         self.norm_weight = nn.Parameter(torch.ones(s.intermediate_size)) if s.gated_norm else None
-        self.out_proj = Linear(s.intermediate_size, hidden_size, bias=s.out_bias)
+        self.out_proj = nn.Linear(s.intermediate_size, hidden_size, bias=s.out_bias)
         self.in_proj_scale = in_proj_scale
 
     @property

@@ -12,7 +12,6 @@ from torch import nn
 
 from hybrid_sgl.config import MoESpec
 from hybrid_sgl.layers.backends import MoEOps
-from hybrid_sgl.layers.linear import Linear
 from hybrid_sgl.layers.relu2_mlp import Relu2MLP
 
 _EXPERT = re.compile(r"experts\.(\d+)\.(up_proj|down_proj)\.weight")
@@ -30,8 +29,8 @@ class NemotronMoE(nn.Module):
         self.correction_bias = nn.Parameter(torch.empty(e, dtype=torch.float32))
         self.w_up = nn.Parameter(torch.empty(e, i, d))  # [E, I, D], D = latent or hidden size
         self.w_down = nn.Parameter(torch.empty(e, d, i))  # [E, D, I]
-        self.to_latent = Linear(hidden_size, latent_size, bias=bias) if latent_size else None
-        self.from_latent = Linear(latent_size, hidden_size, bias=bias) if latent_size else None
+        self.to_latent = nn.Linear(hidden_size, latent_size, bias=bias) if latent_size else None
+        self.from_latent = nn.Linear(latent_size, hidden_size, bias=bias) if latent_size else None
         shared = spec.shared_expert_intermediate_size
         self.shared = Relu2MLP(hidden_size, shared, bias) if shared else None
 

@@ -1,20 +1,19 @@
 """Non-gated MLP with a squared-ReLU activation (Nemotron-H): down(relu(up x) ** 2)."""
 
 import torch
+import torch.nn.functional as F
 from torch import nn
-
-from hybrid_sgl.layers.linear import Linear
 
 
 class Relu2MLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
         super().__init__()
-        self.up_proj = Linear(hidden_size, intermediate_size, bias=bias)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
-        return self.down_proj(self.up_proj(x), act="relu2")
+        return self.down_proj(F.relu(self.up_proj(x)).square())
 
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:
         """Checkpoint names: up_proj.{weight,bias}, down_proj.{weight,bias}."""

@@ -16,7 +16,6 @@ from torch import nn
 
 from hybrid_sgl.config import ModelConfig
 from hybrid_sgl.layers.backends import AttentionOps, LinearAttnOps, MoEOps, SSMOps
-from hybrid_sgl.layers.linear import Linear
 from hybrid_sgl.runner.forward_batch import ForwardBatch
 
 _LAYER = re.compile(r"layers\.(\d+)\.(\w+)\.(.+)")
@@ -57,7 +56,7 @@ class HybridCausalLM(nn.Module):
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList()
         self.norm = final_norm
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
         self.embedding_scale = 1.0

@@ -14,7 +14,6 @@ import torch
 
 from hybrid_sgl.config import ModelConfig
 from hybrid_sgl.layers.backends import resolve_backend
-from hybrid_sgl.layers.linear import SKINNY_MAX_ROWS, use_skinny_matmul
 from hybrid_sgl.memory.allocator import Allocator
 from hybrid_sgl.memory.kv_pool import KVPool
 from hybrid_sgl.memory.memory_plan import MemoryPlan, StateShapes, available_ram_bytes, plan_memory
@@ -82,9 +81,6 @@ class ModelRunner:
         self.model = build_model(config, backends, dtype=self.dtype, device=self.device,
                                  max_positions=self.context_length, load_format=args.load_format,
                                  model_path=args.model_path, seed=args.random_seed)
-        gemm = args.decode_gemm_backend
-        self.skinny_rows = SKINNY_MAX_ROWS if gemm == "triton" or (gemm == "auto" and self.device.type == "cuda") else 0
-        skinny_layers = use_skinny_matmul(self.model, self.skinny_rows)
         self.state_shapes = self._state_shapes()
         self.plan = self._plan_memory()
         self.context_length = self.plan.context_length  # one request alone always fits
@@ -95,8 +91,6 @@ class ModelRunner:
         self._host_turn = 0
         for line in self.model.dispatch_plan():
             logger.info(line)
-        logger.info("decode GEMMs: %s", f"skinny matmul for <= {self.skinny_rows} rows in {skinny_layers} linear layers"
-                    if self.skinny_rows else "torch")
         logger.info(self.plan.describe())
 
     # ---- setup -----------------------------------------------------------------------------------
