@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Download (on a machine with PyPI access) the pure-Python and manylinux wheels that the HTTP server
-# (`import hybrid_sgl.launch_server`) and the HF transformers anchor need on a GPU machine that has
-# only torch, triton and their dependencies (filelock, fsspec, jinja2, sympy, networkx,
-# typing-extensions). Versions are the ones this repository is tested with. The wheels go into the
-# git-ignored .whl/ (fla-core stays there); install them on the GPU machine with
-#   python3 -m pip install --no-index --no-deps --target /tmp/site .whl/*.whl
-# and run with PYTHONPATH=$PWD:/tmp/site (bench/offline_device.sh does both).
-#   bash bench/device_wheels.sh [DEST=.whl] [PYTHON_VERSION=3.12]
+# (`import hybrid_sgl.launch_server`) and the HF transformers anchor (with fla-core's kernels) need
+# on a GPU machine that has torch, triton, numpy and their dependencies. Versions are the ones this
+# repository is tested with; about 25 MB, so they travel with the tree. The wheels go into the
+# git-ignored .whl_srv/; install them on the GPU machine with
+#   python3 -m pip install --no-index --no-deps --target /tmp/site .whl_srv/*.whl
+# and run with PYTHONPATH=$PWD:/tmp/site (bench/h200_e2e_run.sh does both).
+#   bash bench/device_wheels.sh [DEST=.whl_srv] [PYTHON_VERSION=3.12]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-dest="${1:-.whl}"
+dest="${1:-.whl_srv}"
 python_version="${2:-3.12}"
 pip="${PIP:-.venv/bin/pip}"
 wheels=(
@@ -17,10 +17,13 @@ wheels=(
   fastapi==0.165.0 starlette==1.10.0 annotated-doc==0.0.7 opentelemetry-api==1.45.2
   pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
   uvicorn==0.54.0 click==8.5.1 h11==0.16.0 anyio==4.16.0 sniffio==1.3.1 idna==3.20
+  typing-extensions==4.16.0
   # tokenizer, checkpoint loading, HF transformers (the anchor and the tokenizer classes)
   transformers==5.24.0 tokenizers==0.23.3 safetensors==0.8.0 huggingface_hub==2.4.0
-  regex==2026.11.19 pyyaml==6.0.4 tqdm==4.70.1 packaging==26.4 numpy==2.4.6
+  regex==2026.11.19 pyyaml==6.0.4 tqdm==4.70.1 packaging==26.4
   httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 certifi==2026.10.19.post1
+  # the anchor's GDN kernels
+  fla-core==0.6.0 einops==0.8.2
 )
 mkdir -p "$dest"
 "$pip" download -q --no-deps --only-binary=:all: --python-version "$python_version" --implementation cp \

@@ -6,7 +6,8 @@
 # bench/device_wheels.sh fills .whl, pick from there). Logs go to $OUT (default /tmp/hybrid_sgl_bench).
 #   bash bench/h200_e2e_run.sh [tests|profile|offline|no-overlap|prefill|moe|serving ...]
 # Default: tests offline prefill. Each offline config takes about a minute (batch 1 and 32,
-# prompt 512, 128 output tokens); OFFLINE_ARGS replaces that case list, SERVING_ARGS is appended.
+# prompt 512, 128 output tokens); OFFLINE_ARGS replaces that case list, SERVING_ARGS is appended,
+# PROFILE_BATCH (default 1) sets the profiled decode batch.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/hybrid_sgl_bench}
@@ -32,8 +33,8 @@ for part in ${*:-tests offline prefill}; do
         2>&1 | tee "$OUT/tests_gpu.log" | tail -15 ;;
     profile)
       for c in $DENSE; do
-        timeout 120 python3 bench/decode_profile.py --config "configs/$c" --batch 1 --top 30 2>&1 \
-          | grep -v "^\[transformers\]" | tee "$OUT/profile_$c.md" | head -45
+        timeout 120 python3 bench/decode_profile.py --config "configs/$c" --batch "${PROFILE_BATCH:-1}" --top 30 2>&1 \
+          | grep -v "^\[transformers\]" | tee "$OUT/profile_b${PROFILE_BATCH:-1}_$c.md" | head -45
       done ;;
     offline) for c in $DENSE; do offline offline "$c"; done ;;
     no-overlap) for c in $DENSE; do offline no_overlap "$c" --engine-arg disable_overlap_schedule=true; done ;;

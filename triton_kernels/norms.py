@@ -5,6 +5,7 @@ add_rmsnorm:    r = x + residual (rounded to the dtype, as in eager); y = rmsnor
 gated_rmsnorm:  y = (x / rms(x)) * w * silu(z)       (norm before gate; GDN output norm)
 gate_rmsnorm:   y = norm_groups(x * silu(z)) * w      (gate before norm, by channel groups; Mamba2 output norm)
 silu_and_mul:   y = silu(a) * b for gate_up = [a | b]
+relu2:          y = relu(x)^2 (Nemotron-H's MLP), one kernel where eager runs two
 Math in float32; each rounding to the model dtype happens where the eager code rounds, so
 bf16 results match the references bit for bit in the common cases.
 """
@@ -50,6 +51,11 @@ def silu_and_mul_ref(*, gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up: [T, 2I] -> silu(gate) * up: [T, I]."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def relu2_ref(*, x: torch.Tensor) -> torch.Tensor:
+    """x: [T, I] -> relu(x)^2: [T, I]."""
+    return F.relu(x).square()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,6 +126,16 @@ def _silu_and_mul_kernel(gu, y, stride_gu, stride_y, n_rows, I, BLOCK_R: tl.cons
     b_u = tl.load(gu + o_r[:, None] * stride_gu + I + o_i[None, :], mask=m, other=0.0)
     b_s = (b_g * tl.sigmoid(b_g)).to(b_u.dtype)  # silu in the model dtype, as F.silu returns it
     tl.store(y + o_r[:, None] * stride_y + o_i[None, :], b_s * b_u, mask=m)
+
+
+@triton.jit
+def _relu2_kernel(x, y, stride_x, stride_y, n_rows, I, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
+    o_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    o_i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    m = (o_r < n_rows)[:, None] & (o_i < I)[None, :]
+    o_r = o_r.to(tl.int64)
+    b_x = tl.maximum(tl.load(x + o_r[:, None] * stride_x + o_i[None, :], mask=m, other=0.0).to(tl.float32), 0.0)
+    tl.store(y + o_r[:, None] * stride_y + o_i[None, :], (b_x * b_x).to(y.dtype.element_ty), mask=m)
 
 
 def _rows_per_program(n: int) -> tuple[int, int]:
@@ -199,4 +215,15 @@ def silu_and_mul(*, gate_up: torch.Tensor) -> torch.Tensor:
     block_r = max(1, 2048 // block_i)
     _silu_and_mul_kernel[(triton.cdiv(n, block_r), triton.cdiv(i, block_i))](
         gate_up, y, gate_up.stride(0), y.stride(0), n, i, BLOCK_R=block_r, BLOCK_I=block_i)
+    return y
+
+
+def relu2(*, x: torch.Tensor) -> torch.Tensor:
+    x = _rows(x)
+    n, i = x.shape
+    y = torch.empty((n, i), dtype=x.dtype, device=x.device)
+    block_i = min(1024, triton.next_power_of_2(i))
+    block_r = max(1, 2048 // block_i)
+    _relu2_kernel[(triton.cdiv(n, block_r), triton.cdiv(i, block_i))](
+        x, y, x.stride(0), y.stride(0), n, i, BLOCK_R=block_r, BLOCK_I=block_i)
     return y

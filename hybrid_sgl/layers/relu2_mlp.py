@@ -1,8 +1,9 @@
 """Non-gated MLP with a squared-ReLU activation (Nemotron-H): down(relu(up x) ** 2)."""
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from triton_kernels.norms import relu2, relu2_ref
 
 
 class Relu2MLP(nn.Module):
@@ -13,7 +14,8 @@ class Relu2MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
-        return self.down_proj(F.relu(self.up_proj(x)).square())
+        up = self.up_proj(x)
+        return self.down_proj(relu2(x=up) if up.is_cuda else relu2_ref(x=up))
 
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:
         """Checkpoint names: up_proj.{weight,bias}, down_proj.{weight,bias}."""

@@ -40,6 +40,7 @@ def test_gated_rmsnorm_and_silu_mul(rows, n):
     strided = torch.randn(rows, 2 * n + 6, device=DEVICE)[:, : 2 * n]  # a slice of a wider projection
     torch.testing.assert_close(norms.silu_and_mul(gate_up=strided), norms.silu_and_mul_ref(gate_up=strided),
                                rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(norms.relu2(x=strided), norms.relu2_ref(x=strided), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.gpu
@@ -57,3 +58,4 @@ def test_bf16_matches_eager_roundings():
     assert (g.float() - g_ref.float()).abs().max() <= 2 ** -6 * g_ref.float().abs().max()
     gu = torch.cat([x, z], dim=1)
     assert torch.equal(norms.silu_and_mul(gate_up=gu), norms.silu_and_mul_ref(gate_up=gu))
+    assert torch.equal(norms.relu2(x=gu), norms.relu2_ref(x=gu))
