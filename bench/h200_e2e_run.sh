@@ -29,7 +29,7 @@ offline() {  # offline NAME CONFIG [extra offline.py args]: decode / prefill / s
 for part in ${*:-tests offline prefill}; do
   case $part in
     tests)
-      timeout 200 python3 -m pytest -q -rf -p no:cacheprovider tests/gpu \
+      timeout 200 python3 -m pytest -q -rf -p no:cacheprovider tests/gpu tests/kernels/test_norms.py \
         2>&1 | tee "$OUT/tests_gpu.log" | tail -15 ;;
     profile)
       for c in $DENSE; do
