@@ -4,10 +4,10 @@
 # bench/serving.py against a launched server. Run from the repo root with a
 # wheel folder carried (WHEELS, default .whl_srv: fastapi/uvicorn/pydantic, transformers, fla-core;
 # bench/device_wheels.sh fills .whl, pick from there). Logs go to $OUT (default /tmp/hybrid_sgl_bench).
-#   bash bench/h200_e2e_run.sh [tests|profile|offline|no-overlap|prefill|moe|serving ...]
+#   bash bench/h200_e2e_run.sh [tests|profile|offline|anchor|no-overlap|prefill|moe|serving ...]
 # Default: tests offline prefill. Each offline config takes about a minute (batch 1 and 32,
 # prompt 512, 128 output tokens); OFFLINE_ARGS replaces that case list, SERVING_ARGS is appended,
-# PROFILE_BATCH (default 1) sets the profiled decode batch.
+# PROFILE_BATCH (default 1) and PROFILE_CONFIGS (default: 9B and Nemotron-H) set what is profiled.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/hybrid_sgl_bench}
@@ -32,11 +32,13 @@ for part in ${*:-tests offline prefill}; do
       timeout 200 python3 -m pytest -q -rf -p no:cacheprovider tests/gpu tests/kernels/test_norms.py \
         2>&1 | tee "$OUT/tests_gpu.log" | tail -15 ;;
     profile)
-      for c in $DENSE; do
+      for c in ${PROFILE_CONFIGS:-$DENSE}; do
         timeout 120 python3 bench/decode_profile.py --config "configs/$c" --batch "${PROFILE_BATCH:-1}" --top 30 2>&1 \
           | grep -v "^\[transformers\]" | tee "$OUT/profile_b${PROFILE_BATCH:-1}_$c.md" | head -45
       done ;;
     offline) for c in $DENSE; do offline offline "$c"; done ;;
+    anchor)  # the decode targets against HF generate in one run (9B shape, batch 1 and 32)
+      OFF="--batch 1,32 --prompt 512 --output 256" offline anchor qwen3_5-9b-text ;;
     no-overlap) for c in $DENSE; do offline no_overlap "$c" --engine-arg disable_overlap_schedule=true; done ;;
     prefill)
       OFF="--batch 1 --prompt 8192 --output 16 --hf-batches 1" offline prefill qwen3_5-9b-text ;;
