@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # End-to-end GPU pass in one call: whole-model CUDA tests, decode profiles, bench/offline.py
 # (default settings, and without overlap), the 8192-token prefill against HF, the MoE configs, and
-# bench/serving.py against a launched server. Run from the repo root with a
-# wheel folder carried (WHEELS, default .whl_srv: fastapi/uvicorn/pydantic, transformers, fla-core;
-# bench/device_wheels.sh fills .whl, pick from there). Logs go to $OUT (default /tmp/hybrid_sgl_bench).
+# bench/serving.py against a launched server. Run from the repo root with a wheel folder carried
+# (WHEELS, default .whl_srv: fastapi/uvicorn/pydantic, transformers, fla-core; bench/device_wheels.sh
+# fills it). Logs go to $OUT (default /tmp/hybrid_sgl_bench).
 #   bash bench/h200_e2e_run.sh [tests|profile|offline|anchor|no-overlap|prefill|moe|serving ...]
 # Default: tests offline prefill. Each offline config takes about a minute (batch 1 and 32,
 # prompt 512, 128 output tokens); OFFLINE_ARGS replaces that case list, SERVING_ARGS is appended,
