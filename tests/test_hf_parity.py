@@ -106,6 +106,20 @@ def test_batch_with_staggered_arrivals_matches_hf(tiny_checkpoint, family):
         check_against_hf(path, req, vocab)
 
 
+@pytest.mark.parametrize("family", ["qwen3_5_moe", "qwen3_next", "granitemoehybrid", "jamba"])
+def test_triton_moe_kernels_match_hf(tiny_checkpoint, family):
+    """The MoE families through the Triton router top-k and fused MoE (in the interpreter on CPU):
+    shared experts with and without a gate, renormalized or not."""
+    path = tiny_checkpoint(family)
+    s = make_scheduler(path, chunked_prefill_size=16, moe_runner_backend="triton")
+    vocab = s.vocab_size
+    reqs = [full_request(f"r{i}", prompt_of(n, i, vocab), vocab, max_new=m)
+            for i, (n, m) in enumerate([(23, 5), (6, 4)])]
+    run_to_end(s, {0: [reqs[0]], 2: [reqs[1]]})
+    for req in reqs:
+        check_against_hf(path, req, vocab)
+
+
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "nemotron_h", "falcon_h1", "bamba",
                                     "granitemoehybrid", "jamba"])
 def test_preempted_requests_resume_and_match_hf(tiny_checkpoint, family):

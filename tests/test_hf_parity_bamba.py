@@ -99,6 +99,7 @@ def test_granite_router_matches_hf():
     from transformers.models.granitemoehybrid import modeling_granitemoehybrid as hf_granite
 
     from hybrid_sgl.config import MoESpec
+    from hybrid_sgl.layers.backends import resolve_backend
     from hybrid_sgl.layers.moe import SparseMoE
 
     cfg = tf.GraniteMoeHybridConfig(hidden_size=32, num_local_experts=7, num_experts_per_tok=3, mamba_n_heads=4)
@@ -106,11 +107,12 @@ def test_granite_router_matches_hf():
     torch.nn.init.normal_(hf_router.weight, std=0.5)
     ours = SparseMoE(spec=MoESpec(num_experts=7, top_k=3, intermediate_size=8, norm_topk_prob=True,
                                   shared_expert_intermediate_size=0, shared_expert_gate=False),
-                     hidden_size=32, ops=None)
+                     hidden_size=32, ops=resolve_backend("moe", "torch", "cpu"))
     ours.router.data.copy_(hf_router.weight.data)
     x = torch.randn(50, 32, generator=torch.Generator().manual_seed(0))
     _, ref_weights, ref_ids = hf_router(x)
-    weights, ids = ours.route(x)
+    weights, ids, shared_gate = ours.route(x)
+    assert shared_gate is None
     assert torch.equal(ids, ref_ids)
     torch.testing.assert_close(weights, ref_weights, rtol=1e-6, atol=1e-6)
 

@@ -1,4 +1,6 @@
-"""Mixture-of-experts feed-forward over routed tokens: out[t] = sum_k w[t, k] * y_{e(t, k)}(x[t]).
+"""Mixture-of-experts feed-forward over routed tokens: out[t] = sum_k w[t, k] * y_{e(t, k)}(x[t]),
+plus an optional shared expert's output, scaled by sigmoid of its gate logit when it has one:
+out[t] += sigmoid(shared_gate[t]) * shared[t].
 
 activation "silu": gated experts, y_e(x) = down_e(silu(gate_e x) * up_e x), w13 [E, 2I, H];
 activation "relu2": non-gated experts (Nemotron-H), y_e(x) = down_e(relu(up_e x)^2), w13 [E, I, H]."""
@@ -17,10 +19,16 @@ def fused_moe_ref(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     activation: str = "silu",
+    shared: torch.Tensor | None = None,
+    shared_gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x: [T, H]; w13: [E, 2I, H] (gate rows then up rows) or [E, I, H] for relu2; w2: [E, H, I];
-    topk_weights: [T, k] float32; topk_ids: [T, k]. Returns [T, H] in x's dtype."""
+    topk_weights: [T, k] float32; topk_ids: [T, k]; shared: [T, H] or None; shared_gate: [T] logits
+    or None. Returns [T, H] in x's dtype."""
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    if shared is not None:
+        gate = 1.0 if shared_gate is None else torch.sigmoid(shared_gate.float())[:, None]
+        out += gate * shared.float()
     flat_ids = topk_ids.flatten()
     for expert in flat_ids.unique().tolist():
         token, which = (topk_ids == expert).nonzero(as_tuple=True)
@@ -196,6 +204,40 @@ def _moe_down_kernel(inter, w2, rows, sorted_assign, expert_offsets, topk_weight
     tl.store(p_o, acc.to(rows.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
 
 
+@triton.jit
+def _combine_kernel(rows, shared, shared_gate, out, stride_shared, stride_gate, stride_out, H,
+                    TOP_K: tl.constexpr, HAS_SHARED: tl.constexpr, HAS_GATE: tl.constexpr, BLOCK_H: tl.constexpr):
+    """out[t] = sum_j rows[t * TOP_K + j] (+ sigmoid(shared_gate[t]) * shared[t]), in float32, rounded once."""
+    t = tl.program_id(0).to(tl.int64)
+    o_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    m_h = o_h < H
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        acc += tl.load(rows + (t * TOP_K + j) * H + o_h, mask=m_h, other=0.0).to(tl.float32)
+    if HAS_SHARED:
+        b_s = tl.load(shared + t * stride_shared + o_h, mask=m_h, other=0.0).to(tl.float32)
+        if HAS_GATE:
+            b_s = b_s * tl.sigmoid(tl.load(shared_gate + t * stride_gate).to(tl.float32))
+        acc += b_s
+    tl.store(out + t * stride_out + o_h, acc.to(out.dtype.element_ty), mask=m_h)
+
+
+def _combine(out_rows: torch.Tensor, t: int, k: int, shared: torch.Tensor | None,
+             shared_gate: torch.Tensor | None) -> torch.Tensor:
+    h = out_rows.shape[1]
+    out = torch.empty((t, h), dtype=out_rows.dtype, device=out_rows.device)
+    if shared is not None:
+        assert shared.shape == (t, h) and shared.stride(-1) == 1, f"shared {tuple(shared.shape)} != [{t}, {h}]"
+    if shared_gate is not None:
+        assert shared is not None and shared_gate.shape == (t,), f"shared_gate {tuple(shared_gate.shape)} != [{t}]"
+    block_h = min(1024, triton.next_power_of_2(h))
+    _combine_kernel[(t, triton.cdiv(h, block_h))](
+        out_rows, shared, shared_gate, out, 0 if shared is None else shared.stride(0),
+        0 if shared_gate is None else shared_gate.stride(0), out.stride(0), h, TOP_K=k,
+        HAS_SHARED=shared is not None, HAS_GATE=shared_gate is not None, BLOCK_H=block_h)
+    return out
+
+
 def _num_bins(num_experts: int) -> int:
     return triton.next_power_of_2(num_experts + 1)  # one spare bin for padding lanes
 
@@ -262,7 +304,8 @@ def _gemm_configs(num_rows: int, num_experts: int, dtype: torch.dtype, device: t
 
 def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                    topk_ids: torch.Tensor, activation: str, up_config: dict | None = None,
-                   down_config: dict | None = None) -> torch.Tensor:
+                   down_config: dict | None = None, shared: torch.Tensor | None = None,
+                   shared_gate: torch.Tensor | None = None) -> torch.Tensor:
     """fused_moe with explicit launch configs (for tuning)."""
     if activation not in ("silu", "relu2"):
         raise ValueError(f"unsupported MoE activation {activation!r}; expected 'silu' or 'relu2'")
@@ -277,7 +320,7 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     assert x.stride(-1) == 1 and w13.stride(-1) == 1 and w2.stride(-1) == 1, "x, w13, w2 need unit last strides"
     k = topk_ids.shape[1]
     rows = t * k
-    if rows == 0:
+    if rows == 0:  # no tokens
         return torch.zeros_like(x)
     sorted_assign, expert_offsets = sort_by_expert(topk_ids=topk_ids, num_experts=e)
     default_up, default_down = _gemm_configs(rows, e, x.dtype, x.device)
@@ -295,7 +338,9 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
         inter, w2, out_rows, sorted_assign, expert_offsets, topk_weights.float().contiguous(), inter.stride(0),
         w2.stride(0), w2.stride(1), out_rows.stride(0), h, i, e, PREC=prec, NUM_BINS=num_bins,
         EVEN_K=i % down["BLOCK_K"] == 0, **down)
-    return out_rows if k == 1 else out_rows.view(t, k, h).sum(dim=1)
+    if k == 1 and shared is None:
+        return out_rows
+    return _combine(out_rows, t, k, shared, shared_gate)
 
 
 def fused_moe(
@@ -306,8 +351,11 @@ def fused_moe(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     activation: str = "silu",
+    shared: torch.Tensor | None = None,
+    shared_gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """fused_moe_ref on Triton kernels: x: [T, H]; w13: [E, 2I, H] ("silu") or [E, I, H] ("relu2");
-    w2: [E, H, I]; topk_weights: [T, k] float32; topk_ids: [T, k] ints in [0, E). Returns [T, H]
-    in x's dtype. No host sync: safe inside CUDA-graph capture."""
-    return _fused_moe_fwd(x, w13, w2, topk_weights, topk_ids, activation)
+    w2: [E, H, I]; topk_weights: [T, k] float32; topk_ids: [T, k] ints in [0, E); shared: [T, H] or
+    None; shared_gate: [T] logits or None. Returns [T, H] in x's dtype. The k weighted expert rows
+    and the shared expert are summed in one kernel. No host sync: safe inside CUDA-graph capture."""
+    return _fused_moe_fwd(x, w13, w2, topk_weights, topk_ids, activation, shared=shared, shared_gate=shared_gate)

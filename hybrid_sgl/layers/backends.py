@@ -46,6 +46,7 @@ class SSMOps:
 @dataclass(frozen=True)
 class MoEOps:
     name: str
+    softmax_topk: Callable
     fused_moe: Callable
 
 
@@ -103,15 +104,15 @@ def _triton_ssm() -> SSMOps:
 
 
 def _torch_moe() -> MoEOps:
-    from triton_kernels import fused_moe
+    from triton_kernels import fused_moe, moe_routing
 
-    return MoEOps("torch", fused_moe.fused_moe_ref)
+    return MoEOps("torch", moe_routing.softmax_topk_ref, fused_moe.fused_moe_ref)
 
 
 def _triton_moe() -> MoEOps:
-    from triton_kernels import fused_moe
+    from triton_kernels import fused_moe, moe_routing
 
-    return MoEOps("triton", fused_moe.fused_moe)
+    return MoEOps("triton", moe_routing.softmax_topk, fused_moe.fused_moe)
 
 
 REGISTRY: dict[str, dict[str, Callable]] = {

@@ -1,5 +1,9 @@
 """Sparse MoE block: float32 router (softmax, top-k, optional renormalization), stacked experts,
-and an optional shared expert scaled by sigmoid(shared_expert_gate x)."""
+and an optional shared expert scaled by sigmoid(shared_expert_gate x).
+
+The shared expert's gate is one more row of the float32 router matrix, so one matmul gives the
+expert logits and the gate logit; the fused MoE kernel sums the k expert rows and the gated
+shared expert in one pass."""
 
 import re
 
@@ -20,34 +24,27 @@ class SparseMoE(nn.Module):
         self.spec = spec
         self.ops = ops
         e, i = spec.num_experts, spec.intermediate_size
-        self.router = nn.Parameter(torch.empty(e, hidden_size, dtype=torch.float32))
+        self.shared = GatedMLP(hidden_size, spec.shared_expert_intermediate_size) \
+            if spec.shared_expert_intermediate_size else None
+        self.has_shared_gate = self.shared is not None and spec.shared_expert_gate
+        # [E experts | shared expert gate, H]
+        self.router = nn.Parameter(torch.empty(e + self.has_shared_gate, hidden_size, dtype=torch.float32))
         self.w13 = nn.Parameter(torch.empty(e, 2 * i, hidden_size))  # [E, gate rows | up rows, H]
         self.w2 = nn.Parameter(torch.empty(e, hidden_size, i))
-        self.shared = None
-        self.shared_gate = None
-        if spec.shared_expert_intermediate_size:
-            self.shared = GatedMLP(hidden_size, spec.shared_expert_intermediate_size)
-            if spec.shared_expert_gate:
-                self.shared_gate = nn.Linear(hidden_size, 1, bias=False)
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: [T, H] -> (weights [T, k] float32, expert ids [T, k])."""
-        probs = F.linear(x.float(), self.router).softmax(dim=-1)
-        weights, ids = probs.topk(self.spec.top_k, dim=-1)
-        if self.spec.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights, ids
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """x: [T, H] -> (weights [T, k] float32, expert ids [T, k], shared gate logits [T] or None)."""
+        e = self.spec.num_experts
+        logits = F.linear(x.float(), self.router)  # [T, E (+ 1)]
+        weights, ids = self.ops.softmax_topk(logits=logits[:, :e], top_k=self.spec.top_k,
+                                             renormalize=self.spec.norm_topk_prob)
+        return weights, ids, logits[:, e] if self.has_shared_gate else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
-        weights, ids = self.route(x)
-        out = self.ops.fused_moe(x=x, w13=self.w13, w2=self.w2, topk_weights=weights, topk_ids=ids)
-        if self.shared is not None:
-            shared = self.shared(x)
-            if self.shared_gate is not None:
-                shared = torch.sigmoid(self.shared_gate(x)) * shared
-            out = out + shared
-        return out
+        weights, ids, gate = self.route(x)
+        return self.ops.fused_moe(x=x, w13=self.w13, w2=self.w2, topk_weights=weights, topk_ids=ids,
+                                  shared=None if self.shared is None else self.shared(x), shared_gate=gate)
 
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:
         """Checkpoint names: gate.weight, experts.{e}.{gate,up,down}_proj.weight or stacked
@@ -55,7 +52,7 @@ class SparseMoE(nn.Module):
         shared_expert_gate.weight."""
         i = self.spec.intermediate_size
         if name == "gate.weight":
-            self.router.data.copy_(tensor)
+            self.router.data[: self.spec.num_experts].copy_(tensor)
         elif m := _EXPERT.fullmatch(name):
             e, proj = int(m.group(1)), m.group(2)
             target = {"gate_proj": self.w13.data[e, :i], "up_proj": self.w13.data[e, i:],
@@ -67,7 +64,7 @@ class SparseMoE(nn.Module):
             self.w2.data.copy_(tensor)
         elif name.startswith("shared_expert.") and self.shared is not None:
             self.shared.load_weight(name.removeprefix("shared_expert."), tensor)
-        elif name == "shared_expert_gate.weight" and self.shared_gate is not None:
-            self.shared_gate.weight.data.copy_(tensor)
+        elif name == "shared_expert_gate.weight" and self.has_shared_gate:
+            self.router.data[self.spec.num_experts :].copy_(tensor)
         else:
             raise KeyError(name)

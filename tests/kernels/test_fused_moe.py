@@ -107,3 +107,24 @@ def test_up_and_down_with_different_block_rows():
     out = _fused_moe_fwd(x, w13, w2, weights, ids, "silu", up_config=up, down_config=down)
     ref = fused_moe_ref(x=x, w13=w13, w2=w2, topk_weights=weights, topk_ids=ids)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("top_k", [1, 3])
+@pytest.mark.parametrize("gated", [False, True])
+def test_shared_expert_summed_in_the_combine(top_k, gated):
+    """The shared expert's output (scaled by sigmoid of its gate logit, or not) joins the k expert
+    rows in one sum; the gate logits may be a strided column of the router's logits."""
+    num_experts, num_tokens = 6, 5
+    w13, w2 = _experts(num_experts, "silu", seed=7)
+    weights, ids = _routing(num_tokens, num_experts, top_k, seed=8)
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(num_tokens, H, generator=g).to(DEVICE)
+    shared = torch.randn(num_tokens, H, generator=g).to(DEVICE)
+    logits = torch.randn(num_tokens, num_experts + 1, generator=g).to(DEVICE)
+    kw = dict(x=x, w13=w13, w2=w2, topk_weights=weights, topk_ids=ids, shared=shared,
+              shared_gate=logits[:, num_experts] if gated else None)
+    out = fused_moe(**kw)
+    torch.testing.assert_close(out, fused_moe_ref(**kw), rtol=1e-5, atol=1e-5)
+    plain = fused_moe_ref(**{**kw, "shared": None, "shared_gate": None})
+    scale = torch.sigmoid(logits[:, num_experts])[:, None] if gated else 1.0
+    torch.testing.assert_close(out, plain + scale * shared, rtol=1e-5, atol=1e-5)
