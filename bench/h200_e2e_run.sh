@@ -14,7 +14,6 @@ OUT=${OUT:-/tmp/hybrid_sgl_bench}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site ${WHEELS:-.whl_srv}/*.whl
 export PYTHONPATH=$PWD:/tmp/site
-git log -1 --format='%H %s' 2>/dev/null > "$OUT/commit.txt"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 DENSE="qwen3_5-9b-text nemotron_h-8b"
 OFF=${OFFLINE_ARGS:-"--batch 1,32 --prompt 512 --output 128 --skip-hf"}

@@ -9,7 +9,6 @@ OUT=${OUT:-/tmp/hybrid_sgl_bench}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site ${WHEELS:-.whl}/*.whl
 export PYTHONPATH=$PWD:/tmp/site
-git log -1 --format='%H %s' 2>/dev/null > "$OUT/commit.txt"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 timeout 100 python3 bench/ssd_bench.py 2>&1 | tee "$OUT/ssd_bench.md" | tail -25
 timeout 45 python3 bench/ssm_step_bench.py --no-tune 2>&1 | tee "$OUT/ssm_step_bench.md" | tail -20
