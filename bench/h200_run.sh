@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # One scripted GPU session: kernel and whole-model tests on CUDA, then the kernel benchmarks (ours
 # vs fla-core, vLLM and SDPA in the same run), then the end-to-end benchmark. Run from the repo
-# root on a CUDA machine with the pure-Python anchors carried: .whl/ (fla-core wheel) and
-# .vllm_min/ (bench/vendor_vllm_attention.sh). Logs go to $OUT (or /tmp/hybrid_sgl_bench).
+# root on a CUDA machine with the anchors carried: a wheel folder (WHEELS, default .whl_srv from
+# bench/device_wheels.sh: fla-core, transformers) and .vllm_min/ (bench/vendor_vllm_attention.sh). Logs go to $OUT (or /tmp/hybrid_sgl_bench).
 #   bash bench/h200_run.sh [tests|kernels|mamba|moe|e2e ...]   (default: all)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/hybrid_sgl_bench}
 mkdir -p "$OUT"
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+WHEELS=${WHEELS:-.whl_srv}
+if compgen -G "$WHEELS/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl
 fi
 export PYTHONPATH=$PWD:/tmp/site:$PWD/.vllm_min
 parts=${*:-tests kernels mamba moe e2e}

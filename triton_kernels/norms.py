@@ -143,6 +143,12 @@ def _rows_per_program(n: int) -> tuple[int, int]:
     return max(1, min(64, 4096 // block_n)), block_n
 
 
+def _elementwise_tiles(width: int) -> tuple[int, int]:
+    """(rows, columns) of an elementwise program's tile: up to 1024 columns, 2048 elements."""
+    block_i = min(1024, triton.next_power_of_2(width))
+    return max(1, 2048 // block_i), block_i
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     assert t.dim() == 2 and t.stride(-1) == 1, f"expected [T, N] with unit last stride, got {tuple(t.shape)}"
     return t
@@ -211,8 +217,7 @@ def silu_and_mul(*, gate_up: torch.Tensor) -> torch.Tensor:
     gate_up = _rows(gate_up)
     n, i = gate_up.shape[0], gate_up.shape[1] // 2
     y = torch.empty((n, i), dtype=gate_up.dtype, device=gate_up.device)
-    block_i = min(1024, triton.next_power_of_2(i))
-    block_r = max(1, 2048 // block_i)
+    block_r, block_i = _elementwise_tiles(i)
     _silu_and_mul_kernel[(triton.cdiv(n, block_r), triton.cdiv(i, block_i))](
         gate_up, y, gate_up.stride(0), y.stride(0), n, i, BLOCK_R=block_r, BLOCK_I=block_i)
     return y
@@ -222,8 +227,7 @@ def relu2(*, x: torch.Tensor) -> torch.Tensor:
     x = _rows(x)
     n, i = x.shape
     y = torch.empty((n, i), dtype=x.dtype, device=x.device)
-    block_i = min(1024, triton.next_power_of_2(i))
-    block_r = max(1, 2048 // block_i)
+    block_r, block_i = _elementwise_tiles(i)
     _relu2_kernel[(triton.cdiv(n, block_r), triton.cdiv(i, block_i))](
         x, y, x.stride(0), y.stride(0), n, i, BLOCK_R=block_r, BLOCK_I=block_i)
     return y
