@@ -26,9 +26,6 @@ def fused_moe_ref(
     topk_weights: [T, k] float32; topk_ids: [T, k]; shared: [T, H] or None; shared_gate: [T] logits
     or None. Returns [T, H] in x's dtype."""
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    if shared is not None:
-        gate = 1.0 if shared_gate is None else torch.sigmoid(shared_gate.float())[:, None]
-        out += gate * shared.float()
     flat_ids = topk_ids.flatten()
     for expert in flat_ids.unique().tolist():
         token, which = (topk_ids == expert).nonzero(as_tuple=True)
@@ -42,7 +39,11 @@ def fused_moe_ref(
             raise ValueError(f"unsupported MoE activation {activation!r}; expected 'silu' or 'relu2'")
         y = F.linear(h, w2[expert])
         out.index_add_(0, token, y.float() * topk_weights[token, which, None])
-    return out.to(x.dtype)
+    out = out.to(x.dtype)
+    if shared is not None:  # in the model dtype, rounded where the eager model rounds
+        gate = 1.0 if shared_gate is None else torch.sigmoid(shared_gate.to(x.dtype))[:, None]
+        out = out + gate * shared
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,7 +208,10 @@ def _moe_down_kernel(inter, w2, rows, sorted_assign, expert_offsets, topk_weight
 @triton.jit
 def _combine_kernel(rows, shared, shared_gate, out, stride_shared, stride_gate, stride_out, H,
                     TOP_K: tl.constexpr, HAS_SHARED: tl.constexpr, HAS_GATE: tl.constexpr, BLOCK_H: tl.constexpr):
-    """out[t] = sum_j rows[t * TOP_K + j] (+ sigmoid(shared_gate[t]) * shared[t]), in float32, rounded once."""
+    """out[t] = sum_j rows[t * TOP_K + j] (+ sigmoid(shared_gate[t]) * shared[t]): sums in float32,
+    rounded to the model dtype where the eager model rounds (the experts' sum, the gate, the gated
+    shared output, the total), so bf16 results follow HF's."""
+    dtype = out.dtype.element_ty
     t = tl.program_id(0).to(tl.int64)
     o_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     m_h = o_h < H
@@ -215,11 +219,13 @@ def _combine_kernel(rows, shared, shared_gate, out, stride_shared, stride_gate, 
     for j in tl.static_range(TOP_K):
         acc += tl.load(rows + (t * TOP_K + j) * H + o_h, mask=m_h, other=0.0).to(tl.float32)
     if HAS_SHARED:
+        acc = acc.to(dtype).to(tl.float32)
         b_s = tl.load(shared + t * stride_shared + o_h, mask=m_h, other=0.0).to(tl.float32)
         if HAS_GATE:
-            b_s = b_s * tl.sigmoid(tl.load(shared_gate + t * stride_gate).to(tl.float32))
+            b_g = tl.load(shared_gate + t * stride_gate).to(dtype).to(tl.float32)
+            b_s = (tl.sigmoid(b_g).to(dtype).to(tl.float32) * b_s).to(dtype).to(tl.float32)
         acc += b_s
-    tl.store(out + t * stride_out + o_h, acc.to(out.dtype.element_ty), mask=m_h)
+    tl.store(out + t * stride_out + o_h, acc.to(dtype), mask=m_h)
 
 
 def _combine(out_rows: torch.Tensor, t: int, k: int, shared: torch.Tensor | None,

@@ -128,3 +128,24 @@ def test_shared_expert_summed_in_the_combine(top_k, gated):
     plain = fused_moe_ref(**{**kw, "shared": None, "shared_gate": None})
     scale = torch.sigmoid(logits[:, num_experts])[:, None] if gated else 1.0
     torch.testing.assert_close(out, plain + scale * shared, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_bf16_combine_rounds_where_eager_rounds():
+    """bf16: the combine kernel rounds the experts' sum, the gate, the gated shared output and the
+    total to bf16 as the eager model does, bit for bit (Qwen3-Next: k 10, H 2048)."""
+    from triton_kernels.fused_moe import _combine
+
+    g = torch.Generator(device=DEVICE).manual_seed(11)
+    t, k, h = 33, 10, 2048
+    rows = torch.randn(t * k, h, device=DEVICE, generator=g).bfloat16()
+    shared = torch.randn(t, h, device=DEVICE, generator=g).bfloat16()
+    logits = torch.randn(t, 513, device=DEVICE, generator=g)
+    gate = logits[:, 512]
+    experts = rows.view(t, k, h).float()
+    total = experts[:, 0]
+    for j in range(1, k):  # the kernel's order of float32 additions
+        total = total + experts[:, j]
+    expected = total.bfloat16() + torch.sigmoid(gate.bfloat16())[:, None] * shared
+    assert torch.equal(_combine(rows, t, k, shared, gate), expected)
+    assert torch.equal(_combine(rows, t, k, shared, None), total.bfloat16() + shared)
