@@ -60,7 +60,8 @@ def render(r: dict) -> str:
     kinds = {case["decode"].get("forward_kind") for case in ok.values() if case["decode"]}
     lines += ["", "## Decode step time (medians over the whole-batch decode steps)", "",
               "forward: " + "; ".join(FORWARD_KINDS.get(k, k) for k in sorted(kinds - {None})) +
-              ". host = step - forward: scheduling, batch build, launches, sampling, bookkeeping. "
+              ". host = step - forward: the host time the device waits for (scheduling, batch build, launches, "
+              "sampling, bookkeeping; with the overlap scheduler most of it runs during the previous step). "
               "build: ForwardBatch.build, or on the graph path the static-buffer fill + replay launch.", "",
               "| batch | prompt | step ms | forward ms | host ms | schedule ms | build ms | run ms (host, with wait) |",
               "|---|---|---|---|---|---|---|---|"]
