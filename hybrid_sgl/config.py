@@ -221,6 +221,18 @@ def _generation_eos(path: str) -> list[int]:
         return as_list(json.load(f).get("eos_token_id"))
 
 
+def checkpoint_fields(hf: dict, gen_eos: list[int], default_architecture: str) -> dict:
+    """The ModelConfig fields that the Mamba-family parsers read the same way from a flat HF config:
+    architecture, model_type, vocab_size, dtype, and eos_token_ids (generation_config's first)."""
+    return dict(
+        architecture=(hf.get("architectures") or [default_architecture])[0],
+        model_type=hf["model_type"],
+        vocab_size=hf["vocab_size"],
+        dtype=str(hf.get("dtype") or hf.get("torch_dtype") or "bfloat16"),
+        eos_token_ids=tuple(dict.fromkeys(gen_eos + as_list(hf.get("eos_token_id")))),
+    )
+
+
 def as_list(value) -> list[int]:
     if value is None:
         return []

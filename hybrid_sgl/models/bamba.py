@@ -13,7 +13,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hybrid_sgl.config import AttentionSpec, Mamba2Spec, ModelConfig, MoESpec, as_list, dt_limit, rope_params
+from hybrid_sgl.config import (
+    AttentionSpec,
+    Mamba2Spec,
+    ModelConfig,
+    MoESpec,
+    checkpoint_fields,
+    dt_limit,
+    rope_params,
+)
 from hybrid_sgl.layers.attention import GatedAttention
 from hybrid_sgl.layers.decoder_layer import DecoderLayer, LayerWeightNames
 from hybrid_sgl.layers.mamba2 import Mamba2Mixer
@@ -46,9 +54,7 @@ def parse_config(hf: dict, gen_eos: list[int]) -> ModelConfig:
         theta, partial = rope_params({"partial_rotary_factor": 0.5, **hf})
         rotary_dim = int(head_dim * partial)
     return ModelConfig(
-        architecture=(hf.get("architectures") or ["BambaForCausalLM"])[0],
-        model_type=hf["model_type"],
-        vocab_size=hf["vocab_size"],
+        **checkpoint_fields(hf, gen_eos, "BambaForCausalLM"),
         hidden_size=hf["hidden_size"],
         intermediate_size=hf.get("shared_intermediate_size", 1024) if granite else hf["intermediate_size"],
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6 if granite else 1e-5),
@@ -56,9 +62,7 @@ def parse_config(hf: dict, gen_eos: list[int]) -> ModelConfig:
         hidden_act=hf.get("hidden_act", "silu"),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         context_length=hf.get("max_position_embeddings", 2048 if granite else 262144),
-        dtype=str(hf.get("dtype") or hf.get("torch_dtype") or "bfloat16"),
         layer_plan=tuple((mixer, ffn) for mixer in mixers),
-        eos_token_ids=tuple(dict.fromkeys(gen_eos + as_list(hf.get("eos_token_id")))),
         attention=AttentionSpec(
             num_heads=heads,
             num_kv_heads=hf.get("num_key_value_heads") or heads,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hybrid_sgl.config import AttentionSpec, Mamba2Spec, ModelConfig, as_list, dt_limit, rope_params
+from hybrid_sgl.config import AttentionSpec, Mamba2Spec, ModelConfig, checkpoint_fields, dt_limit, rope_params
 from hybrid_sgl.layers.attention import GatedAttention
 from hybrid_sgl.layers.mamba2 import Mamba2Mixer
 from hybrid_sgl.layers.mlp import GatedMLP
@@ -41,9 +41,7 @@ def parse_config(hf: dict, gen_eos: list[int]) -> ModelConfig:
     if n_heads * d_head != d_ssm:
         raise ValueError(f"mamba_n_heads * mamba_d_head = {n_heads} * {d_head} != mamba_d_ssm = {d_ssm}")
     return ModelConfig(
-        architecture=(hf.get("architectures") or ["FalconH1ForCausalLM"])[0],
-        model_type=hf["model_type"],
-        vocab_size=hf["vocab_size"],
+        **checkpoint_fields(hf, gen_eos, "FalconH1ForCausalLM"),
         hidden_size=hidden,
         intermediate_size=hf["intermediate_size"],
         rms_norm_eps=hf.get("rms_norm_eps", 1e-5),
@@ -51,9 +49,7 @@ def parse_config(hf: dict, gen_eos: list[int]) -> ModelConfig:
         hidden_act=hf.get("hidden_act", "silu"),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         context_length=hf.get("max_position_embeddings", 8192),
-        dtype=str(hf.get("dtype") or hf.get("torch_dtype") or "bfloat16"),
         layer_plan=(("attention_mamba2", "mlp"),) * hf["num_hidden_layers"],
-        eos_token_ids=tuple(dict.fromkeys(gen_eos + as_list(hf.get("eos_token_id")))),
         attention=AttentionSpec(
             num_heads=heads,
             num_kv_heads=hf.get("num_key_value_heads") or heads,

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from hybrid_sgl.config import AttentionSpec, MambaSpec, ModelConfig, MoESpec, as_list
+from hybrid_sgl.config import AttentionSpec, MambaSpec, ModelConfig, MoESpec, checkpoint_fields
 from hybrid_sgl.layers.attention import GatedAttention
 from hybrid_sgl.layers.decoder_layer import DecoderLayer, LayerWeightNames
 from hybrid_sgl.layers.mamba import MambaMixer
@@ -51,9 +51,7 @@ def parse_config(hf: dict, gen_eos: list[int]) -> ModelConfig:
                       intermediate_size=hf["intermediate_size"], norm_topk_prob=False,
                       shared_expert_intermediate_size=0, shared_expert_gate=False)
     return ModelConfig(
-        architecture=(hf.get("architectures") or ["JambaForCausalLM"])[0],
-        model_type=hf["model_type"],
-        vocab_size=hf["vocab_size"],
+        **checkpoint_fields(hf, gen_eos, "JambaForCausalLM"),
         hidden_size=hidden,
         intermediate_size=hf["intermediate_size"],
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
@@ -61,9 +59,7 @@ def parse_config(hf: dict, gen_eos: list[int]) -> ModelConfig:
         hidden_act="silu",
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         context_length=hf.get("max_position_embeddings", 262144),
-        dtype=str(hf.get("dtype") or hf.get("torch_dtype") or "bfloat16"),
         layer_plan=plan,
-        eos_token_ids=tuple(dict.fromkeys(gen_eos + as_list(hf.get("eos_token_id")))),
         attention=AttentionSpec(
             num_heads=heads,
             num_kv_heads=hf.get("num_key_value_heads") or heads,

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from hybrid_sgl.config import AttentionSpec, Mamba2Spec, ModelConfig, MoESpec, as_list
+from hybrid_sgl.config import AttentionSpec, Mamba2Spec, ModelConfig, MoESpec, checkpoint_fields
 from hybrid_sgl.layers.attention import GatedAttention
 from hybrid_sgl.layers.mamba2 import Mamba2Mixer
 from hybrid_sgl.layers.nemotron_moe import NemotronMoE
@@ -87,9 +87,7 @@ def parse_config(hf: dict, gen_eos: list[int]) -> ModelConfig:
             activation="relu2",
         )
     return ModelConfig(
-        architecture=(hf.get("architectures") or ["NemotronHForCausalLM"])[0],
-        model_type=hf["model_type"],
-        vocab_size=hf["vocab_size"],
+        **checkpoint_fields(hf, gen_eos, "NemotronHForCausalLM"),
         hidden_size=hf["hidden_size"],
         intermediate_size=hf.get("intermediate_size", 0) or 0,
         rms_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
@@ -97,9 +95,7 @@ def parse_config(hf: dict, gen_eos: list[int]) -> ModelConfig:
         hidden_act=hf.get("mlp_hidden_act", "relu2"),
         tie_word_embeddings=False,  # transformers keeps Nemotron-H's own lm_head even under tie_word_embeddings
         context_length=hf.get("max_position_embeddings", 4096),
-        dtype=str(hf.get("dtype") or hf.get("torch_dtype") or "bfloat16"),
         layer_plan=tuple(BLOCKS[c] for c in pattern),
-        eos_token_ids=tuple(dict.fromkeys(gen_eos + as_list(hf.get("eos_token_id")))),
         attention=AttentionSpec(num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
                                 head_dim=head_dim, rotary_dim=0, rope_theta=0.0, output_gate=False,
                                 qk_norm=False),
