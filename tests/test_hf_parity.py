@@ -79,6 +79,22 @@ def run_to_end(s: Scheduler, arrivals: dict[int, list[Req]]) -> int:
     return step
 
 
+def run_and_check(path: str, s: Scheduler, arrivals: dict[int, list[Req]]) -> None:
+    """run_to_end, then every request against HF."""
+    run_to_end(s, arrivals)
+    for reqs in arrivals.values():
+        for req in reqs:
+            check_against_hf(path, req, s.vocab_size)
+
+
+def check_variant_matches_hf(path: str) -> None:
+    """Two prompts (29 and 3 tokens) arriving together, 11-token prefill chunks, against HF."""
+    s = make_scheduler(path, chunked_prefill_size=11)
+    vocab = s.vocab_size
+    run_and_check(path, s, {0: [full_request(f"v{i}", prompt_of(n, 20 + i, vocab), vocab)
+                                for i, n in enumerate([29, 3])]})
+
+
 def prompt_of(n: int, seed: int, vocab: int) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
@@ -101,9 +117,7 @@ def test_batch_with_staggered_arrivals_matches_hf(tiny_checkpoint, family):
     vocab = s.vocab_size
     reqs = [full_request(f"r{i}", prompt_of(n, i, vocab), vocab, max_new=m)
             for i, (n, m) in enumerate([(23, 9), (5, 4), (41, 6), (1, 5)])]
-    run_to_end(s, {0: [reqs[0]], 2: [reqs[1], reqs[2]], 5: [reqs[3]]})
-    for req in reqs:
-        check_against_hf(path, req, vocab)
+    run_and_check(path, s, {0: [reqs[0]], 2: [reqs[1], reqs[2]], 5: [reqs[3]]})
 
 
 @pytest.mark.parametrize("family", ["qwen3_5_moe", "qwen3_next", "granitemoehybrid", "jamba"])
@@ -115,9 +129,7 @@ def test_triton_moe_kernels_match_hf(tiny_checkpoint, family):
     vocab = s.vocab_size
     reqs = [full_request(f"r{i}", prompt_of(n, i, vocab), vocab, max_new=m)
             for i, (n, m) in enumerate([(23, 5), (6, 4)])]
-    run_to_end(s, {0: [reqs[0]], 2: [reqs[1]]})
-    for req in reqs:
-        check_against_hf(path, req, vocab)
+    run_and_check(path, s, {0: [reqs[0]], 2: [reqs[1]]})
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "nemotron_h", "falcon_h1", "bamba",
@@ -152,9 +164,4 @@ VARIANTS = {
 @pytest.mark.parametrize("family", sorted(VARIANTS))
 def test_other_dimensions_match_hf(tiny_checkpoint, family):
     path = tiny_checkpoint(family, **VARIANTS[family])
-    s = make_scheduler(path, chunked_prefill_size=11)
-    vocab = s.vocab_size
-    reqs = [full_request(f"v{i}", prompt_of(n, 20 + i, vocab), vocab) for i, n in enumerate([29, 3])]
-    run_to_end(s, {0: reqs})
-    for req in reqs:
-        check_against_hf(path, req, vocab)
+    check_variant_matches_hf(path)

@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from hybrid_sgl.config import ModelConfig
-from tests.test_hf_parity import check_against_hf, full_request, make_scheduler, prompt_of, run_to_end
+from tests.test_hf_parity import (
+    check_variant_matches_hf,
+    full_request,
+    make_scheduler,
+    prompt_of,
+    run_and_check,
+)
 
 FAMILIES = ["bamba", "granitemoehybrid"]
 
@@ -39,12 +45,7 @@ VARIANTS = {
 def test_other_dimensions_match_hf(tiny_checkpoint, variant):
     family, overrides = VARIANTS[variant]
     path = tiny_checkpoint(family, **overrides)
-    s = make_scheduler(path, chunked_prefill_size=11)
-    vocab = s.vocab_size
-    reqs = [full_request(f"v{i}", prompt_of(n, 20 + i, vocab), vocab) for i, n in enumerate([29, 3])]
-    run_to_end(s, {0: reqs})
-    for req in reqs:
-        check_against_hf(path, req, vocab)
+    check_variant_matches_hf(path)
 
 
 def test_layer_plans_and_fields(tiny_checkpoint):
@@ -147,6 +148,4 @@ def test_triton_ssm_kernels_match_hf(tiny_checkpoint):
     vocab = s.vocab_size
     reqs = [full_request(f"t{i}", prompt_of(n, 30 + i, vocab), vocab, max_new=m)
             for i, (n, m) in enumerate([(13, 4), (5, 3)])]
-    run_to_end(s, {0: [reqs[0]], 2: [reqs[1]]})
-    for req in reqs:
-        check_against_hf(path, req, vocab)
+    run_and_check(path, s, {0: [reqs[0]], 2: [reqs[1]]})

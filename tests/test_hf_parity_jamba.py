@@ -5,7 +5,13 @@ periods and offsets, other config options, the Triton kernels, a greedy Engine r
 import pytest
 
 from hybrid_sgl.config import ModelConfig
-from tests.test_hf_parity import check_against_hf, full_request, make_scheduler, prompt_of, run_to_end
+from tests.test_hf_parity import (
+    check_variant_matches_hf,
+    full_request,
+    make_scheduler,
+    prompt_of,
+    run_and_check,
+)
 
 # full attention first, MHA, 3-wide conv, no conv bias, projection biases, explicit dt rank, narrower
 # Mamba (expand 1), more experts with top-1, head_dim not hidden / heads, tied embeddings
@@ -41,12 +47,7 @@ def test_bad_offset_is_rejected():
 @pytest.mark.parametrize("variant", ["variant", "dense"])
 def test_other_dimensions_match_hf(tiny_checkpoint, variant):
     path = tiny_checkpoint("jamba", **(VARIANT if variant == "variant" else DENSE))
-    s = make_scheduler(path, chunked_prefill_size=11)
-    vocab = s.vocab_size
-    reqs = [full_request(f"v{i}", prompt_of(n, 20 + i, vocab), vocab) for i, n in enumerate([29, 3])]
-    run_to_end(s, {0: reqs})
-    for req in reqs:
-        check_against_hf(path, req, vocab)
+    check_variant_matches_hf(path)
 
 
 def test_triton_ssm_kernels_match_hf(tiny_checkpoint):
@@ -58,9 +59,7 @@ def test_triton_ssm_kernels_match_hf(tiny_checkpoint):
     vocab = s.vocab_size
     reqs = [full_request(f"t{i}", prompt_of(n, 30 + i, vocab), vocab, max_new=m)
             for i, (n, m) in enumerate([(13, 4), (5, 3)])]
-    run_to_end(s, {0: [reqs[0]], 2: [reqs[1]]})
-    for req in reqs:
-        check_against_hf(path, req, vocab)
+    run_and_check(path, s, {0: [reqs[0]], 2: [reqs[1]]})
 
 def test_engine_greedy_matches_hf_generate(tiny_checkpoint):
     import torch

@@ -9,7 +9,15 @@ import torch
 from hybrid_sgl import Engine
 from hybrid_sgl.config import ModelConfig
 from hybrid_sgl.models import falcon_h1, nemotron_h
-from tests.test_hf_parity import TOL, check_against_hf, dense, full_request, make_scheduler, prompt_of, run_to_end
+from tests.test_hf_parity import (
+    TOL,
+    check_variant_matches_hf,
+    dense,
+    full_request,
+    make_scheduler,
+    prompt_of,
+    run_to_end,
+)
 
 FAMILIES = ["nemotron_h", "falcon_h1"]
 
@@ -42,12 +50,7 @@ VARIANTS = {
 def test_other_dimensions_match_hf(tiny_checkpoint, variant):
     family, overrides = VARIANTS[variant]
     path = tiny_checkpoint(family, **overrides)
-    s = make_scheduler(path, chunked_prefill_size=11)
-    vocab = s.vocab_size
-    reqs = [full_request(f"v{i}", prompt_of(n, 20 + i, vocab), vocab) for i, n in enumerate([29, 3])]
-    run_to_end(s, {0: reqs})
-    for req in reqs:
-        check_against_hf(path, req, vocab)
+    check_variant_matches_hf(path)
 
 
 def test_nemotron_h_without_attention_matches_hf(tiny_checkpoint):
