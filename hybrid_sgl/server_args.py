@@ -61,6 +61,24 @@ class ServerArgs:
     load_format: str = _f("auto", "auto/safetensors: read the checkpoint; dummy: random weights of the "
                           "real shapes from config.json alone.", ["auto", "safetensors", "dummy"])
     tp_size: int = _f(1, "Tensor-parallel size (only 1 is supported yet).")
+    # ---- prefix cache (radix tree over KV pages + recurrent-state snapshots) ----
+    disable_radix_cache: bool = _f(False, "Do not reuse cached prompt prefixes (every prompt is computed from "
+                                   "token 0).")
+    max_mamba_cache_size: int | None = _f(None, "Recurrent-state slots in all: running requests plus prefix-cache "
+                                          "snapshots. Default: from --mamba-full-memory-ratio.")
+    mamba_full_memory_ratio: float = _f(0.9, "Recurrent-state memory (running slots plus snapshots) over KV "
+                                        "memory when sizing the snapshot pool by default.")
+    snapshot_interval: int | None = _f(None, "Snapshot the recurrent state every this many prompt tokens inside a "
+                                       "long prompt (a multiple of --page-size). Default: chosen from the state "
+                                       "size and the snapshot budget.")
+    schedule_policy: str = _f("lpm", "Order of waiting requests: lpm = longest cached prefix first (with the "
+                              "prefix cache), fcfs = arrival order.", ["lpm", "fcfs"])
+    # ---- structured outputs, tools, reasoning ----
+    grammar_backend: str = _f("xgrammar", "Backend for regex / JSON schema / EBNF constrained decoding.",
+                              ["xgrammar", "llguidance", "none"])
+    tool_call_parser: str | None = _f(None, "Parse tool calls out of chat completions in this format.")
+    reasoning_parser: str | None = _f(None, "Split reasoning_content from content in chat completions.")
+    chat_template: str | None = _f(None, "Chat template: a Jinja file, or the checkpoint's when unset.")
     served_model_name: str | None = _f(None, "Model name reported by the API. Default: the model path.")
     random_seed: int | None = _f(None, "Seed for dummy weights and unseeded sampling.")
     log_level: str = _f("info", "Logging level.", ["debug", "info", "warning", "error"])
