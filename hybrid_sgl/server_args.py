@@ -83,6 +83,8 @@ class ServerArgs:
     random_seed: int | None = _f(None, "Seed for dummy weights and unseeded sampling.")
     log_level: str = _f("info", "Logging level.", ["debug", "info", "warning", "error"])
     api_key: str | None = _f(None, "If set, HTTP requests must send 'Authorization: Bearer <key>'.")
+    allowed_origins: str | None = _f(None, "Comma-separated origins that browsers may call the API from (CORS), "
+                                     "or '*' for any. Default: none (no CORS headers).")
 
     def resolved(self) -> ServerArgs:
         """A copy with every 'auto' / None default replaced by its concrete value."""

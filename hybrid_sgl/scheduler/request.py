@@ -38,6 +38,7 @@ class Req:
     output_ids: list[int] = field(default_factory=list)
     slot: int | None = None
     num_computed: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
     finish_reason: dict | None = None
     num_preemptions: int = 0
     generator: torch.Generator | None = None
