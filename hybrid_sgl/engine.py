@@ -42,9 +42,9 @@ class _Prepared:
 
 class Engine:
     def __init__(self, model_path: str | None = None, **server_args):
-        self.server_args = ServerArgs(model_path=model_path, **server_args).resolved()
-        args = self.server_args
-        _configure_logging(args.log_level)
+        args = ServerArgs(model_path=model_path, **server_args)
+        _configure_logging(args.log_level)  # first: resolved() logs how it maps SGLang's values
+        self.server_args = args = args.resolved()
         self.model_config = ModelConfig.from_hf(args.model_path)
         self.tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args.tokenizer_path)
         self.runner = ModelRunner(args, self.model_config)

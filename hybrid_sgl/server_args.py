@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
 
 BUNDLED_MODEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                              "configs", "default-model")
@@ -28,7 +31,8 @@ class ServerArgs:
     host: str = _f("127.0.0.1", "HTTP host to bind.")
     port: int = _f(30000, "HTTP port to bind.")
     dtype: str = _f("auto", "Weight and activation dtype. auto: the checkpoint's dtype on CUDA, "
-                    "float32 on CPU.", ["auto", "float32", "bfloat16", "float16"])
+                    "float32 on CPU. SGLang's half / float mean float16 / float32.",
+                    ["auto", "float32", "bfloat16", "float16"])
     device: str = _f("auto", "cuda or cpu. auto: cuda when available.", ["auto", "cuda", "cpu"])
     context_length: int | None = _f(None, "Longest prompt + output in tokens. Default: the model's "
                                     "max_position_embeddings.")
@@ -42,7 +46,8 @@ class ServerArgs:
                                    "split into chunks. -1 disables chunking.")
     page_size: int = _f(16, "Tokens per KV-cache page.")
     attention_backend: str = _f("auto", "Full-attention kernels. auto: the fastest available on the device "
-                                "(triton on CUDA, torch on CPU).",
+                                "(triton on CUDA, torch on CPU). SGLang's torch_native means torch; flashinfer "
+                                "and fa3 are not built here and mean auto (the start-up log names the choice).",
                                 ["auto", "torch", "triton", "vllm"])
     linear_attn_backend: str = _f("auto", "Recurrent-layer kernels (GDN, Mamba2, Mamba-1, conv1d). auto: "
                                   "triton on CUDA, torch on CPU.", ["auto", "torch", "triton"])
@@ -60,7 +65,17 @@ class ServerArgs:
                                    "and empty text.")
     load_format: str = _f("auto", "auto/safetensors: read the checkpoint; dummy: random weights of the "
                           "real shapes from config.json alone.", ["auto", "safetensors", "dummy"])
-    tp_size: int = _f(1, "Tensor-parallel size (only 1 is supported yet).")
+    tp_size: int = _f(1, "Tensor-parallel size; only 1 is supported yet (one GPU per server).")
+    dp_size: int = _f(1, "Data-parallel replicas; only 1 is supported (run one server per GPU behind a load "
+                      "balancer).")
+    quantization: str | None = _f(None, "Weight quantization method. Not supported yet: leave unset to serve the "
+                                  "weights in --dtype.")
+    kv_cache_dtype: str = _f("auto", "KV-cache dtype. Only auto yet: the KV cache is kept in the model dtype.")
+    max_prefill_tokens: int | None = _f(None, "Most prompt tokens computed in one step over all requests. One "
+                                        "budget serves this and --chunked-prefill-size here: the smaller wins.")
+    trust_remote_code: bool = _f(False, "Accepted for compatibility with SGLang's commands. No remote code ever "
+                                 "runs here: every model is built from this package's own implementation.")
+    enable_metrics: bool = _f(False, "Accepted for compatibility with SGLang's commands: /metrics is always on.")
     # ---- prefix cache (radix tree over KV pages + recurrent-state snapshots) ----
     disable_radix_cache: bool = _f(False, "Do not reuse cached prompt prefixes (every prompt is computed from "
                                    "token 0).")
@@ -81,50 +96,125 @@ class ServerArgs:
     chat_template: str | None = _f(None, "Chat template: a Jinja file, or the checkpoint's when unset.")
     served_model_name: str | None = _f(None, "Model name reported by the API. Default: the model path.")
     random_seed: int | None = _f(None, "Seed for dummy weights and unseeded sampling.")
-    log_level: str = _f("info", "Logging level.", ["debug", "info", "warning", "error"])
+    log_level: str = _f("info", "Logging level.", ["debug", "info", "warning", "error", "critical"])
     api_key: str | None = _f(None, "If set, HTTP requests must send 'Authorization: Bearer <key>'.")
     allowed_origins: str | None = _f(None, "Comma-separated origins that browsers may call the API from (CORS), "
                                      "or '*' for any. Default: none (no CORS headers).")
 
     def resolved(self) -> ServerArgs:
-        """A copy with every 'auto' / None default replaced by its concrete value."""
+        """A copy with every 'auto' / None default and every SGLang spelling replaced by its concrete
+        value. Refuses, before any heavy work, what cannot run here, naming what to use instead."""
         import torch
 
-        if self.tp_size != 1:
-            raise ValueError(f"tp_size={self.tp_size}: tensor parallelism is not supported yet; use 1")
-        if self.page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
-        if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
-            raise ValueError(f"chunked_prefill_size must be positive or -1, got {self.chunked_prefill_size}")
+        from hybrid_sgl.layers.backends import check_backend_device
+
+        self._refuse_unsupported()
         device = self.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("device=cuda but CUDA is not available on this machine")
+            raise ValueError("--device cuda, but CUDA is not available on this machine: use --device cpu (or auto)")
         on_gpu = device == "cuda"
+        attention = _sglang_attention_backend(self.attention_backend, device)
+        for flag, name in (("--attention-backend", attention), ("--linear-attn-backend", self.linear_attn_backend),
+                           ("--moe-runner-backend", self.moe_runner_backend)):
+            check_backend_device(flag, name, device)
         model_path = self.model_path or BUNDLED_MODEL
+        _check_checkpoint(model_path, self.load_format)
+        chunk = self.chunked_prefill_size
+        if self.max_prefill_tokens is not None:
+            chunk = min(chunk, self.max_prefill_tokens)
         return dataclasses.replace(
             self,
             model_path=model_path,
             tokenizer_path=self.tokenizer_path or model_path,
             device=device,
+            dtype=DTYPE_ALIASES.get(self.dtype, self.dtype),
+            attention_backend=attention,
+            chunked_prefill_size=chunk,
             mem_fraction_static=self.mem_fraction_static or (0.85 if on_gpu else 0.25),
             served_model_name=self.served_model_name or model_path,
         )
 
+    def _refuse_unsupported(self) -> None:
+        """Values SGLang accepts whose feature does not exist here (yet), and values out of range."""
+        if self.tp_size != 1:
+            raise ValueError(f"--tp-size {self.tp_size}: tensor parallelism is not supported yet; serve a model "
+                             "that fits one GPU with --tp-size 1")
+        if self.dp_size != 1:
+            raise ValueError(f"--dp-size {self.dp_size}: data parallelism is not supported; use --dp-size 1 and run "
+                             "one server per GPU (CUDA_VISIBLE_DEVICES, its own --port) behind a load balancer")
+        if self.quantization is not None:
+            raise ValueError(f"--quantization {self.quantization}: quantized weights are not supported yet; serve "
+                             "the unquantized checkpoint without --quantization, with --dtype bfloat16")
+        if self.kv_cache_dtype != "auto":
+            raise ValueError(f"--kv-cache-dtype {self.kv_cache_dtype}: the KV cache is kept in the model dtype; use "
+                             "--kv-cache-dtype auto (a bfloat16 / float16 --dtype gives a 2-byte cache)")
+        if self.page_size < 1:
+            raise ValueError(f"--page-size must be >= 1, got {self.page_size}")
+        if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
+            raise ValueError(f"--chunked-prefill-size must be positive or -1, got {self.chunked_prefill_size}")
+        if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
+            raise ValueError(f"--max-prefill-tokens must be positive, got {self.max_prefill_tokens}")
+        if self.max_prefill_tokens is not None and self.chunked_prefill_size == -1:
+            raise ValueError(f"--max-prefill-tokens {self.max_prefill_tokens} caps a step by chunking long prompts, "
+                             "but --chunked-prefill-size -1 turns chunking off: drop one of the two")
+        if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
+            raise ValueError(f"--max-total-tokens {self.max_total_tokens} is less than one KV page "
+                             f"(--page-size {self.page_size}): use --max-total-tokens {self.page_size} or more, "
+                             "or a smaller --page-size")
+
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         for f in dataclasses.fields(ServerArgs):
-            flag = "--" + f.name.replace("_", "-")
+            flags = ["--" + f.name.replace("_", "-"), *FLAG_ALIASES.get(f.name, ())]
             if f.type == "bool":  # a bare flag switches it on, as in SGLang
-                parser.add_argument(flag, action="store_true", default=f.default, help=f.metadata["help"])
+                parser.add_argument(*flags, dest=f.name, action="store_true", default=f.default,
+                                    help=f.metadata["help"])
                 continue
-            parser.add_argument(flag, type=_cli_type(f), default=f.default, help=f.metadata["help"],
-                                choices=f.metadata.get("choices"))
+            choices = f.metadata.get("choices")
+            if choices is not None:
+                choices = [*choices, *VALUE_ALIASES.get(f.name, ())]
+            parser.add_argument(*flags, dest=f.name, type=_cli_type(f), default=f.default, help=f.metadata["help"],
+                                choices=choices)
 
     @staticmethod
     def from_cli_args(args: argparse.Namespace) -> ServerArgs:
         return ServerArgs(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServerArgs)})
+
+
+# SGLang's other spellings, as a table: extra flag names for a field, and SGLang's values for a field
+# that names them differently here (resolved() maps them; attention backends by device, with a log line).
+FLAG_ALIASES = {"model_path": ("--model",), "tp_size": ("--tensor-parallel-size", "--tp"),
+                "dp_size": ("--data-parallel-size", "--dp")}
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}
+ATTENTION_ALIASES = {"torch_native": "torch", "flashinfer": "auto", "fa3": "auto"}
+VALUE_ALIASES = {"dtype": DTYPE_ALIASES, "attention_backend": ATTENTION_ALIASES}
+
+
+def _sglang_attention_backend(name: str, device: str) -> str:
+    if name not in ATTENTION_ALIASES:
+        return name
+    from hybrid_sgl.layers.backends import PREFERENCE
+
+    ours = ATTENTION_ALIASES[name]
+    if ours == "auto":
+        ours = PREFERENCE[device][0]
+    logger.info("--attention-backend %s is SGLang's name; the closest backend here on %s: %s", name, device, ours)
+    return ours
+
+
+def _check_checkpoint(model_path: str, load_format: str) -> None:
+    """The model folder exists and holds weights (unless dummy ones were asked for)."""
+    if not os.path.isfile(os.path.join(model_path, "config.json")):
+        hint = ("" if os.path.isdir(model_path) else
+                f"; nothing is downloaded here: fetch the model first (huggingface-cli download {model_path} "
+                "--local-dir DIR) and pass --model-path DIR")
+        raise FileNotFoundError(f"no config.json in {model_path}{hint}")
+    if load_format != "dummy":
+        from hybrid_sgl.models.loader import checkpoint_files
+
+        checkpoint_files(model_path)
 
 
 def _cli_type(f: dataclasses.Field):

@@ -7,6 +7,7 @@ references in `triton_kernels/`. Factories import lazily; a backend whose import
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -123,6 +124,14 @@ REGISTRY: dict[str, dict[str, Callable]] = {
 }
 
 PREFERENCE = {"cuda": ("triton", "torch"), "cpu": ("torch",)}
+NEEDS_CUDA = {"triton", "vllm"}  # on a CPU only Triton's interpreter runs them (TRITON_INTERPRET=1, for tests)
+
+
+def check_backend_device(flag: str, name: str, device: str) -> None:
+    """Refuse at start-up a backend the device cannot run (it would fail every request later)."""
+    if name in NEEDS_CUDA and device != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"{flag} {name} needs a CUDA GPU, and this server runs on {device}: "
+                         f"use {flag} torch (or auto)")
 
 
 def resolve_backend(kind: str, requested: str, device: str):
@@ -131,6 +140,7 @@ def resolve_backend(kind: str, requested: str, device: str):
     if requested != "auto":
         if requested not in factories:
             raise ValueError(f"unknown {kind} backend {requested!r}; choose from {sorted(factories)}")
+        check_backend_device(f"{kind} backend", requested, device)
         try:
             return factories[requested]()
         except (ImportError, AttributeError) as e:
