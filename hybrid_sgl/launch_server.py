@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import logging
 import signal
+import socket
 import sys
 
 import uvicorn
@@ -29,14 +30,34 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
     return ServerArgs.from_cli_args(parser.parse_args(argv))
 
 
+def bind_port(host: str, port: int) -> socket.socket:
+    """Take the HTTP port before the model loads, so that a busy port fails in a second, not after the
+    load; uvicorn serves on this socket."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is no obstacle
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot bind {host}:{port} ({e.strerror}): another process holds it; choose another "
+                         "--port (or stop that process)") from e
+    return sock
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        sock = bind_port(args.host, args.port)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     from hybrid_sgl.engine import Engine
     from hybrid_sgl.server.app import create_app
 
     try:
         engine = Engine(**dataclasses.asdict(args))
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:
+        sock.close()
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
@@ -51,8 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         # uvicorn shuts down gracefully on SIGINT / SIGTERM, then re-raises the signal: end quietly.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         with contextlib.suppress(KeyboardInterrupt):
-            uvicorn.Server(config).run()
+            uvicorn.Server(config).run(sockets=[sock])
     finally:
+        sock.close()
         engine.shutdown()
         logger.info("shut down")
     return 0

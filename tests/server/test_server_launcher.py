@@ -1,8 +1,13 @@
-"""The launcher: --help names every flag, start-up logs the plans and the URL, --api-key guards the
-API (401 without the bearer token), Ctrl-C shuts down cleanly."""
+"""The launcher: --help names every flag (SGLang's spellings too), a launch command copied from SGLang's
+docs serves, what cannot run fails in seconds with what to change (busy port, missing weights, a CPU
+asked for Triton kernels), start-up logs the device, dtype, plans and URL, --api-key guards the API
+(401 without the bearer token), Ctrl-C shuts down cleanly."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -10,27 +15,83 @@ import time
 import httpx
 import openai
 import pytest
+import torch
 from server_process import launch
 
 FLAGS = ["--model-path", "--tokenizer-path", "--host", "--port", "--dtype", "--device", "--context-length",
          "--mem-fraction-static", "--max-running-requests", "--max-total-tokens", "--chunked-prefill-size",
          "--page-size", "--attention-backend", "--load-format", "--tp-size", "--served-model-name", "--random-seed",
          "--log-level", "--api-key"]
+SGLANG_FLAGS = ["--model", "--tensor-parallel-size", "--dp-size", "--trust-remote-code", "--enable-metrics",
+                "--disable-radix-cache", "--chat-template", "--tool-call-parser", "--reasoning-parser",
+                "--quantization", "--kv-cache-dtype", "--schedule-policy", "--max-prefill-tokens", "--grammar-backend",
+                "--max-mamba-cache-size"]
+# SGLang's docs for a Qwen3.5 model, with our model path and a free port
+SGLANG_QWEN35 = ["--tp-size", "1", "--mem-fraction-static", "0.8", "--trust-remote-code", "--dtype", "half",
+                 "--attention-backend", "flashinfer", "--reasoning-parser", "qwen3", "--tool-call-parser", "qwen25"]
 KEY = "sk-test-123"
+FAIL_FAST_S = 30  # python + torch import on a loaded CI machine; a model build would take far longer
+
+
+def run_launcher(*flags: str, env: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "hybrid_sgl.launch_server", *flags], capture_output=True, text=True,
+                         timeout=120, env=env)
+    return out, time.monotonic() - t0
 
 
 def test_help_lists_every_flag():
-    out = subprocess.run([sys.executable, "-m", "hybrid_sgl.launch_server", "--help"], capture_output=True,
-                         text=True, timeout=60)
+    out, _ = run_launcher("--help")
     assert out.returncode == 0
-    for flag in FLAGS:
+    for flag in FLAGS + SGLANG_FLAGS:
         assert flag in out.stdout, flag
+    assert "No remote code ever runs here" in " ".join(out.stdout.split())
 
 
-def test_bad_flag_value_is_a_clear_error():
-    out = subprocess.run([sys.executable, "-m", "hybrid_sgl.launch_server", "--tp-size", "2"], capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode != 0 and "tp_size" in out.stderr
+def test_bad_flag_value_is_a_clear_error(model_path):
+    out, seconds = run_launcher("--model-path", model_path, "--tp-size", "2")
+    assert out.returncode == 2 and "with --tp-size 1" in out.stderr and seconds < FAIL_FAST_S
+
+
+def test_sglang_docs_command_serves(model_path, tmp_path):
+    srv = launch(model_path, tmp_path, *SGLANG_QWEN35, "--log-level", "info", name="sglang-docs")
+    try:
+        r = httpx.post(srv.url + "/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}})
+        assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 2
+    finally:
+        srv.stop()
+    log = srv.log_tail(300)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    assert f"--attention-backend flashinfer is SGLang's name; the closest backend here on {device}" in log
+    assert "in float16 on " + device in log
+
+
+def test_busy_port_fails_before_loading(model_path):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        out, seconds = run_launcher("--model-path", model_path, "--port", str(port))
+    assert out.returncode == 2 and seconds < FAIL_FAST_S
+    assert f"cannot bind 127.0.0.1:{port}" in out.stderr and "choose another --port" in out.stderr
+    assert "loading weights" not in out.stderr
+
+
+def test_missing_weights_fail_at_once(model_path, tmp_path):
+    for name in os.listdir(model_path):
+        if not name.endswith(".safetensors"):
+            shutil.copy(os.path.join(model_path, name), tmp_path / name)
+    out, seconds = run_launcher("--model-path", str(tmp_path))
+    assert out.returncode == 2 and seconds < FAIL_FAST_S
+    assert "no weights" in out.stderr and "--load-format dummy" in out.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a CPU machine")
+def test_triton_on_cpu_fails_at_start_up(model_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out, seconds = run_launcher("--model-path", model_path, "--linear-attn-backend", "triton", env=env)
+    assert out.returncode == 2 and seconds < FAIL_FAST_S
+    assert "--linear-attn-backend triton needs a CUDA GPU" in out.stderr and "--linear-attn-backend torch" in out.stderr
 
 
 @pytest.fixture(scope="module")
@@ -77,4 +138,7 @@ def test_startup_log_and_clean_ctrl_c(keyed):
     assert code == 0 and time.monotonic() - t0 < 15
     log = keyed.log_tail(200)
     assert "memory plan" in log and "layer   0" in log and keyed.url in log
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    assert "in float32 on " + device in log  # the device and dtype
+    assert "loading weights: " in log and "\r" not in log  # progress as log lines, no bar
     assert "Traceback" not in log

@@ -1,0 +1,141 @@
+"""SGLang users' launch commands: SGLang's flags and values parse and resolve to ours, what cannot run
+here is refused before any heavy work with a message naming what to use instead."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+
+import pytest
+import torch
+
+from hybrid_sgl.config import ModelConfig
+from hybrid_sgl.launch_server import parse_args
+from hybrid_sgl.layers.backends import resolve_backend
+from hybrid_sgl.models import loader
+from hybrid_sgl.models.base import Backends
+from hybrid_sgl.server_args import BUNDLED_MODEL
+
+ON_GPU = torch.cuda.is_available()
+# From SGLang's docs for a Qwen3.5 model (the model path is ours: nothing is downloaded here).
+SGLANG_QWEN35 = ["--port", "30000", "--tp-size", "1", "--mem-fraction-static", "0.8", "--trust-remote-code",
+                 "--dtype", "half", "--attention-backend", "flashinfer", "--reasoning-parser", "qwen3",
+                 "--tool-call-parser", "qwen25"]
+
+
+def resolve(*flags: str):
+    return parse_args(["--model-path", BUNDLED_MODEL, *flags]).resolved()
+
+
+def refusal(*flags: str, error=ValueError) -> str:
+    with pytest.raises(error) as e:
+        resolve(*flags)
+    return str(e.value)
+
+
+def config_only(tmp_path, **overrides) -> str:
+    """A model folder with config and tokenizer but no weights."""
+    for name in os.listdir(BUNDLED_MODEL):
+        if not name.endswith(".safetensors"):
+            shutil.copy(os.path.join(BUNDLED_MODEL, name), tmp_path / name)
+    if overrides:
+        config = json.loads((tmp_path / "config.json").read_text())
+        (tmp_path / "config.json").write_text(json.dumps({**config, **overrides}))
+    return str(tmp_path)
+
+
+def test_sglang_qwen35_command_resolves(caplog):
+    with caplog.at_level(logging.INFO, logger="hybrid_sgl"):
+        args = resolve(*SGLANG_QWEN35)
+    assert (args.dtype, args.tp_size, args.port, args.mem_fraction_static) == ("float16", 1, 30000, 0.8)
+    assert args.attention_backend == ("triton" if ON_GPU else "torch")
+    assert (args.reasoning_parser, args.tool_call_parser, args.trust_remote_code) == ("qwen3", "qwen25", True)
+    assert f"--attention-backend flashinfer is SGLang's name; the closest backend here on {args.device}: " \
+           f"{args.attention_backend}" in caplog.text
+
+
+@pytest.mark.parametrize("flags, field, value", [
+    ("--tensor-parallel-size 1", "tp_size", 1), ("--tp 1", "tp_size", 1), ("--dp-size 1", "dp_size", 1),
+    ("--data-parallel-size 1", "dp_size", 1), ("--dtype float", "dtype", "float32"),
+    ("--attention-backend torch_native", "attention_backend", "torch"),
+    ("--attention-backend fa3", "attention_backend", "triton" if ON_GPU else "torch"),
+    ("--log-level critical", "log_level", "critical"), ("--enable-metrics", "enable_metrics", True),
+    ("--disable-radix-cache", "disable_radix_cache", True), ("--schedule-policy fcfs", "schedule_policy", "fcfs"),
+    ("--grammar-backend none", "grammar_backend", "none"), ("--max-mamba-cache-size 64", "max_mamba_cache_size", 64),
+    ("--chat-template t.jinja", "chat_template", "t.jinja"), ("--kv-cache-dtype auto", "kv_cache_dtype", "auto"),
+])
+def test_sglang_spellings(flags, field, value):
+    assert getattr(resolve(*flags.split()), field) == value
+
+
+def test_model_alias_and_max_prefill_tokens():
+    args = parse_args(["--model", BUNDLED_MODEL, "--max-prefill-tokens", "1024"]).resolved()
+    assert args.model_path == BUNDLED_MODEL and args.chunked_prefill_size == 1024
+    assert resolve("--max-prefill-tokens", "16384").chunked_prefill_size == 8192  # the smaller budget wins
+
+
+@pytest.mark.parametrize("flags, remedy", [
+    ("--tp 8", "--tp-size 1"),
+    ("--tensor-parallel-size 2", "--tp-size 1"),
+    ("--dp-size 2", "--dp-size 1"),
+    ("--quantization fp8", "without --quantization"),
+    ("--kv-cache-dtype fp8_e4m3", "--kv-cache-dtype auto"),
+    ("--max-total-tokens 8", "--max-total-tokens 16 or more"),
+    ("--max-total-tokens 40 --page-size 64", "--max-total-tokens 64 or more"),
+    ("--max-prefill-tokens 512 --chunked-prefill-size -1", "drop one of the two"),
+])
+def test_refusals_name_the_alternative(flags, remedy):
+    assert remedy in refusal(*flags.split())
+
+
+@pytest.mark.skipif(ON_GPU, reason="checks a CPU machine")
+@pytest.mark.parametrize("flag", ["--attention-backend", "--linear-attn-backend", "--moe-runner-backend"])
+def test_triton_backend_on_cpu_is_refused(flag, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert f"{flag} triton needs a CUDA GPU" in refusal(flag, "triton")
+    assert f"use {flag} torch" in refusal(flag, "triton")
+    with pytest.raises(ValueError, match="needs a CUDA GPU"):
+        resolve_backend("attention", "triton", "cpu")
+
+
+def test_weights_missing_names_load_format_dummy(tmp_path):
+    path = config_only(tmp_path)
+    message = refusal("--model-path", path, error=FileNotFoundError)
+    assert "no weights" in message and "--load-format dummy" in message
+    assert resolve("--model-path", path, "--load-format", "dummy").load_format == "dummy"
+
+
+def test_missing_shard_is_named(tmp_path):
+    path = config_only(tmp_path)
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "model-00001.safetensors"}}))
+    assert "model-00001.safetensors" in refusal("--model-path", path, error=FileNotFoundError)
+
+
+def test_hub_id_is_not_downloaded():
+    message = refusal("--model-path", "Qwen/Qwen3.5-9B", error=FileNotFoundError)
+    assert "huggingface-cli download Qwen/Qwen3.5-9B" in message
+
+
+def test_weights_that_cannot_fit_fail_before_building(tmp_path):
+    # 2**33 rows of embedding x 64 = 2 TiB in float32, measured on the meta device in well under a minute
+    config = ModelConfig.from_hf(config_only(tmp_path, vocab_size=2**33))
+    device = torch.device("cpu")
+    backends = Backends(attention=resolve_backend("attention", "torch", "cpu"),
+                        linear_attention=resolve_backend("linear_attention", "torch", "cpu"), ssm=None, moe=None)
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match=r"the weights need \d+\.\d GiB in float32 but cpu has .* GiB available: "
+                                         r"use --dtype bfloat16"):
+        loader.build_model(config, backends, dtype=torch.float32, device=device, max_positions=128,
+                           load_format="dummy", model_path=str(tmp_path), seed=0)
+    assert time.monotonic() - t0 < 30
+
+
+def test_load_progress_is_log_lines_off_a_terminal(caplog, capsys):
+    with caplog.at_level(logging.INFO, logger="hybrid_sgl"):
+        names = [n for n, _ in loader.iter_checkpoint(BUNDLED_MODEL)]
+    lines = [r.message for r in caplog.records if r.message.startswith("loading weights:")]
+    assert lines[-1] == f"loading weights: {len(names)}/{len(names)} tensors (100%)" and 5 <= len(lines) <= 11
+    assert "tensor/s" not in capsys.readouterr().err  # no tqdm bar in a log file
