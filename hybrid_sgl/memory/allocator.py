@@ -1,8 +1,11 @@
-"""One allocator for both pools: state slots (one per running request) and KV pages.
+"""One allocator for the three pools: state slots (one per running request), KV pages and
+snapshot slots (recurrent state copies kept by the prefix cache).
 
 A running request owns one slot; its page table is row `slot` of `page_table`
 (`[num_slots + 1, max_pages_per_request]`, int32, on the device), so a batch's block table
-is one gather by slot. Pages carry reference counts so that a prefix cache can share them.
+is one gather by slot. Pages carry reference counts: a page is shared by every request whose
+page table holds it and by the prefix cache (`ref_page` / `unref_page`). Snapshot slots are
+indices into the state pool past its pad slot (`num_slots + 1 ...`), handed to the prefix cache.
 """
 
 import torch
@@ -14,8 +17,11 @@ class OutOfPages(Exception):
 
 class Allocator:
     def __init__(self, *, num_slots: int, num_pages: int, page_size: int, max_pages_per_request: int,
-                 device: torch.device | str):
+                 device: torch.device | str, num_snapshots: int = 0):
         self.num_slots = num_slots
+        self.num_snapshots = num_snapshots
+        first_snapshot = num_slots + 1  # state-pool index of snapshot 0 (after the pad slot)
+        self.free_snapshots = list(range(first_snapshot + num_snapshots - 1, first_snapshot - 1, -1))
         self.num_pages = num_pages
         self.page_size = page_size
         self.pad_slot = num_slots
@@ -36,6 +42,10 @@ class Allocator:
     @property
     def num_free_pages(self) -> int:
         return len(self.free_pages)
+
+    @property
+    def num_free_snapshots(self) -> int:
+        return len(self.free_snapshots)
 
     def pages_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)
@@ -63,7 +73,40 @@ class Allocator:
         self.page_table[slot].fill_(self.pad_page)
         self.free_slots.append(slot)
 
+    # ---- snapshot slots ------------------------------------------------------------------------
+    def alloc_snapshot(self) -> int | None:
+        return self.free_snapshots.pop() if self.free_snapshots else None
+
+    def free_snapshot(self, index: int) -> None:
+        self.free_snapshots.append(index)
+
     # ---- pages ---------------------------------------------------------------------------------
+    def attach(self, slot: int, pages: list[int]) -> None:
+        """Give an empty slot shared references to `pages` (a cached prefix), in order."""
+        assert self.slot_pages[slot] == [], f"slot {slot} already has pages"
+        if len(pages) > self.max_pages_per_request:
+            raise ValueError(f"{len(pages)} pages exceed the per-request limit of {self.max_pages_per_request}")
+        for page in pages:
+            self.ref_page(page)
+        self.slot_pages[slot] = list(pages)
+        if pages:
+            self.page_table[slot, :len(pages)] = torch.tensor(pages, dtype=torch.int32)
+
+    def alloc_page(self) -> int:
+        """One page with a single reference held by the caller; raises OutOfPages."""
+        if not self.free_pages:
+            raise OutOfPages("need 1 page, 0 free")
+        page = self.free_pages.pop()
+        self.page_refs[page] = 1
+        return page
+
+    def ref_page(self, page: int) -> None:
+        assert self.page_refs[page] > 0, f"page {page} is free; it cannot be shared"
+        self.page_refs[page] += 1
+
+    def unref_page(self, page: int) -> None:
+        self._unref(page)
+
     def grow(self, slot: int, num_tokens: int) -> None:
         """Give the slot enough pages for `num_tokens` tokens, or raise OutOfPages (no change)."""
         need = self.extra_pages_needed(slot, num_tokens)
@@ -90,9 +133,11 @@ class Allocator:
             self.free_pages.append(page)
 
     # ---- integrity -----------------------------------------------------------------------------
-    def check_integrity(self) -> None:
-        """Every slot is free xor owned; every page's refcount equals its owners; the device page
-        table mirrors the host lists. Raises AssertionError on the first violation."""
+    def check_integrity(self, cache_pages: list[int] = (), cache_snapshots: list[int] = ()) -> None:
+        """Every slot is free xor owned; every page's refcount equals its owners (page tables plus
+        `cache_pages`, one entry per reference the prefix cache holds); every snapshot slot is free
+        xor in `cache_snapshots`; the device page table mirrors the host lists. Raises
+        AssertionError on the first violation."""
         free_slots = set(self.free_slots)
         assert len(free_slots) == len(self.free_slots), "a slot is on the free list twice"
         for slot in range(self.num_slots):
@@ -110,6 +155,14 @@ class Allocator:
             for page in pages:
                 refs[page] += 1
         assert all(p == self.pad_page for p in table[self.pad_slot].tolist()), "pad slot has pages"
+        for page in cache_pages:
+            refs[page] += 1
+        held, free_snaps = list(cache_snapshots), set(self.free_snapshots)
+        assert len(free_snaps) == len(self.free_snapshots), "a snapshot slot is on the free list twice"
+        assert len(set(held)) == len(held), "a snapshot slot is held twice by the prefix cache"
+        assert not free_snaps & set(held), "a snapshot slot is both free and held"
+        assert len(free_snaps) + len(held) == self.num_snapshots, (
+            f"snapshot slots leaked: {len(free_snaps)} free + {len(held)} held of {self.num_snapshots}")
         free_pages = set(self.free_pages)
         assert len(free_pages) == len(self.free_pages), "a page is on the free list twice"
         for page in range(self.num_pages):

@@ -32,6 +32,11 @@ class KVPool:
         """(k_cache, v_cache) of attention layer `index`: [num_pages + 1, page_size, Hkv, D] each."""
         return self.k[index], self.v[index]
 
+    def copy_page(self, src: int, dst: int) -> None:
+        """K and V of page src -> dst in every layer (device copy, no host wait)."""
+        self.k[:, dst].copy_(self.k[:, src])
+        self.v[:, dst].copy_(self.v[:, src])
+
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()

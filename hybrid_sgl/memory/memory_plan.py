@@ -2,7 +2,10 @@
 
 budget = what the device can give the pools: on CUDA, free memory after weights and a
 profiled warm-up minus the (1 - mem_fraction_static) reserve; on CPU, mem_fraction_static of
-available RAM. Slots are sized first (each running request needs one), pages take the rest.
+available RAM. Slots are sized first (each running request needs one). With the prefix cache,
+recurrent-state memory (running slots + snapshots) gets `mamba_full_memory_ratio` times the KV
+memory, or `max_mamba_cache_size` state slots in all; the snapshots take what the running slots
+leave of it, at most one per KV page. Pages take the rest.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class MemoryPlan:
     page_size: int
     num_pages: int
     context_length: int
+    num_snapshots: int = 0
 
     @property
     def max_total_tokens(self) -> int:
@@ -45,13 +49,15 @@ class MemoryPlan:
         return (f"memory plan: budget {self.budget_bytes / 2**30:.2f} GiB"
                 f" | state {self.state_bytes_per_request / 2**20:.2f} MiB/request"
                 f" x {self.max_running_requests} requests"
+                f" | snapshots {self.num_snapshots} x {self.state_bytes_per_request / 2**20:.2f} MiB"
                 f" | KV {self.kv_bytes_per_token} B/token x {self.max_total_tokens} tokens"
                 f" ({self.num_pages} pages of {self.page_size}) | context length {self.context_length}")
 
 
 def plan_memory(*, config: ModelConfig, state: StateShapes | None, kv_dtype: torch.dtype, budget_bytes: int,
                 on_gpu: bool, page_size: int, context_length: int, max_running_requests: int | None,
-                max_total_tokens: int | None) -> MemoryPlan:
+                max_total_tokens: int | None, prefix_cache: bool = False, mamba_full_memory_ratio: float = 0.9,
+                max_mamba_cache_size: int | None = None) -> MemoryPlan:
     from hybrid_sgl.memory.kv_pool import KVPool
     from hybrid_sgl.memory.state_pool import StatePool
 
@@ -69,7 +75,20 @@ def plan_memory(*, config: ModelConfig, state: StateShapes | None, kv_dtype: tor
     if running < 1:
         raise ValueError(f"not enough memory for one request: state needs {state_per_req} bytes per request, "
                          f"the budget is {budget_bytes} bytes; raise --mem-fraction-static or use a smaller model")
-    left = budget_bytes - running * state_per_req
+    snapshots = 0
+    if prefix_cache and state_per_req:
+        if max_mamba_cache_size is not None:
+            if max_mamba_cache_size < running:
+                raise ValueError(f"--max-mamba-cache-size {max_mamba_cache_size} is below the {running} running "
+                                 "requests' state slots; raise it or lower --max-running-requests")
+            snapshots = max_mamba_cache_size - running
+        else:
+            state_budget = budget_bytes * mamba_full_memory_ratio / (1 + mamba_full_memory_ratio)
+            snapshots = max(0, int(state_budget) // state_per_req - running)
+    left = budget_bytes - (running + snapshots) * state_per_req
+    if left <= 0:
+        raise ValueError(f"{running} running slots + {snapshots} snapshots of {state_per_req} bytes leave no room "
+                         f"for KV pages in a {budget_bytes}-byte budget; lower --max-mamba-cache-size")
     tokens = left // max(kv_per_token, 1)
     per_request = -(-context_length // page_size) * page_size  # whole pages
     tokens = min(tokens, running * per_request)  # more could never be used at once
@@ -80,9 +99,12 @@ def plan_memory(*, config: ModelConfig, state: StateShapes | None, kv_dtype: tor
         raise ValueError(f"no room for KV pages: {running} requests x {state_per_req} bytes of state leave "
                          f"{left} bytes of a {budget_bytes}-byte budget; lower --max-running-requests or "
                          "raise --mem-fraction-static")
+    if max_mamba_cache_size is None:
+        snapshots = min(snapshots, num_pages)  # more could hardly be used: each needs its own prefix
     return MemoryPlan(budget_bytes=budget_bytes, state_bytes_per_request=state_per_req,
                       kv_bytes_per_token=kv_per_token, max_running_requests=running, page_size=page_size,
-                      num_pages=num_pages, context_length=min(context_length, num_pages * page_size))
+                      num_pages=num_pages, context_length=min(context_length, num_pages * page_size),
+                      num_snapshots=snapshots)
 
 
 def available_ram_bytes() -> int:

@@ -1,8 +1,9 @@
 """Recurrent state of every linear-attention / SSM layer, one slot per running request.
 
-conv  : [num_state_layers, num_slots + 1, conv_width - 1, conv_dim]  (model dtype)
-ssm   : [num_state_layers, num_slots + 1, *ssm_shape]                (float32 by default)
-The last slot (`pad_slot`) is never handed out: padded batch rows point at it.
+conv  : [num_state_layers, num_slots + 1 + num_snapshots, conv_width - 1, conv_dim]  (model dtype)
+ssm   : [num_state_layers, num_slots + 1 + num_snapshots, *ssm_shape]                (float32 by default)
+Slot `num_slots` (`pad_slot`) is never handed out: padded batch rows point at it. The
+`num_snapshots` indices after it hold the prefix cache's snapshots (same layout, never in a batch).
 Kernels update these tensors in place through slot indices.
 """
 
@@ -20,11 +21,18 @@ class StatePool:
         ssm_shape: tuple[int, ...],
         ssm_dtype: torch.dtype,
         device: torch.device | str,
+        num_snapshots: int = 0,
     ):
         self.num_slots = num_slots
         self.pad_slot = num_slots
-        self.conv = torch.zeros(num_layers, num_slots + 1, *conv_shape, dtype=conv_dtype, device=device)
-        self.ssm = torch.zeros(num_layers, num_slots + 1, *ssm_shape, dtype=ssm_dtype, device=device)
+        rows = num_slots + 1 + num_snapshots
+        self.conv = torch.zeros(num_layers, rows, *conv_shape, dtype=conv_dtype, device=device)
+        self.ssm = torch.zeros(num_layers, rows, *ssm_shape, dtype=ssm_dtype, device=device)
+
+    def copy_slot(self, src: int, dst: int) -> None:
+        """State of every layer at index src -> dst (a device copy queued on the stream; no host wait)."""
+        self.conv[:, dst].copy_(self.conv[:, src])
+        self.ssm[:, dst].copy_(self.ssm[:, src])
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(conv [S+1, W-1, D], ssm [S+1, ...]) of state layer `index`, as views into the pool."""

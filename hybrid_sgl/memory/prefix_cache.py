@@ -1,0 +1,363 @@
+"""Prefix cache for hybrid models: a radix tree over token ids that holds KV pages, plus snapshots
+of the recurrent state at chosen positions.
+
+A recurrent layer cannot restart at an arbitrary position from pages; it needs a copy of its
+state taken at exactly that position. So a cached prefix is usable up to the deepest *snapshot*
+on its path, not up to the deepest page:
+
+    node   : a run of whole pages (`key` = their tokens, a multiple of page_size long). Children are
+             keyed by their first page's tokens. Every node boundary is page-aligned.
+    snapshot at position p: a state-pool index holding the state after tokens [0, p), and, when p
+             is not page-aligned, the `tail` tokens [floor(p), p) with a reference to the page
+             holding their KV (the prefix's last, partial page). It hangs on the node whose range
+             (start, end] contains floor(p) (the root when floor(p) == 0).
+
+A request that matches a snapshot at p gets shared references to the pages of [0, floor(p)), a
+private copy of the tail page (it writes positions >= p into it), and a copy of the state; it
+then computes from p. For a model without recurrent layers every page boundary is a free
+snapshot. Reference counts live in the allocator: the cache holds one per node page and one per
+tail page. A running request locks the path it reuses (`lock` counts on the node and all its
+ancestors); unlocked leaves and all snapshots are evicted least recently used first, and a
+node with no snapshot below it is useless for a hybrid model and goes at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from hybrid_sgl.memory.allocator import Allocator, OutOfPages
+from hybrid_sgl.memory.kv_pool import KVPool
+from hybrid_sgl.memory.state_pool import StatePool
+
+
+@dataclass(eq=False)
+class Snapshot:
+    pos: int
+    index: int  # state-pool index
+    tail: tuple[int, ...]  # tokens [floor(pos), pos)
+    tail_page: int | None  # page with the tail's KV (None when tail is empty)
+    last_used: int = 0
+
+
+@dataclass(eq=False)
+class Node:
+    key: tuple[int, ...]
+    pages: list[int]
+    start: int  # position of the first token of key
+    parent: Node | None = None
+    children: dict[tuple[int, ...], Node] = field(default_factory=dict)
+    snapshots: list[Snapshot] = field(default_factory=list)
+    lock: int = 0  # running requests using this node or a descendant
+    last_used: int = 0
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.key)
+
+
+@dataclass
+class Match:
+    """The reusable prefix of a token list: restore `snapshot` (None = stateless model or nothing)
+    and reuse `pages` for [0, floor(pos)); `node` is the node to lock; `matched` is how deep the
+    token list follows the cache (>= pos): cached pages, or a snapshot past the lookup's limit."""
+
+    pos: int
+    pages: list[int]
+    node: Node
+    snapshot: Snapshot | None
+    matched: int
+
+
+class PrefixCache:
+    def __init__(self, *, allocator: Allocator, state_pool: StatePool | None, kv_pool: KVPool | None):
+        self.allocator = allocator
+        self.state_pool = state_pool
+        self.kv_pool = kv_pool
+        self.page_size = allocator.page_size
+        self.stateful = state_pool is not None
+        self.root = Node(key=(), pages=[], start=0)
+        self._clock = itertools.count(1)
+        self.hit_tokens = 0  # tokens restored from the cache, over all admissions
+        self.lookup_tokens = 0  # prompt tokens looked up
+
+    # ---- lookup ------------------------------------------------------------------------------------
+    def match(self, tokens: list[int], limit: int) -> Match:
+        """Longest reusable prefix of `tokens` ending at a position <= limit."""
+        ps, node, pos, pages = self.page_size, self.root, 0, []
+        path = [(self.root, 0)]  # (node, tokens of it that match)
+        while pos + ps <= len(tokens):
+            child = node.children.get(tuple(tokens[pos:pos + ps]))
+            if child is None:
+                break
+            k = _common_pages(child.key, tokens, pos, ps)
+            pages.extend(child.pages[:k])
+            path.append((child, k * ps))
+            if k * ps < len(child.key):
+                break
+            pos, node = pos + len(child.key), child
+        matched = len(pages) * ps
+        if not self.stateful:
+            usable = min(matched, limit // ps * ps)
+            deepest = self.root
+            for n, _ in path:
+                if n.start < usable or n is self.root:
+                    deepest = n
+            return Match(pos=usable, pages=pages[:usable // ps], node=deepest, snapshot=None, matched=matched)
+        best, best_node = None, self.root
+        for n, used in path:
+            for snap in n.snapshots:
+                floor = snap.pos - len(snap.tail)
+                if floor > n.start + used or tuple(tokens[floor:snap.pos]) != snap.tail:
+                    continue
+                matched = max(matched, snap.pos)  # cached state further on, past the limit
+                if snap.pos <= limit and (best is None or snap.pos > best.pos):
+                    best, best_node = snap, n
+        if best is None:
+            return Match(pos=0, pages=[], node=self.root, snapshot=None, matched=matched)
+        floor = best.pos - len(best.tail)
+        return Match(pos=best.pos, pages=pages[:floor // ps], node=best_node, snapshot=best, matched=matched)
+
+    def restore(self, m: Match, slot: int) -> None:
+        """Give the empty `slot` the matched prefix: shared pages, a private copy of the tail page,
+        the state. Lock `m.node` first (see `lock`). Raises OutOfPages (slot unchanged) when the
+        tail page cannot be had."""
+        tail_copy = None
+        if m.snapshot is not None and m.snapshot.tail_page is not None:
+            tail_copy = self.allocator.alloc_page()
+            if self.kv_pool is not None:
+                self.kv_pool.copy_page(m.snapshot.tail_page, tail_copy)
+        self.allocator.attach(slot, m.pages + ([tail_copy] if tail_copy is not None else []))
+        if tail_copy is not None:
+            self.allocator.unref_page(tail_copy)  # the slot's reference is the only one now
+        if m.snapshot is not None:
+            self.state_pool.copy_slot(m.snapshot.index, slot)
+        now = next(self._clock)
+        if m.snapshot is not None:
+            m.snapshot.last_used = now
+        n = m.node
+        while n is not None:
+            n.last_used = now
+            n = n.parent
+
+    # ---- locks -------------------------------------------------------------------------------------
+    def lock(self, node: Node) -> None:
+        while node is not None:
+            node.lock += 1
+            node = node.parent
+
+    def unlock(self, node: Node) -> None:
+        while node is not None:
+            node.lock -= 1
+            assert node.lock >= 0, "prefix-cache node unlocked more often than locked"
+            node = node.parent
+
+    # ---- insert ------------------------------------------------------------------------------------
+    def insert(self, tokens: list[int], pages: list[int], slot: int | None, keep: bool) -> Node:
+        """Cache the prefix `tokens` whose KV sits in `pages` (a running slot's page list) and, with
+        `slot`, a snapshot of that slot's state at len(tokens). Returns the node holding the last
+        whole page; with keep, that node comes back locked (the slot still writes past it: call
+        `release` when done), else a node left without a snapshot below it is dropped."""
+        ps = self.page_size
+        whole = len(tokens) // ps * ps
+        node = self._insert_pages(tokens[:whole], pages[:whole // ps])
+        self.lock(node)
+        if slot is not None and self.stateful and len(tokens) > 0:
+            tail = tuple(tokens[whole:])
+            self._add_snapshot(node, len(tokens), tail, pages[whole // ps] if tail else None, slot)
+        if not keep:
+            self.release(node)
+        return node
+
+    def release(self, node: Node) -> None:
+        """Undo one `lock` and drop what nobody can use any more."""
+        self.unlock(node)
+        self._prune(node)
+
+    def _insert_pages(self, tokens: list[int], pages: list[int]) -> Node:
+        ps, node, pos, now = self.page_size, self.root, 0, next(self._clock)
+        node.last_used = now
+        while pos < len(tokens):
+            first = tuple(tokens[pos:pos + ps])
+            child = node.children.get(first)
+            if child is None:
+                for page in pages[pos // ps:]:
+                    self.allocator.ref_page(page)
+                child = Node(key=tuple(tokens[pos:]), pages=list(pages[pos // ps:]), start=pos, parent=node,
+                             last_used=now)
+                node.children[first] = child
+                return child
+            k = _common_pages(child.key, tokens, pos, ps)
+            if k * ps < len(child.key):
+                child = self._split(child, k)
+            child.last_used = now
+            pos, node = pos + len(child.key), child
+        return node
+
+    def _split(self, node: Node, k: int) -> Node:
+        """Cut node after its first k pages; returns the new upper part (which keeps node's lock)."""
+        ps = self.page_size
+        upper = Node(key=node.key[:k * ps], pages=node.pages[:k], start=node.start, parent=node.parent,
+                     lock=node.lock, last_used=node.last_used)
+        upper.parent.children[node.key[:ps]] = upper
+        node.key, node.pages, node.start, node.parent = node.key[k * ps:], node.pages[k:], upper.end, upper
+        upper.children[node.key[:ps]] = node
+        keep = [s for s in node.snapshots if s.pos - len(s.tail) > upper.end]
+        upper.snapshots = [s for s in node.snapshots if s.pos - len(s.tail) <= upper.end]
+        node.snapshots = keep
+        return upper
+
+    def _add_snapshot(self, node: Node, pos: int, tail: tuple[int, ...], tail_page: int | None, slot: int) -> None:
+        now = next(self._clock)
+        for snap in node.snapshots:
+            if snap.pos == pos and snap.tail == tail:
+                snap.last_used = now
+                return
+        index = self.allocator.alloc_snapshot()
+        if index is None:
+            self.evict_snapshots(1)
+            index = self.allocator.alloc_snapshot()
+            if index is None:
+                return  # every snapshot is in use: no room for this one
+        self.state_pool.copy_slot(slot, index)
+        if tail_page is not None:
+            self.allocator.ref_page(tail_page)
+        node.snapshots.append(Snapshot(pos=pos, index=index, tail=tail, tail_page=tail_page, last_used=now))
+
+    # ---- eviction ----------------------------------------------------------------------------------
+    def evict_pages(self, num_free: int) -> bool:
+        """Evict unlocked leaves, least recently used first, until the allocator has num_free free
+        pages. Returns whether it has."""
+        while self.allocator.num_free_pages < num_free:
+            leaves = sorted(self._evictable_leaves(), key=_leaf_age)
+            if not leaves:
+                return False
+            for leaf in leaves:
+                self._evict_node(leaf)
+                if self.allocator.num_free_pages >= num_free:
+                    break
+        return True
+
+    def evict_snapshots(self, num_free: int) -> bool:
+        """Evict snapshots, least recently used first, until num_free snapshot slots are free."""
+        while self.allocator.num_free_snapshots < num_free:
+            snaps = [(s, n) for n in self._nodes() for s in n.snapshots]
+            if not snaps:
+                return False
+            snap, node = min(snaps, key=lambda sn: sn[0].last_used)
+            self._drop_snapshot(node, snap)
+            self._prune(node)
+        return True
+
+    def _drop_snapshot(self, node: Node, snap: Snapshot) -> None:
+        node.snapshots.remove(snap)
+        self.allocator.free_snapshot(snap.index)
+        if snap.tail_page is not None:
+            self.allocator.unref_page(snap.tail_page)
+
+    def _evict_node(self, node: Node) -> None:
+        for snap in list(node.snapshots):
+            self._drop_snapshot(node, snap)
+        for page in node.pages:
+            self.allocator.unref_page(page)
+        parent = node.parent
+        del parent.children[node.key[:self.page_size]]
+        self._prune(parent)
+
+    def _prune(self, node: Node) -> None:
+        """A hybrid model cannot use pages without a snapshot at or below them: drop such leaves."""
+        while (self.stateful and node is not self.root and not node.children and not node.snapshots
+               and node.lock == 0):
+            parent = node.parent
+            for page in node.pages:
+                self.allocator.unref_page(page)
+            del parent.children[node.key[:self.page_size]]
+            node = parent
+
+    def _evictable_leaves(self) -> list[Node]:
+        return [n for n in self._nodes() if not n.children and n.lock == 0 and n is not self.root]
+
+    def flush(self) -> None:
+        """Drop everything (only when no request holds a lock)."""
+        assert self.root.lock == 0, "flush while requests use the cache"
+        for snap in list(self.root.snapshots):
+            self._drop_snapshot(self.root, snap)
+        while self.root.children:
+            for leaf in self._evictable_leaves():
+                self._evict_node(leaf)
+
+    # ---- reports -----------------------------------------------------------------------------------
+    def _nodes(self) -> list[Node]:
+        out, stack = [], [self.root]
+        while stack:
+            n = stack.pop()
+            out.append(n)
+            stack.extend(n.children.values())
+        return out
+
+    def held_pages(self) -> list[int]:
+        """One entry per page reference the cache holds (for the allocator's integrity check)."""
+        out = []
+        for n in self._nodes():
+            out.extend(n.pages)
+            out.extend(s.tail_page for s in n.snapshots if s.tail_page is not None)
+        return out
+
+    def held_snapshots(self) -> list[int]:
+        return [s.index for n in self._nodes() for s in n.snapshots]
+
+    def stats(self) -> dict:
+        nodes = self._nodes()
+        refs: dict[int, int] = {}
+        for n in nodes:
+            if n.lock == 0:
+                for p in n.pages + [s.tail_page for s in n.snapshots if s.tail_page is not None]:
+                    refs[p] = refs.get(p, 0) + 1
+        evictable = sum(1 for p, r in refs.items() if self.allocator.page_refs[p] == r)
+        return {"cached_pages": len({p for n in nodes for p in n.pages}), "evictable_pages": evictable,
+                "num_snapshots": sum(len(n.snapshots) for n in nodes),
+                "snapshot_slots": self.allocator.num_snapshots, "cache_nodes": len(nodes) - 1,
+                "cache_hit_tokens": self.hit_tokens, "cache_lookup_tokens": self.lookup_tokens}
+
+    def check_integrity(self) -> None:
+        """Tree shape, page alignment, locks equal to the sum of the children's plus own users (checked
+        by the caller through `lock` counts >= children's), snapshots inside their node's range."""
+        ps = self.page_size
+        for n in self._nodes():
+            if n is self.root:
+                assert not n.key and not n.pages and n.start == 0, "root holds tokens"
+            else:
+                assert len(n.key) > 0 and len(n.key) % ps == 0, f"node key of {len(n.key)} tokens is not whole pages"
+                assert len(n.pages) == len(n.key) // ps, "node pages do not cover its key"
+                assert n.start == n.parent.end, "node does not start where its parent ends"
+                assert n.parent.children.get(n.key[:ps]) is n, "node is not its parent's child under its key"
+                assert not self.stateful or n.children or n.snapshots or n.lock > 0, (
+                    "a leaf without snapshots is kept in a hybrid model's cache")
+            assert n.lock >= sum(c.lock for c in n.children.values()), "a node's lock is below its children's"
+            for s in n.snapshots:
+                floor = s.pos - len(s.tail)
+                assert floor % ps == 0 and len(s.tail) < ps, "snapshot tail is not the partial page"
+                assert (n is self.root and floor == 0) or n.start < floor <= n.end, "snapshot outside its node"
+                assert (s.tail_page is None) == (len(s.tail) == 0), "tail page without tail (or the reverse)"
+
+
+def _common_pages(key: tuple[int, ...], tokens: list[int], pos: int, ps: int) -> int:
+    """How many whole pages of key equal tokens[pos:]."""
+    n = min(len(key), len(tokens) - pos) // ps
+    if tuple(tokens[pos:pos + n * ps]) == key[:n * ps]:
+        return n
+    lo, hi = 0, n  # key[:lo*ps] matches, key[:hi*ps] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if tuple(tokens[pos:pos + mid * ps]) == key[:mid * ps]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _leaf_age(node: Node) -> int:
+    return max([node.last_used] + [s.last_used for s in node.snapshots])
+
+
+__all__ = ["Match", "Node", "OutOfPages", "PrefixCache", "Snapshot"]

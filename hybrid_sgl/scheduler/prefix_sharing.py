@@ -1,0 +1,169 @@
+"""How the scheduler uses the prefix cache: lookups at admission, where prompt chunks end, who
+waits for whom, and what goes into the cache when.
+
+A recurrent layer's state exists only where a step ended, so where chunks end decides what can
+be reused. Besides the chunked-prefill budget, a prompt chunk ends at:
+  - a *branch point*: where the prompt leaves the cached pages (the pages are there, the state is
+    not), or where it stops sharing tokens with a request still waiting (a shared system prompt,
+    the n samples of one prompt, a DSL fork). The waiting request is held back until the running
+    one has passed that point, then finds a snapshot there;
+  - every `snapshot_interval` tokens of a long prompt.
+After every prompt chunk the computed prefix and a snapshot of the state go into the cache; so
+does a finished or preempted request's whole sequence. A branch point costs one more step for one
+request and nothing in compute; it is taken only when at least `min_branch_tokens` would be shared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from hybrid_sgl.memory.allocator import Allocator
+from hybrid_sgl.memory.prefix_cache import Match, PrefixCache
+from hybrid_sgl.scheduler.request import Req
+
+DEFAULT_SNAPSHOT_INTERVAL = 2048  # tokens; a cut costs a long prompt one more step, only when it runs alone
+MIN_BRANCH_TOKENS = 64  # a branch point ends a chunk only when at least this many tokens would be shared
+LPM_MAX_WAITING = 128  # longest-prefix-first ordering costs a lookup per waiting request; above this, FCFS
+PEERS_CHECKED = 64  # waiting requests compared with a prefilling one for branch points
+
+
+class PrefixSharing:
+    def __init__(self, cache: PrefixCache, *, snapshot_interval: int | None, min_branch_tokens: int,
+                 policy: str = "lpm"):
+        self.cache = cache
+        self.allocator: Allocator = cache.allocator
+        self.interval = snapshot_interval
+        self.min_branch = min_branch_tokens
+        self.policy = policy
+
+    # ---- admission ---------------------------------------------------------------------------------
+    def lookup(self, req: Req) -> Match:
+        """The reusable prefix of req's tokens; at least one token is always left to compute, and no
+        prompt position whose logprob is asked for is skipped."""
+        limit = req.seq_len - 1
+        if req.return_logprob:
+            limit = min(limit, max(0, req.input_logprob_pos - 1))
+        return self.cache.match(req.fill_ids, limit)
+
+    def order(self, waiting: Iterable[Req]) -> list[Req]:
+        """Waiting requests in admission order: longest cached prefix first (lpm), else arrival."""
+        reqs = list(waiting)
+        if self.policy != "lpm" or len(reqs) > LPM_MAX_WAITING:
+            return reqs
+        return sorted(reqs, key=lambda r: (-self.lookup(r).pos, r.arrival))
+
+    def held_back(self, req: Req, hit: int, prefilling: Iterable[Req]) -> bool:
+        """Whether req should wait for a running request that is computing a longer shared prefix."""
+        for other in prefilling:
+            if other is req:
+                continue
+            b = self.branch_point(req, other)
+            if b >= max(hit + self.min_branch, other.num_computed + 1):
+                return True
+        return False
+
+    def admit(self, req: Req, m: Match, slot: int) -> None:
+        """Give req's new slot the matched prefix (lock it first with `lock`)."""
+        self.cache.restore(m, slot)
+        req.num_computed = m.pos
+        if req.num_preemptions == 0:
+            req.cached_tokens = m.pos
+            self.cache.lookup_tokens += len(req.prompt_ids)
+            self.cache.hit_tokens += m.pos
+        req.cache_node = m.node
+
+    def plan_branch(self, req: Req, m: Match) -> None:
+        """Where req leaves what the cache can restore: cached pages (or state past the last prompt
+        token) go on without a snapshot. Its prompt chunk ends there, so the next request finds one."""
+        branch = min(m.matched, req.seq_len - 1)
+        req.branch_pos = branch if branch >= m.pos + self.min_branch else 0
+
+    def lock(self, m: Match) -> None:
+        self.cache.lock(m.node)
+
+    def unlock(self, m: Match) -> None:
+        self.cache.release(m.node)
+
+    # ---- chunks ------------------------------------------------------------------------------------
+    def chunk_end(self, req: Req, start: int, end: int, waiting: Iterable[Req]) -> int:
+        """Where req's chunk [start, end) should stop instead (a branch point or interval in between)."""
+        cuts = []
+        if req.branch_pos > start:
+            cuts.append(req.branch_pos)
+        if self.interval:
+            cuts.append((start // self.interval + 1) * self.interval)
+        for i, other in enumerate(waiting):
+            if i == PEERS_CHECKED:
+                break
+            if other is req:
+                continue
+            b = self.branch_point(req, other)
+            if b >= self.min_branch and b > start:
+                cuts.append(b)
+        inside = [c for c in cuts if start < c < end]
+        return min(inside, default=end)
+
+    def branch_point(self, a: Req, b: Req) -> int:
+        """Deepest position whose state both requests could use: their common prefix, leaving each at
+        least one token to compute."""
+        return min(_common_prefix(a.fill_ids, b.fill_ids), a.seq_len - 1, b.seq_len - 1)
+
+    def chunk_done(self, req: Req) -> None:
+        """req computed a prompt chunk and goes on: cache what it has, lock that, drop the old lock."""
+        old = req.cache_node
+        req.cache_node = self.cache.insert(req.fill_ids[:req.num_computed], self.allocator.slot_pages[req.slot],
+                                           req.slot, keep=True)
+        if old is not None:
+            self.cache.release(old)
+        if req.branch_pos <= req.num_computed:
+            req.branch_pos = 0
+
+    # ---- release -----------------------------------------------------------------------------------
+    def release(self, req: Req, num_tokens: int | None) -> None:
+        """req gives up its slot; with num_tokens, the state in the slot is after fill_ids[:num_tokens]
+        and that prefix goes into the cache first."""
+        if num_tokens is not None and num_tokens > 0 and req.slot is not None:
+            self.cache.insert(req.fill_ids[:num_tokens], self.allocator.slot_pages[req.slot], req.slot, keep=False)
+        self.drop_lock(req)
+
+    def drop_lock(self, req: Req) -> None:
+        if req.cache_node is not None:
+            self.cache.release(req.cache_node)
+            req.cache_node = None
+
+    def ensure_free_pages(self, n: int) -> bool:
+        return self.allocator.num_free_pages >= n or self.cache.evict_pages(n)
+
+    def check_integrity(self, holders: list[Req]) -> None:
+        """The cache's own invariants, and its root lock equals the requests that hold a node."""
+        self.cache.check_integrity()
+        locked = sum(1 for r in holders if r.cache_node is not None)
+        assert self.cache.root.lock == locked, (
+            f"prefix-cache root lock {self.cache.root.lock} but {locked} requests hold a node")
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0 or a[0] != b[0]:
+        return 0
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 1, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def prefix_sharing_for(runner, *, disable: bool, snapshot_interval: int | None, policy: str) -> PrefixSharing | None:
+    """The prefix cache over runner's pools, or None when disabled."""
+    if disable:
+        return None
+    cache = PrefixCache(allocator=runner.allocator, state_pool=runner.state_pool, kv_pool=runner.kv_pool)
+    if snapshot_interval is not None and snapshot_interval < 1:
+        raise ValueError(f"--snapshot-interval must be a positive number of tokens, got {snapshot_interval}")
+    return PrefixSharing(cache, snapshot_interval=snapshot_interval or DEFAULT_SNAPSHOT_INTERVAL,
+                         min_branch_tokens=MIN_BRANCH_TOKENS, policy=policy)
