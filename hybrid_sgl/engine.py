@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from hybrid_sgl.config import ModelConfig
+from hybrid_sgl.constrained import grammar_cache
 from hybrid_sgl.outputs import OutputState
 from hybrid_sgl.runner.model_runner import ModelRunner
 from hybrid_sgl.sampling_params import SamplingParams
@@ -50,7 +51,10 @@ class Engine:
         self.runner = ModelRunner(args, self.model_config)
         self.scheduler = Scheduler(self.runner, chunked_prefill_size=args.chunked_prefill_size,
                                    stop_string_checker=StopStringChecker(self.tokenizer) if self.tokenizer else None,
-                                   overlap=not args.disable_overlap_schedule)
+                                   overlap=not args.disable_overlap_schedule,
+                                   grammars=grammar_cache(args.grammar_backend, self.tokenizer,
+                                                          self.model_config.vocab_size,
+                                                          tuple(self.model_config.eos_token_ids)))
         self.loop = EngineLoop(self.scheduler)
         self.loop.start()
         self._ids = itertools.count()

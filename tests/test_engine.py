@@ -157,8 +157,8 @@ def test_abandoned_stream_aborts_and_frees(engine):
     (dict(sampling_params={"max_new_tokens": -2}), "max_new_tokens"),
     (dict(sampling_params={"max_new_tokens": "5"}), "max_new_tokens"),
     (dict(sampling_params={"bogus": 1}), "bogus"),
-    (dict(sampling_params={"regex": "a+"}), "not supported yet"),
-    (dict(sampling_params={"json_schema": "{}"}), "not supported yet"),
+    (dict(sampling_params={"regex": "a+", "json_schema": "{}"}), "at most one of regex, json_schema"),
+    (dict(sampling_params={"custom_params": {"x": 1}}), "not supported yet"),
     (dict(return_logprob=True, logprob_start_len=99), "logprob_start_len"),
     (dict(return_logprob=True, top_logprobs_num=10**6), "top_logprobs_num"),
 ])

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hybrid_sgl.config import ModelConfig
+from hybrid_sgl.constrained.bitmask import MaskBuffer
 from hybrid_sgl.layers.backends import resolve_backend
 from hybrid_sgl.memory.allocator import Allocator
 from hybrid_sgl.memory.kv_pool import KVPool
@@ -50,13 +51,16 @@ class ItemResult:
 
 @dataclass
 class PendingDecode:
-    """A decode step launched on the device whose sampled tokens the host has not read yet."""
+    """A decode step launched on the device whose sampled tokens the host has not read yet.
+    While `logits` is set the step is launched but not sampled yet (ModelRunner.sample_pending)."""
 
     items: list[BatchItem]
-    next_ids: torch.Tensor  # [B] int64 on the device
-    host_ids: torch.Tensor  # [B] int64, pinned on CUDA; filled by an async copy
+    next_ids: torch.Tensor | None  # [B] int64 on the device
+    host_ids: torch.Tensor | None  # [B] int64, pinned on CUDA; filled by an async copy
     done: torch.cuda.Event | None
     deferred: list[Req] = field(default_factory=list)  # finished earlier; their slots free after this step
+    logits: torch.Tensor | None = None  # [B, V] until sampled
+
 
     def results(self) -> list[ItemResult]:
         """Waits for the step; one ItemResult (next token only) per item."""
@@ -89,6 +93,7 @@ class ModelRunner:
         rows, pinned = self.plan.max_running_requests, self.device.type == "cuda"
         self._host_ids = [torch.empty(rows, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
         self._host_turn = 0
+        self._masks: MaskBuffer | None = None  # token bitmasks of constrained requests, made on first use
         for line in self.model.dispatch_plan():
             logger.info(line)
         logger.info(self.plan.describe())
@@ -212,7 +217,13 @@ class ModelRunner:
     def launch_decode(self, items: list[BatchItem], prev: PendingDecode | None = None,
                       prev_rows: list[int] | None = None) -> PendingDecode:
         """Launch a decode step and its sampling without waiting for them. prev_rows[i] >= 0: item i's
-        input token is the one `prev` sampled in that row (still on the device)."""
+        input token is the one `prev` sampled in that row (still on the device).
+
+        Constrained requests: a grammar's mask for this step needs the token `prev` sampled, which
+        the host has not read yet. So a batch with a grammar launched behind `prev` runs its forward
+        only; the scheduler reads `prev`, advances the matchers, then calls sample_pending. The
+        device computes this step's forward while the host reads `prev` and fills the masks; only
+        the sampling waits for them. (Decode graphs end at the logits, so masking stays outside.)"""
         prev_rows = prev_rows or [-1] * len(items)
         tokens = [-(j + 1) if j >= 0 else it.req.token_slice(it.start, it.end)[0] for it, j in zip(items, prev_rows)]
         prev_ids = prev.next_ids if prev is not None else None
@@ -226,17 +237,36 @@ class ModelRunner:
                                     page_size=self.allocator.page_size, kv_pool=self.kv_pool,
                                     state_pool=self.state_pool, device=self.device, prev_ids=prev_ids)
             logits = self.model.compute_logits(self.model(fb))
-        next_ids = sample(logits, [it.req for it in items], self.config.eos_token_ids)
+        pending = PendingDecode(items=items, next_ids=None, host_ids=None, done=None, logits=logits)
+        if prev is None or all(it.req.grammar is None for it in items):
+            self.sample_pending(pending)
+        return pending
+
+    @torch.inference_mode()
+    def sample_pending(self, pending: PendingDecode) -> None:
+        """Sample a launched step (masks from the matchers as they are now) and start copying its tokens."""
+        reqs = [it.req for it in pending.items]
+        logits, pending.logits = pending.logits, None
+        next_ids = sample(logits, reqs, self.config.eos_token_ids, self._grammar_mask(reqs, logits.shape[-1]))
         on_gpu = self.device.type == "cuda"
         # two host buffers in turn: at most two steps are alive (one launched, one being read)
         self._host_turn ^= 1
-        host_ids = self._host_ids[self._host_turn][:len(items)]
+        host_ids = self._host_ids[self._host_turn][:len(reqs)]
         host_ids.copy_(next_ids, non_blocking=on_gpu)
-        done = None
         if on_gpu:
-            done = torch.cuda.Event()
-            done.record()
-        return PendingDecode(items=items, next_ids=next_ids, host_ids=host_ids, done=done)
+            pending.done = torch.cuda.Event()
+            pending.done.record()
+        pending.next_ids, pending.host_ids = next_ids, host_ids
+
+    def _grammar_mask(self, reqs: list[Req], vocab: int) -> torch.Tensor | None:
+        """[len(reqs), ceil(vocab / 32)] token bitmask on the device, or None when no row is constrained.
+        A finished request's row (discarded in an overlapped step) allows every token."""
+        matchers = [r.grammar if r.grammar is not None and not r.finished else None for r in reqs]
+        if all(m is None for m in matchers):
+            return None
+        if self._masks is None:
+            self._masks = MaskBuffer(self.plan.max_running_requests, vocab, self.device)
+        return self._masks.fill(matchers)
 
     @torch.inference_mode()
     def run(self, mode: ForwardMode, items: list[BatchItem]) -> list[ItemResult]:
@@ -287,7 +317,7 @@ class ModelRunner:
         idx = torch.tensor([r for _, r in sample_rows], device=self.device)
         reqs = [items[i].req for i, _ in sample_rows]
         chosen = logits[idx]
-        next_ids = sample(chosen, reqs, self.config.eos_token_ids)
+        next_ids = sample(chosen, reqs, self.config.eos_token_ids, self._grammar_mask(reqs, chosen.shape[-1]))
         want = [r.return_logprob for r in reqs]
         top_k = max([r.top_logprobs_num for r in reqs if r.return_logprob], default=0)
         lps, tops = logprobs_of(chosen, next_ids, top_k) if any(want) else (None, None)

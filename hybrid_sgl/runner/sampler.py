@@ -1,6 +1,6 @@
 """Next-token sampling and logprobs for a batch of rows (one row per request being sampled).
 
-Order: logit bias -> penalties -> min_new_tokens mask -> greedy rows take argmax; the rest:
+Order: grammar mask (when given) -> logit bias -> penalties -> min_new_tokens mask -> greedy rows take argmax; the rest:
 temperature -> softmax -> top-k -> top-p -> min-p -> draw. Draws use the exponential race
 (argmax p / E, E ~ Exp(1)), which samples from p and lets each seeded request use its own
 generator. Logprobs are always of the model's raw distribution (log_softmax of the logits).
@@ -13,8 +13,12 @@ import torch
 from hybrid_sgl.scheduler.request import Req
 
 
-def sample(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, ...]) -> torch.Tensor:
-    """logits: [N, V] float32 (not modified). Returns next token ids [N] int64 on logits' device."""
+def sample(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, ...],
+           mask: torch.Tensor | None = None) -> torch.Tensor:
+    """logits: [N, V] float32 (not modified); mask: [N, ceil(V / 32)] int32 token bitmask on logits'
+    device (constrained/bitmask.py), or None. Returns next token ids [N] int64 on logits' device."""
+    if mask is not None:
+        logits = apply_token_bitmask(logits, mask)
     logits = _adjust(logits, reqs, eos_ids)
     out = logits.argmax(dim=-1)
     sampled = [i for i, r in enumerate(reqs) if not r.params.greedy]
@@ -32,6 +36,15 @@ def sample(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, ...]) -> t
             noise[j].exponential_(generator=r.generator)
     out[rows] = (probs / noise).argmax(dim=-1)
     return out
+
+
+def apply_token_bitmask(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A copy of logits [N, V] with -inf where bit (t % 32) of mask[:, t // 32] is clear."""
+    n, vocab = logits.shape
+    assert mask.shape == (n, (vocab + 31) // 32), f"mask {tuple(mask.shape)} does not fit logits {(n, vocab)}"
+    bits = torch.arange(32, device=mask.device, dtype=torch.int32)
+    allowed = ((mask[:, :, None] >> bits) & 1).bool().view(n, -1)[:, :vocab]  # [N, V]
+    return logits.masked_fill(~allowed, float("-inf"))
 
 
 def _adjust(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, ...]) -> torch.Tensor:

@@ -10,10 +10,13 @@ sampled token is not computed yet, so a decoding request has `num_computed == le
 from __future__ import annotations
 
 import enum
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
 
+from hybrid_sgl.constrained.backend import GrammarMatcher
+from hybrid_sgl.memory.prefix_cache import Node
 from hybrid_sgl.sampling_params import SamplingParams
 
 
@@ -39,6 +42,8 @@ class Req:
     slot: int | None = None
     num_computed: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    cache_node: Node | None = None  # prefix-cache node this request locks (it reads or writes its pages)
+    branch_pos: int = 0  # cached pages go on to here without a snapshot: end a prompt chunk here
     finish_reason: dict | None = None
     num_preemptions: int = 0
     generator: torch.Generator | None = None
@@ -49,6 +54,9 @@ class Req:
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     input_logprob_pos: int = 0  # next prompt position whose logprob is still to be computed
     stop_checker: object | None = None  # callable(req) -> matched stop string or None
+    # constrained decoding (params.grammar_key): its compile, then its matcher once compiled
+    grammar_future: Future | None = None
+    grammar: GrammarMatcher | None = None
 
     @property
     def fill_ids(self) -> list[int]:

@@ -12,18 +12,29 @@ so the host's bookkeeping overlaps the device's work. A request that stops at st
 token or string, abort) wastes its row of step N+1, which is discarded; its slot is freed only
 after that step. Anything else (prompt work, new arrivals, memory pressure, logprobs) first
 waits for the step in flight and then runs synchronously.
+
+A constrained request (regex, JSON schema, EBNF) waits in `compiling` until its grammar has
+compiled (on the grammar cache's threads, never this one; the server usually waited for it
+already), then queues like any other; an invalid or too slow grammar finishes it with a 400. Each
+sampled token advances its matcher; the grammar's end finishes it with "stop". Overlapped steps
+with grammars sample late: see ModelRunner.launch_decode.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, wait
 
+from hybrid_sgl.constrained import GrammarCache, GrammarError, ready_matcher, start_compile
+from hybrid_sgl.constrained.stop_regex import find_stop_regex
 from hybrid_sgl.memory.allocator import Allocator
 from hybrid_sgl.runner.forward_batch import ForwardMode
 from hybrid_sgl.runner.model_runner import BatchItem, ItemResult, ModelRunner, PendingDecode
+from hybrid_sgl.scheduler.prefix_sharing import PrefixSharing
 from hybrid_sgl.scheduler.request import Req, ReqStatus
 
 logger = logging.getLogger(__name__)
@@ -35,7 +46,8 @@ class AdmissionError(ValueError):
 
 class Scheduler:
     def __init__(self, runner: ModelRunner, *, chunked_prefill_size: int,
-                 stop_string_checker: Callable[[Req], str | None] | None = None, overlap: bool = False):
+                 stop_string_checker: Callable[[Req], str | None] | None = None, overlap: bool = False,
+                 grammars: GrammarCache | None = None, sharing: PrefixSharing | None = None):
         self.runner = runner
         self.allocator: Allocator = runner.allocator
         self.context_length = runner.context_length
@@ -51,6 +63,9 @@ class Scheduler:
         self.overlap = overlap
         self._pending: PendingDecode | None = None
         self.num_overlapped_steps = 0
+        self.grammars = grammars
+        self.sharing = sharing  # the prefix cache's use; None with --disable-radix-cache
+        self.compiling: list[tuple[Req, float]] = []  # (request, time.monotonic() when it came)
 
     # ---- requests in / out -----------------------------------------------------------------------
     def validate(self, prompt_ids: list[int], max_new_tokens: int) -> None:
@@ -76,23 +91,74 @@ class Scheduler:
             req.input_logprob_pos = 1
         else:
             req.input_logprob_pos = req.logprob_start_len
+        if req.params.grammar_key is not None and req.grammar is None:
+            req.grammar_future = start_compile(self.grammars, req.params.grammar_key)
+            self.compiling.append((req, time.monotonic()))
+            return
         self.waiting.append(req)
 
     def abort(self, rid: str) -> Req | None:
+        for i, (req, _) in enumerate(self.compiling):
+            if req.rid == rid:
+                del self.compiling[i]
+                req.finish({"type": "abort", "message": "aborted", "status_code": None, "err_type": None})
+                return req
         for req in list(self.waiting) + self.running:
             if req.rid == rid:
-                self._release(req)
+                self._release(req, cache=False)  # its slot may be in the step in flight: cache nothing
                 req.finish({"type": "abort", "message": "aborted", "status_code": None, "err_type": None})
                 return req
         return None
 
+    def flush_cache(self) -> bool:
+        """Empty the prefix cache; refused (False) while requests run or wait, as in SGLang."""
+        if self.has_work:
+            return False
+        if self.sharing is not None:
+            self.sharing.cache.flush()
+        return True
+
+    def check_integrity(self) -> None:
+        """The allocator's and the prefix cache's invariants, counting the cache's references."""
+        if self.sharing is None:
+            self.allocator.check_integrity()
+            return
+        holders = list(self.running) + (list(self._pending.deferred) if self._pending is not None else [])
+        self.sharing.check_integrity(holders)
+        cache = self.sharing.cache
+        self.allocator.check_integrity(cache_pages=cache.held_pages(), cache_snapshots=cache.held_snapshots())
+
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self._pending)
+        return bool(self.waiting or self.running or self._pending or self.compiling)
 
     # ---- one step --------------------------------------------------------------------------------
     def step(self) -> list[Req]:
         """Run one batch. Returns the requests that got a token or finished."""
+        failed = self._admit_compiled() if self.compiling else []
+        return failed + self._step()
+
+    def _admit_compiled(self) -> list[Req]:
+        """Queue the requests whose grammar compiled; finish (400) those whose grammar is invalid or
+        compiled too slowly. With nothing else to run, waits up to 10 ms for a compile to end."""
+        if not (self.waiting or self.running or self._pending):
+            wait([r.grammar_future for r, _ in self.compiling], timeout=0.01, return_when=FIRST_COMPLETED)
+        failed, still = [], []
+        for req, since in self.compiling:
+            try:
+                req.grammar = ready_matcher(self.grammars, req.params.grammar_key, req.grammar_future, since)
+            except GrammarError as e:
+                req.finish({"type": "abort", "message": str(e), "status_code": 400, "err_type": "BadRequest"})
+                failed.append(req)
+                continue
+            if req.grammar is None:
+                still.append((req, since))
+            else:
+                self.waiting.append(req)
+        self.compiling = still
+        return failed
+
+    def _step(self) -> list[Req]:
         if self._pending is not None:
             return self._step_after_pending()
         mode, items = self._schedule()
@@ -110,6 +176,10 @@ class Scheduler:
         for req in changed:
             if req.finished:
                 self._release(req)
+        if self.sharing is not None and mode is ForwardMode.EXTEND:
+            for item in items:  # a prompt chunk's prefix and state go into the cache at once
+                if item.req.status is ReqStatus.RUNNING and item.req.slot is not None:
+                    self.sharing.chunk_done(item.req)
         return changed
 
     # ---- overlapped decode -----------------------------------------------------------------------
@@ -121,14 +191,16 @@ class Scheduler:
             launched = self.runner.launch_decode(items, prev=pending, prev_rows=rows)
             self.num_overlapped_steps += 1
         self._pending = launched
-        return self._resolve(pending)
+        changed = self._resolve(pending)
+        if launched is not None and any(it.req.grammar is not None for it in launched.items):
+            self.runner.sample_pending(launched)  # launched unsampled: its masks needed pending's tokens
+        return changed
 
     def drop_in_flight(self) -> None:
         """After a failed step: forget the step in flight and free the slots it was holding."""
         if self._pending is not None:
             for req in self._pending.deferred:
-                self.allocator.free_slot(req.slot)
-                req.slot = None
+                self._free_slot(req, None)
             self._pending = None
 
     def _follow_up(self, pending: PendingDecode) -> tuple[list[BatchItem], list[int]] | None:
@@ -162,10 +234,12 @@ class Scheduler:
         now in flight keeps its slot until that step is read."""
         try:
             results = pending.results()
-        finally:  # whatever happens, the step is over: the slots it held are free
+        except BaseException:  # the step is over all the same: the slots it held are free
             for req in pending.deferred:
-                self.allocator.free_slot(req.slot)
-                req.slot = None
+                self._free_slot(req, None)
+            raise
+        for req in pending.deferred:  # this step fed their last token: the state is after all of fill_ids
+            self._free_slot(req, req.num_computed + 1)
         changed = []
         for item, result in zip(pending.items, results):
             if item.req.status is ReqStatus.RUNNING and self._apply(item, result):
@@ -198,25 +272,56 @@ class Scheduler:
                 break
             if req.status is not ReqStatus.RUNNING:  # preempted while making room for an older one
                 continue
-            n = min(req.remaining, budget)
-            if not self._make_room(req, req.num_computed + n):
+            end = req.num_computed + min(req.remaining, budget)
+            if self.sharing is not None:
+                end = self.sharing.chunk_end(req, req.num_computed, end, self.waiting)
+            if not self._make_room(req, end):
                 continue
-            items.append(self._item(req, n))
-            budget -= n
-        while self.waiting and budget > 0 and self.allocator.num_free_slots > 0:
-            req = self.waiting[0]
-            n = min(req.remaining, budget)
-            headroom = len(self.running)  # one page of growth per running request
-            if self.allocator.pages_for(n) + headroom > self.allocator.num_free_pages:
+            items.append(self._item(req, end - req.num_computed))
+            budget -= end - req.num_computed
+        self._admit_waiting(budget, items)
+        return items
+
+    def _admit_waiting(self, budget: int, items: list[BatchItem]) -> None:
+        """Admit waiting requests while the budget, slots and pages allow; with the prefix cache each
+        starts from its longest cached prefix (or waits for a running request computing it)."""
+        sharing = self.sharing
+        prefilling = [r for r in self.running if not r.is_decoding]
+        for req in (sharing.order(self.waiting) if sharing is not None else list(self.waiting)):
+            if budget == 0 or self.allocator.num_free_slots == 0:
                 break
-            self.waiting.popleft()
+            match = sharing.lookup(req) if sharing is not None else None
+            start = match.pos if match is not None else 0
+            if sharing is not None:
+                if sharing.held_back(req, start, prefilling):
+                    continue
+                sharing.plan_branch(req, match)
+            end = start + min(req.seq_len - start, budget)
+            if sharing is not None:
+                end = sharing.chunk_end(req, start, end, self.waiting)
+                sharing.lock(match)
+            headroom = len(self.running)  # one page of growth per running request
+            if not self._ensure_free_pages(self.allocator.pages_for(end) - start // self.allocator.page_size
+                                           + headroom):
+                if sharing is not None:
+                    sharing.unlock(match)
+                break
+            self.waiting.remove(req)
             req.slot = self.allocator.alloc_slot()
             req.status = ReqStatus.RUNNING
-            self.allocator.grow(req.slot, n)
+            if sharing is not None:
+                sharing.admit(req, match, req.slot)
+            self.allocator.grow(req.slot, end)
             self.running.append(req)
-            items.append(self._item(req, n))
-            budget -= n
-        return items
+            prefilling.append(req)
+            items.append(self._item(req, end - start))
+            budget -= end - start
+
+    def _ensure_free_pages(self, n: int) -> bool:
+        """Whether n pages are free, after evicting unused cached prefixes if needed."""
+        if self.sharing is not None:
+            return self.sharing.ensure_free_pages(n)
+        return self.allocator.num_free_pages >= n
 
     def _schedule_decode(self) -> list[BatchItem]:
         items = []
@@ -237,7 +342,7 @@ class Scheduler:
         """Give req pages for num_tokens, preempting newer requests if needed. False (and req
         preempted itself if it is the newest) when that is impossible."""
         need = self.allocator.extra_pages_needed(req.slot, num_tokens)
-        while need > self.allocator.num_free_pages:
+        while not self._ensure_free_pages(need):
             newer = [r for r in self.running if r.arrival > req.arrival]
             victim = max(newer, key=lambda r: r.arrival) if newer else req
             self._preempt(victim)
@@ -245,6 +350,14 @@ class Scheduler:
                 return False
         self.allocator.grow(req.slot, num_tokens)
         return True
+
+    def _free_slot(self, req: Req, cached: int | None) -> None:
+        """Free req's slot; with `cached`, the slot's state is after fill_ids[:cached] and that prefix
+        goes into the prefix cache first."""
+        if self.sharing is not None and cached is not None and req.slot is not None:
+            self.sharing.release(req, cached)
+        self.allocator.free_slot(req.slot)
+        req.slot = None
 
     def _preempt(self, req: Req) -> None:
         logger.debug("preempting %s at %d tokens", req.rid, req.seq_len)
@@ -256,10 +369,13 @@ class Scheduler:
         self.waiting.append(req)
         self.waiting = deque(sorted(self.waiting, key=lambda r: r.arrival))
 
-    def _release(self, req: Req, free_slot: bool = True) -> None:
+    def _release(self, req: Req, free_slot: bool = True, cache: bool = True) -> None:
+        """Take req out of the queues. free_slot: give its slot and pages back now (else the caller
+        frees them later with _free_slot); cache: first put its computed tokens into the prefix cache."""
+        if self.sharing is not None:
+            self.sharing.drop_lock(req)
         if req.slot is not None and free_slot:
-            self.allocator.free_slot(req.slot)
-            req.slot = None
+            self._free_slot(req, req.num_computed if cache else None)
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
@@ -280,6 +396,11 @@ class Scheduler:
             return False
         token = result.next_token
         req.output_ids.append(token)
+        if req.grammar is not None and not req.grammar.accept(token):
+            req.finish({"type": "abort", "message": f"the sampled token {token} does not fit the grammar "
+                        "(min_new_tokens may forbid the only tokens it allows)", "status_code": None,
+                        "err_type": None})
+            return True
         if req.return_logprob:
             req.output_token_logprobs.append((result.token_logprob, token))
             req.output_top_logprobs.append(result.top_logprobs)
@@ -289,12 +410,20 @@ class Scheduler:
     def _check_finished(self, req: Req, token: int) -> None:
         p = req.params
         n_out = len(req.output_ids)
+        if req.grammar is not None and req.grammar.is_terminated():
+            req.finish({"type": "stop", "matched": token})
+            return
         if n_out >= p.min_new_tokens:
             if (token in self.eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
                 req.finish({"type": "stop", "matched": token})
                 return
             if p.stop and self.stop_string_checker is not None:
                 matched = self.stop_string_checker(req)
+                if matched is not None:
+                    req.finish({"type": "stop", "matched": matched})
+                    return
+            if p.stop_regex and self.stop_string_checker is not None:
+                matched = find_stop_regex(self.stop_string_checker.tokenizer, req)
                 if matched is not None:
                     req.finish({"type": "stop", "matched": matched})
                     return

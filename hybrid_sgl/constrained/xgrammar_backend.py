@@ -1,0 +1,78 @@
+"""The xgrammar backend: a GrammarCompiler over the tokenizer's vocabulary, one GrammarMatcher per
+sequence. JSON allows at most MAX_JSON_WHITESPACE whitespace characters in a row, so a sampler that
+favours spaces cannot spin inside an object until max_new_tokens."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import torch
+import xgrammar as xgr
+
+from hybrid_sgl.constrained.backend import ANY_JSON, GrammarBackend, GrammarError, GrammarKey, GrammarMatcher
+
+MAX_JSON_WHITESPACE = 4
+_LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: (Check failed: .*? is false: )?")
+
+
+class XGrammarMatcher(GrammarMatcher):
+    def __init__(self, matcher: xgr.GrammarMatcher):
+        self._m = matcher
+
+    def accept(self, token: int) -> bool:
+        return self._m.accept_token(token)
+
+    def fill_mask(self, mask: torch.Tensor, row: int) -> None:
+        self._m.fill_next_token_bitmask(mask, row)
+
+    def is_terminated(self) -> bool:
+        return self._m.is_terminated()
+
+
+class XGrammarBackend(GrammarBackend):
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: tuple[int, ...]):
+        if tokenizer is None:
+            raise ValueError("--grammar-backend xgrammar needs the tokenizer; drop --skip-tokenizer-init "
+                             "or pass --grammar-backend none")
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                  stop_token_ids=list(stop_token_ids) or None)
+        self.vocab_size = vocab_size
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)  # GrammarCache caches
+
+    def compile(self, key: GrammarKey) -> xgr.CompiledGrammar:
+        try:
+            if key.kind == "regex":
+                return self._compiler.compile_regex(key.spec)
+            if key.kind == "ebnf":
+                return self._compiler.compile_grammar(key.spec)
+            if key.kind == "json":
+                if key.spec == ANY_JSON:
+                    return self._compiler.compile_builtin_json_grammar()
+                json.loads(key.spec)  # a clearer message than the C++ parser's
+                return self._compiler.compile_json_schema(key.spec, any_whitespace=True,
+                                                          max_whitespace_cnt=MAX_JSON_WHITESPACE)
+            return self._compiler.compile_structural_tag(_structural_tag(key.spec))
+        except json.JSONDecodeError as e:
+            raise GrammarError(f"{key.field} is not valid JSON: {e}") from None
+        except (RuntimeError, ValueError, TypeError, KeyError) as e:
+            raise GrammarError(f"invalid {key.field}: {_clean(str(e))}") from None
+
+    def matcher(self, compiled: xgr.CompiledGrammar) -> XGrammarMatcher:
+        return XGrammarMatcher(xgr.GrammarMatcher(compiled))
+
+
+def _structural_tag(spec: str):
+    """SGLang's legacy {"structures": [{"begin", "schema", "end"}], "triggers": [...]} or xgrammar's
+    own structural tag JSON (with a "format" field), passed through."""
+    tag = json.loads(spec)
+    if isinstance(tag, dict) and "structures" in tag:
+        items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"])
+                 for s in tag["structures"]]
+        return xgr.StructuralTag.from_legacy_structural_tag(items, tag["triggers"])
+    return spec
+
+
+def _clean(message: str) -> str:
+    """xgrammar's C++ messages without their log prefix ("[12:00:00] /project/cpp/x.cc:94: ")."""
+    return _LOG_PREFIX.sub("", message.strip().splitlines()[0] if message.strip() else message)

@@ -1,0 +1,101 @@
+"""The prefix cache on every family: greedy tokens and logprobs equal those without the cache
+(1e-5, float32), and cached_tokens is what the design predicts, through a shared system prompt,
+multi-turn chat, a prefix ending inside a page, prompts diverging inside a page and n = 4
+seeded samples. One runner per family serves both schedulers (cache off, then on)."""
+
+import pytest
+import torch
+
+from hybrid_sgl.config import ModelConfig
+from hybrid_sgl.memory.prefix_cache import PrefixCache
+from hybrid_sgl.runner.model_runner import ModelRunner
+from hybrid_sgl.sampling_params import SamplingParams
+from hybrid_sgl.scheduler.prefix_sharing import PrefixSharing
+from hybrid_sgl.scheduler.request import Req
+from hybrid_sgl.scheduler.scheduler import Scheduler
+from hybrid_sgl.server_args import ServerArgs
+
+FAMILIES = ["qwen3_5", "qwen3_5_moe", "nemotron_h", "falcon_h1", "jamba"]
+PAGE, INTERVAL, MIN_BRANCH = 16, 48, 8
+
+
+def _tokens(seed: int, n: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 300, (n,), generator=g).tolist()
+
+
+def _req(rid, prompt, *, max_new=5, temperature=0.0, seed=None) -> Req:
+    req = Req(rid=rid, prompt_ids=list(prompt), params=SamplingParams(max_new_tokens=max_new, temperature=temperature,
+                                                                      ignore_eos=True, sampling_seed=seed),
+              return_logprob=True, logprob_start_len=len(prompt))
+    if seed is not None:
+        req.generator = torch.Generator().manual_seed(seed)
+    return req
+
+
+def _serve(s: Scheduler, reqs: list[Req]) -> list[Req]:
+    for r in reqs:
+        s.add(r)
+    while s.has_work:
+        s.step()
+        s.check_integrity()
+    return reqs
+
+
+def _scenario(s: Scheduler) -> dict[str, list[Req]]:
+    system = _tokens(1, 70)
+    out = {"system": [_serve(s, [_req("s0", system + _tokens(2, 9))])[0]]}
+    out["system"] += _serve(s, [_req("s1", system + _tokens(3, 12))])
+    out["system"] += _serve(s, [_req("s2", system + _tokens(4, 5))])
+    turn1 = _serve(s, [_req("t1", _tokens(5, 30))])[0]
+    turn2 = _serve(s, [_req("t2", turn1.prompt_ids + turn1.output_ids + _tokens(6, 7))])[0]
+    turn3 = _serve(s, [_req("t3", turn2.prompt_ids + turn2.output_ids + _tokens(7, 11))])[0]
+    out["chat"] = [turn1, turn2, turn3]
+    stem = _tokens(8, 37)  # the prompts diverge inside the third page
+    out["diverge"] = _serve(s, [_req("d0", stem + _tokens(9, 6)), _req("d1", stem + _tokens(10, 8))])
+    prompt = _tokens(11, 40)
+    out["n4"] = _serve(s, [_req(f"n{j}", prompt, temperature=0.8, seed=100 + j) for j in range(4)])
+    return out
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def runs(request, tiny_checkpoint):
+    path = tiny_checkpoint(request.param)
+    args = ServerArgs(model_path=path, device="cpu", dtype="float32", page_size=PAGE,
+                      max_running_requests=8).resolved()
+    runner = ModelRunner(args, ModelConfig.from_hf(path))
+    plain = _scenario(Scheduler(runner, chunked_prefill_size=64))
+    cache = PrefixCache(allocator=runner.allocator, state_pool=runner.state_pool, kv_pool=runner.kv_pool)
+    sharing = PrefixSharing(cache, snapshot_interval=INTERVAL, min_branch_tokens=MIN_BRANCH)
+    s = Scheduler(runner, chunked_prefill_size=64, sharing=sharing)
+    cached = _scenario(s)
+    assert s.flush_cache()
+    s.check_integrity()
+    a = runner.allocator
+    assert (a.num_free_pages, a.num_free_snapshots) == (a.num_pages, a.num_snapshots)
+    return plain, cached
+
+
+@pytest.mark.parametrize("case", ["system", "chat", "diverge", "n4"])
+def test_cache_changes_no_token_and_no_logprob(runs, case):
+    plain, cached = runs
+    for a, b in zip(plain[case], cached[case]):
+        assert a.output_ids == b.output_ids, (a.rid, a.output_ids, b.output_ids)
+        diff = max(abs(x - y) for (x, _), (y, _) in zip(a.output_token_logprobs, b.output_token_logprobs))
+        assert diff < 1e-5, (a.rid, diff)
+        assert a.cached_tokens == 0
+
+
+def test_cached_tokens_are_what_the_design_predicts(runs):
+    _, c = runs
+    # s0 (79 tokens) computes [0, 48) (interval) and [48, 79): snapshots at 48, its prompt end 79 and
+    # its end 83. s1 follows s0's pages to 64 (page 4 holds s0's own tokens from 70): snapshot 48; it
+    # stops a chunk at 64, where it leaves s0's pages, so s2 (sharing the same 70 tokens) restores 64.
+    assert [r.cached_tokens for r in c["system"]] == [0, 48, 64]
+    t1, t2, t3 = c["chat"]  # each turn restores the previous one's end: prompt + answer - 1
+    assert [t2.cached_tokens, t3.cached_tokens] == [len(t1.fill_ids) - 1, len(t2.fill_ids) - 1]
+    # d0 and d1 arrive together and share 37 tokens: d0 stops a chunk at 37 (inside page 2) and d1,
+    # held back one step, restores that snapshot and its partial page
+    assert [r.cached_tokens for r in c["diverge"]] == [0, 37]
+    # four samples of one 40-token prompt: n0 stops at 39, the others restore it and compute 1 token
+    assert [r.cached_tokens for r in c["n4"]] == [0, 39, 39, 39]
