@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -211,6 +212,12 @@ def _check_checkpoint(model_path: str, load_format: str) -> None:
                 f"; nothing is downloaded here: fetch the model first (huggingface-cli download {model_path} "
                 "--local-dir DIR) and pass --model-path DIR")
         raise FileNotFoundError(f"no config.json in {model_path}{hint}")
+    with open(os.path.join(model_path, "config.json")) as f:
+        hf = json.load(f)
+    quant = hf.get("quantization_config") or (hf.get("text_config") or {}).get("quantization_config")
+    if quant:
+        raise ValueError(f"{model_path} holds quantized weights ({quant.get('quant_method', '?')}), which are not "
+                         "supported yet: serve the model's unquantized (bf16) release")
     if load_format != "dummy":
         from hybrid_sgl.models.loader import checkpoint_files
 

@@ -114,6 +114,12 @@ def test_missing_shard_is_named(tmp_path):
     assert "model-00001.safetensors" in refusal("--model-path", path, error=FileNotFoundError)
 
 
+def test_quantized_checkpoint_is_refused(tmp_path):
+    path = config_only(tmp_path, quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]})
+    message = refusal("--model-path", path, "--load-format", "dummy")
+    assert "quantized weights (fp8)" in message and "unquantized (bf16) release" in message
+
+
 def test_hub_id_is_not_downloaded():
     message = refusal("--model-path", "Qwen/Qwen3.5-9B", error=FileNotFoundError)
     assert "huggingface-cli download Qwen/Qwen3.5-9B" in message
