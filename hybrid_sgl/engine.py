@@ -10,35 +10,32 @@ hands requests over, and assembles SGLang-shaped outputs from the updates.
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import logging
 import queue
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 
 import torch
 
 from hybrid_sgl.config import ModelConfig
 from hybrid_sgl.constrained import grammar_cache
 from hybrid_sgl.outputs import OutputState
+from hybrid_sgl.request_ids import RidRegistry, sequence_ids
 from hybrid_sgl.runner.model_runner import ModelRunner
 from hybrid_sgl.sampling_params import SamplingParams
 from hybrid_sgl.scheduler.engine_loop import EngineLoop, ReqUpdate
+from hybrid_sgl.scheduler.prefix_sharing import prefix_sharing_for
 from hybrid_sgl.scheduler.request import Req
 from hybrid_sgl.scheduler.scheduler import Scheduler
 from hybrid_sgl.server_args import ServerArgs
+from hybrid_sgl.submission import Prepared, Submission
 from hybrid_sgl.tokenizer import StopStringChecker, load_tokenizer
 from hybrid_sgl.version import __version__
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Prepared:
-    req: Req
-    out: OutputState
+PROMPT_CHARS_PER_TOKEN = 16  # a text prompt longer than this x the context length is refused untokenized
+MAX_TOP_LOGPROBS_NUM = 100  # per position (OpenAI's chat API allows 20)
+MAX_TOP_LOGPROB_ENTRIES = 1 << 20  # top-logprob entries one sequence may return (positions x top_logprobs_num)
 
 
 class Engine:
@@ -54,10 +51,14 @@ class Engine:
                                    overlap=not args.disable_overlap_schedule,
                                    grammars=grammar_cache(args.grammar_backend, self.tokenizer,
                                                           self.model_config.vocab_size,
-                                                          tuple(self.model_config.eos_token_ids)))
+                                                          tuple(self.model_config.eos_token_ids)),
+                                   sharing=prefix_sharing_for(self.runner, disable=args.disable_radix_cache,
+                                                              snapshot_interval=args.snapshot_interval,
+                                                              policy=args.schedule_policy))
         self.loop = EngineLoop(self.scheduler)
         self.loop.start()
-        self._ids = itertools.count()
+        self.rids = RidRegistry()
+        self.max_prompt_chars = self.runner.context_length * PROMPT_CHARS_PER_TOKEN
 
     # ---- public API ------------------------------------------------------------------------------
     def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
@@ -81,7 +82,7 @@ class Engine:
         """Like generate; with stream=True returns an async iterator of dicts."""
         prepared, single = self.prepare(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
                                         top_logprobs_num, return_text_in_logprobs, rid)
-        gen = self.stream_updates(prepared)
+        gen = self.stream_updates(self.submit(prepared))
         if stream:
             return self._stream_async(gen, single)
         async for _ in gen:
@@ -98,15 +99,24 @@ class Engine:
     def __exit__(self, *exc):
         self.shutdown()
 
-    def abort(self, rid: str) -> None:
-        self.loop.abort(rid)
+    def abort(self, rid: str) -> int:
+        """Abort every running sequence that answers to the client id `rid` (the request, each of its
+        samples `rid-j` and batch items `rid-i`); returns how many were found."""
+        internal = self.rids.internal_ids(rid)
+        for i in internal:
+            self.loop.abort(i)
+        return len(internal)
 
     def run_on_engine(self, fn, timeout: float | None = 60.0):
         """Run fn(scheduler) on the engine thread between steps and return its result."""
         return self.loop.call(fn).result(timeout)
 
     def check_integrity(self) -> None:
-        self.run_on_engine(lambda s: s.allocator.check_integrity())
+        self.run_on_engine(lambda s: s.check_integrity())
+
+    def flush_cache(self) -> bool:
+        """Empty the prefix cache; False (nothing done) while requests run or wait."""
+        return self.run_on_engine(lambda s: s.flush_cache())
 
     def server_info(self) -> dict:
         plan = self.runner.plan
@@ -116,58 +126,82 @@ class Engine:
                 "max_running_requests": plan.max_running_requests,
                 "context_length": self.runner.context_length,
                 "state_bytes_per_request": plan.state_bytes_per_request,
-                "kv_bytes_per_token": plan.kv_bytes_per_token}
+                "kv_bytes_per_token": plan.kv_bytes_per_token,
+                "max_snapshots": plan.num_snapshots,
+                "snapshot_bytes": plan.num_snapshots * plan.state_bytes_per_request}
 
     # ---- requests --------------------------------------------------------------------------------
     def prepare(self, prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num,
-                return_text_in_logprobs, rid) -> tuple[list[_Prepared], bool]:
-        """Validate and tokenize; one _Prepared per generated sequence (prompt-major, n per prompt).
-        Raises ValueError with the cause for any bad input."""
+                return_text_in_logprobs, rid) -> tuple[list[Prepared], bool]:
+        """Validate and tokenize; one Prepared per generated sequence (prompt-major, n per prompt).
+        Raises ValueError with the cause for any bad input. Thread-safe (the server calls it off
+        the event loop)."""
+        single, id_lists = self._prompt_ids(prompt, input_ids)
+        count = len(id_lists)
+        per = lambda value, name: _per_item(value, count, name)  # noqa: E731
+        params_list = per(sampling_params, "sampling_params")
+        lp_list, start_list = per(return_logprob, "return_logprob"), per(logprob_start_len, "logprob_start_len")
+        top_list = per(top_logprobs_num, "top_logprobs_num")
+        checked = []
+        for i, ids in enumerate(id_lists):
+            params = SamplingParams.from_dict(params_list[i])
+            self._fit_default_max_new_tokens(params, params_list[i], len(ids))
+            params.verify(self.model_config.vocab_size)
+            if params.stop and self.tokenizer is None:
+                raise ValueError("stop strings need a tokenizer; this server runs with skip_tokenizer_init")
+            want_lp = bool(lp_list[i])
+            start = self._logprob_start(start_list[i], len(ids), want_lp)
+            top = self._top_logprobs(top_list[i], len(ids) - start + params.max_new_tokens if want_lp else 0)
+            self.scheduler.validate(ids, params.max_new_tokens)
+            checked.append((ids, params, want_lp, start, top))
+        names = sequence_ids(rid, count, [c[1].n for c in checked], lambda: uuid.uuid4().hex)
+        prepared = []
+        for (ids, params, want_lp, start, top), seqs in zip(checked, names):
+            for j, keys in enumerate(seqs):
+                req = Req(rid=self.rids.new_internal_id(keys[-1]), prompt_ids=list(ids), params=params,
+                          return_logprob=want_lp, logprob_start_len=start, top_logprobs_num=top)
+                if params.sampling_seed is not None:
+                    req.generator = torch.Generator(device=self.runner.device).manual_seed(
+                        (params.sampling_seed + j) % (1 << 63))
+                out = OutputState(rid=keys[-1], params=params, tokenizer=self.tokenizer, return_logprob=want_lp,
+                                  top_logprobs_num=top, return_text_in_logprobs=bool(return_text_in_logprobs))
+                prepared.append(Prepared(req, out, keys))
+        return prepared, single and len(prepared) == 1
+
+    def _prompt_ids(self, prompt, input_ids) -> tuple[bool, list[list[int]]]:
+        """(single prompt?, token ids of each prompt); text longer than max_prompt_chars is refused
+        before it is tokenized."""
         if (prompt is None) == (input_ids is None):
             raise ValueError("give exactly one of text/prompt and input_ids")
-        if prompt is not None:
-            single = isinstance(prompt, str)
-            texts = [prompt] if single else prompt
-            if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-                raise ValueError("text must be a string or a non-empty list of strings")
-            if self.tokenizer is None:
-                raise ValueError("this server runs with skip_tokenizer_init: send input_ids, not text")
-            id_lists = [self.tokenizer.encode(t) for t in texts]
-        else:
+        if prompt is None:
             single = bool(input_ids) and all(isinstance(t, int) for t in input_ids)
             id_lists = [input_ids] if single else input_ids
             if not isinstance(id_lists, list) or not id_lists or not all(
                     isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)
                     for ids in id_lists):
                 raise ValueError("input_ids must be a list of token ids or a non-empty list of such lists")
-        count = len(id_lists)
-        per = lambda value, name: _per_item(value, count, name)  # noqa: E731
-        params_list = per(sampling_params, "sampling_params")
-        lp_list, start_list = per(return_logprob, "return_logprob"), per(logprob_start_len, "logprob_start_len")
-        top_list, rid_list = per(top_logprobs_num, "top_logprobs_num"), per(rid, "rid")
-        prepared = []
-        for i, ids in enumerate(id_lists):
-            params = SamplingParams.from_dict(params_list[i])
-            params.verify(self.model_config.vocab_size)
-            if params.stop and self.tokenizer is None:
-                raise ValueError("stop strings need a tokenizer; this server runs with skip_tokenizer_init")
-            want_lp = bool(lp_list[i])
-            start = self._logprob_start(start_list[i], len(ids), want_lp)
-            top = self._top_logprobs(top_list[i])
-            self.scheduler.validate(ids, params.max_new_tokens)
-            for j in range(params.n):
-                rid_j = rid_list[i] or uuid.uuid4().hex
-                if params.n > 1:
-                    rid_j = f"{rid_j}-{j}"
-                req = Req(rid=rid_j, prompt_ids=list(ids), params=params, return_logprob=want_lp,
-                          logprob_start_len=start, top_logprobs_num=top)
-                if params.sampling_seed is not None:
-                    req.generator = torch.Generator(device=self.runner.device).manual_seed(
-                        (params.sampling_seed + j) % (1 << 63))
-                out = OutputState(rid=rid_j, params=params, tokenizer=self.tokenizer, return_logprob=want_lp,
-                                  top_logprobs_num=top, return_text_in_logprobs=bool(return_text_in_logprobs))
-                prepared.append(_Prepared(req, out))
-        return prepared, single and len(prepared) == 1
+            return single, id_lists
+        single = isinstance(prompt, str)
+        texts = [prompt] if single else prompt
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise ValueError("text must be a string or a non-empty list of strings")
+        if self.tokenizer is None:
+            raise ValueError("this server runs with skip_tokenizer_init: send input_ids, not text")
+        for t in texts:
+            if len(t) > self.max_prompt_chars:
+                raise ValueError(f"the prompt has {len(t)} characters; at most {self.max_prompt_chars} are accepted "
+                                 f"({PROMPT_CHARS_PER_TOKEN} per token of the context length "
+                                 f"{self.runner.context_length}): shorten it or send input_ids")
+        return single, [self.tokenizer.encode(t) for t in texts]
+
+    def _fit_default_max_new_tokens(self, params: SamplingParams, given: dict | None, prompt_len: int) -> None:
+        """Without an explicit max_new_tokens, the default shrinks to the room the context leaves
+        (as in SGLang); an explicit value that does not fit stays an error."""
+        if isinstance(given, dict) and given.get("max_new_tokens") is not None:
+            return
+        room = self.runner.context_length - prompt_len
+        if 0 < room < params.max_new_tokens:
+            params.max_new_tokens = room
 
     def _logprob_start(self, value, prompt_len: int, want: bool) -> int:
         if not want or value is None or value == -1:
@@ -178,21 +212,41 @@ class Engine:
             raise ValueError(f"logprob_start_len={value} is larger than the prompt ({prompt_len} tokens)")
         return value
 
-    def _top_logprobs(self, value) -> int:
+    def _top_logprobs(self, value, positions: int) -> int:
         if value is None:
             return 0
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"top_logprobs_num must be a non-negative integer, got {value!r}")
-        if value > self.model_config.vocab_size:
-            raise ValueError(f"top_logprobs_num={value} exceeds the vocabulary size {self.model_config.vocab_size}")
+        if value > MAX_TOP_LOGPROBS_NUM:
+            raise ValueError(f"top_logprobs_num={value} is above the limit of {MAX_TOP_LOGPROBS_NUM}")
+        if value * positions > MAX_TOP_LOGPROB_ENTRIES:
+            raise ValueError(f"top_logprobs_num={value} over {positions} positions asks for {value * positions} "
+                             f"entries; at most {MAX_TOP_LOGPROB_ENTRIES} are returned per sequence: lower "
+                             "top_logprobs_num or max_new_tokens, or raise logprob_start_len")
         return value
 
-    def _submit(self, prepared: list[_Prepared], callback) -> None:
+    def _submit(self, prepared: list[Prepared], deliver) -> None:
+        """Reserve the client ids (DuplicateRidError if a running request holds one) and hand the
+        sequences to the engine; a sequence's ids are free again once its last update is out."""
+        self.rids.reserve({p.req.rid: p.keys for p in prepared})
+
+        def on_update(u: ReqUpdate) -> None:  # engine thread
+            if u.finish_reason is not None:
+                self.rids.release(u.rid)
+            deliver(u)
+
         for p in prepared:
-            self.loop.submit(p.req, callback)
+            self.loop.submit(p.req, on_update)
+
+    def submit(self, prepared: list[Prepared]) -> Submission:
+        """Hand prepared sequences to the engine from an asyncio loop (raises DuplicateRidError at
+        once, before anything runs). The caller must close() the result when done."""
+        sub = Submission(prepared, self.loop.abort)
+        self._submit(prepared, sub.deliver)
+        return sub
 
     # ---- waiting for results ---------------------------------------------------------------------
-    def _wait_sync(self, prepared: list[_Prepared], updates: queue.Queue) -> None:
+    def _wait_sync(self, prepared: list[Prepared], updates: queue.Queue) -> None:
         by_rid = {p.req.rid: p.out for p in prepared}
         pending = len(by_rid)
         while pending:
@@ -201,7 +255,7 @@ class Engine:
             out.apply(u)
             pending -= out.finished
 
-    def _stream_sync(self, prepared: list[_Prepared], updates: queue.Queue, single: bool) -> Iterator[dict]:
+    def _stream_sync(self, prepared: list[Prepared], updates: queue.Queue, single: bool) -> Iterator[dict]:
         by_rid = {p.req.rid: (i, p.out) for i, p in enumerate(prepared)}
         pending = len(by_rid)
         try:
@@ -216,25 +270,14 @@ class Engine:
                 if not p.out.finished:
                     self.loop.abort(p.req.rid)
 
-    async def stream_updates(self, prepared: list[_Prepared]) -> AsyncIterator[tuple[int, OutputState]]:
-        """Submit and yield (index, output state) after each update; aborts what is unfinished if the
-        consumer stops early (e.g. an HTTP client disconnects)."""
-        loop = asyncio.get_running_loop()
-        updates: asyncio.Queue = asyncio.Queue()
-        self._submit(prepared, lambda u: loop.call_soon_threadsafe(updates.put_nowait, u))
-        by_rid = {p.req.rid: (i, p.out) for i, p in enumerate(prepared)}
-        pending = len(by_rid)
+    async def stream_updates(self, sub: Submission) -> AsyncIterator[tuple[int, OutputState]]:
+        """(index, output state) after each update; aborts what is unfinished if the consumer stops
+        early (e.g. an HTTP client disconnects)."""
         try:
-            while pending:
-                u = await updates.get()
-                index, out = by_rid[u.rid]
-                out.apply(u)
-                pending -= out.finished
-                yield index, out
+            async for item in sub.updates():
+                yield item
         finally:
-            for p in prepared:
-                if not p.out.finished:
-                    self.loop.abort(p.req.rid)
+            sub.close()
 
     async def _stream_async(self, gen, single: bool) -> AsyncIterator[dict]:
         async for index, out in gen:

@@ -37,6 +37,7 @@ class OutputState:
         self.finish_reason: dict | None = None
         self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
         self.first_token_time: float | None = None
+        self.queue_time: float | None = None
         self.detok = (IncrementalDetokenizer(tokenizer, params.skip_special_tokens,
                                              params.spaces_between_special_tokens) if tokenizer else None)
         self._streamed_logprobs = 0
@@ -57,6 +58,7 @@ class OutputState:
         self.finish_reason = u.finish_reason
         self.prompt_tokens, self.completion_tokens, self.cached_tokens = (
             u.prompt_tokens, u.completion_tokens, u.cached_tokens)
+        self.queue_time = u.queue_time
 
     # ---- text ------------------------------------------------------------------------------------
     def final_text(self) -> str:

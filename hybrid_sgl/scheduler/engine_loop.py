@@ -35,6 +35,7 @@ class ReqUpdate:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    queue_time: float | None  # seconds from arrival to first being scheduled; None while waiting
 
 
 class _Sink:
@@ -42,6 +43,7 @@ class _Sink:
         self.callback = callback
         self.sent = 0
         self.input_sent = False
+        self.queue_time: float | None = None
 
 
 class EngineLoop:
@@ -87,6 +89,7 @@ class EngineLoop:
                 self._fail_all("internal error in the engine step; see the server log")
                 continue
             self.step_count += 1
+            self._note_scheduled()
             for req in changed:
                 self._emit(req)
 
@@ -100,7 +103,11 @@ class EngineLoop:
             if kind == "add":
                 self._sinks[a.rid] = _Sink(b)
                 a.arrival_time = time.monotonic()
-                self.scheduler.add(a)
+                try:
+                    self.scheduler.add(a)
+                except ValueError as e:  # Engine.prepare validates first; this only guards the thread
+                    a.finish({"type": "abort", "message": str(e), "status_code": 400, "err_type": "BadRequest"})
+                    self._emit(a)
             elif kind == "abort":
                 req = self.scheduler.abort(a)
                 if req is not None:
@@ -110,6 +117,13 @@ class EngineLoop:
                     b.set_result(a(self.scheduler))
                 except Exception as e:  # returned to the caller
                     b.set_exception(e)
+
+    def _note_scheduled(self) -> None:
+        now = time.monotonic()
+        for req in self.scheduler.running:
+            sink = self._sinks.get(req.rid)
+            if sink is not None and sink.queue_time is None:
+                sink.queue_time = now - req.arrival_time
 
     def _fail_all(self, message: str) -> None:
         self.scheduler.drop_in_flight()
@@ -123,6 +137,8 @@ class EngineLoop:
         if sink is None:
             return
         new = slice(sink.sent, len(req.output_ids))
+        if sink.queue_time is None and req.output_ids:  # admitted and finished within one step
+            sink.queue_time = time.monotonic() - req.arrival_time
         send_input = (not sink.input_sent and req.return_logprob
                       and (not req.wants_input_logprobs() or req.finished))
         update = ReqUpdate(
@@ -135,7 +151,8 @@ class EngineLoop:
             finish_reason=req.finish_reason if req.finished else None,
             prompt_tokens=len(req.prompt_ids),
             completion_tokens=len(req.output_ids),
-            cached_tokens=0,
+            cached_tokens=req.cached_tokens,
+            queue_time=sink.queue_time,
         )
         self.generated_tokens += len(update.new_ids)
         sink.sent = len(req.output_ids)

@@ -2,11 +2,14 @@
 
 Every bad input ends here as a 4xx naming the cause: ApiError raised by the routes,
 ValueError from the engine's validation, pydantic errors from the request models, malformed
-JSON, unknown routes and methods. Anything else is a bug and becomes a 500 with the same shape.
+JSON (also nested too deep, or text with lone UTF-16 surrogates), unknown routes and methods,
+a rid already in use (409). Anything else is a bug and becomes a 500 with the same shape and
+`Connection: close`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -18,12 +21,18 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
+from hybrid_sgl.request_ids import DuplicateRidError
+
 logger = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
-          422: "invalid_request_error", 500: "internal_server_error", 503: "service_unavailable"}
+          404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error", 413: "invalid_request_error",
+          415: "invalid_request_error", 422: "invalid_request_error", 500: "internal_server_error",
+          503: "service_unavailable"}
+MAX_JSON_DEPTH = 64
+LARGE_BODY_BYTES = 64 << 10  # bodies above this are parsed on a worker thread
+CLOSE = {"Connection": "close"}  # after a 5xx the connection is not reused
 
 
 class ApiError(Exception):
@@ -77,21 +86,57 @@ def _int64(text: str) -> int:
 
 
 async def parse_body(request: Request, model: type[M]) -> M:
-    """The request's JSON body validated against `model`, or ApiError(400) naming the cause."""
+    """The request's JSON body validated against `model`, or ApiError(400) naming the cause.
+    Large bodies are parsed on a worker thread so that the event loop keeps serving."""
     raw = await request.body()
+    if len(raw) > LARGE_BODY_BYTES:
+        return await asyncio.to_thread(_parse, raw, model)
+    return _parse(raw, model)
+
+
+def _parse(raw: bytes, model: type[M]) -> M:
     if not raw.strip():
         raise ApiError("the request body is empty; send a JSON object")
     try:
         data = json.loads(raw, parse_constant=_reject_constant, parse_int=_int64)
+    except RecursionError:
+        raise ApiError(f"the JSON body is nested more than {MAX_JSON_DEPTH} levels deep") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(f"malformed JSON in the request body: {e}") from None
     if not isinstance(data, dict):
         raise ApiError(f"the request body must be a JSON object, got {type(data).__name__}")
+    _check_json(data, (), 0)
     try:
         return model.model_validate(data)
     except ValidationError as e:
         message, param = describe_validation(e.errors())
         raise ApiError(message, param=param) from None
+
+
+def _check_json(value, path: tuple, depth: int) -> None:
+    """Refuse nesting deeper than MAX_JSON_DEPTH and strings that are not valid Unicode (a lone
+    UTF-16 surrogate such as "\\ud800" parses in JSON but cannot be tokenized or encoded)."""
+    if depth > MAX_JSON_DEPTH:
+        raise ApiError(f"the JSON body is nested more than {MAX_JSON_DEPTH} levels deep", param=_dotted(path))
+    if isinstance(value, str):
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ApiError(f"'{_dotted(path)}' contains a lone UTF-16 surrogate at character {e.start}; "
+                               "send valid Unicode text", param=_dotted(path)) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_json(key, path + (key,), depth + 1)
+            _check_json(item, path + (key,), depth + 1)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            if isinstance(item, (str, dict, list)):
+                _check_json(item, path + (i,), depth + 1)
+
+
+def _dotted(path: tuple) -> str:
+    return ".".join(str(p) for p in path) or "body"
 
 
 _TYPE_LABELS = {"str", "int", "float", "bool", "dict", "list", "none"}
@@ -114,7 +159,7 @@ def describe_validation(errors: list[dict]) -> tuple[str, str | None]:
         elif len(errs) == 1:
             parts.append(f"'{_path(errs[0]['loc'])}': {_message(errs[0])}")
         else:
-            wants = " or ".join(dict.fromkeys(_message(e).removeprefix("Input should be ") for e in errs))
+            wants = " or ".join(dict.fromkeys(_message(e).removeprefix("must be ") for e in errs))
             parts.append(f"'{field}': expected {wants}; got {_short(_top_input(errs))}")
     return "; ".join(parts), next(iter(by_field))
 
@@ -123,7 +168,9 @@ def _message(e: dict) -> str:
     msg = e["msg"]
     if e["type"] in ("value_error", "assertion_error"):
         msg = msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
-    return msg
+    if e["type"] == "missing":
+        return "is required"
+    return msg.replace("Input should be", "must be")
 
 
 def _top_input(errs: list[dict]):
@@ -140,7 +187,16 @@ def _short(value) -> str:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, e: ApiError):
-        return error_response(e.message, e.status, e.param, e.code)
+        return error_response(e.message, e.status, e.param, e.code, headers=CLOSE if e.status >= 500 else None)
+
+    @app.exception_handler(DuplicateRidError)
+    async def _duplicate_rid(_: Request, e: DuplicateRidError):
+        return error_response(str(e), 409, param="rid", code="duplicate_rid")
+
+    @app.exception_handler(ValidationError)
+    async def _pydantic(_: Request, e: ValidationError):  # a model built inside a route
+        message, param = describe_validation(e.errors())
+        return error_response(message, 400, param)
 
     @app.exception_handler(ValueError)
     async def _value_error(_: Request, e: ValueError):  # the engine's input validation
@@ -163,4 +219,4 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _internal(request: Request, e: Exception):
         logger.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(f"internal server error: {type(e).__name__}: {e}", 500)
+        return error_response(f"internal server error: {type(e).__name__}: {e}", 500, headers=CLOSE)

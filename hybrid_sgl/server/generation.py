@@ -1,9 +1,10 @@
-"""Running prepared requests for one HTTP request: outputs as they arrive, abort on disconnect.
+"""Running one HTTP request's sequences: outputs as they arrive, abort on disconnect.
 
-`stream_outputs` yields (index, OutputState) after every engine update. A watcher task waits
-for the client's disconnect and then aborts the unfinished requests, which frees their state
-slots and KV pages; closing the stream early (a streaming response cancelled by Starlette)
-aborts them too.
+The route prepares (off the event loop) and submits at once (`submit`), so that a rid already in
+use is a 409 before any response starts. `stream_outputs` then yields (index, OutputState) after
+every engine update. A watcher task waits for the client's disconnect and closes the submission,
+which aborts the unfinished sequences and frees their state slots and KV pages; closing the
+stream early (a streaming response cancelled by Starlette) does the same.
 """
 
 from __future__ import annotations
@@ -11,17 +12,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
 
 from hybrid_sgl.engine import Engine
 from hybrid_sgl.outputs import OutputState
 from hybrid_sgl.server.errors import ApiError, dumps, error_body
 from hybrid_sgl.server.metrics import Metrics
+from hybrid_sgl.submission import Submission
 
-LARGE_BODY_BYTES = 64 << 10
-MAX_SEQUENCES = 4096  # generated sequences (prompts x n) in one HTTP request
+MAX_SEQUENCES = 1024  # generated sequences (prompts x n) in one HTTP request
 
 
 @dataclass
@@ -30,6 +33,9 @@ class ServerContext:
     metrics: Metrics
     served_model_name: str
     context_length: int
+    # Tokenizing and detokenizing run here, one at a time, never on the event loop.
+    text_worker: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="text"))
 
     def tokenizer(self, route: str):
         """The engine's tokenizer, or a 400 naming the route when the server runs without one."""
@@ -38,6 +44,20 @@ class ServerContext:
             raise ApiError(f"{route} needs a tokenizer, and this server was started with --skip-tokenizer-init; "
                            "send token ids to /generate (input_ids) instead")
         return tok
+
+    def check_chars(self, texts: list[str], param: str) -> None:
+        """Refuse text too long to fit the context before anything tokenizes it."""
+        limit = self.engine.max_prompt_chars
+        total = sum(len(t) for t in texts)
+        if total > limit:
+            per_token = limit // self.context_length
+            raise ApiError(f"{param} has {total} characters; at most {limit} are accepted ({per_token} per token "
+                           f"of the context length {self.context_length}): shorten it", param=param)
+
+    async def off_loop(self, fn, *args, **kwargs):
+        """fn(*args, **kwargs) on the text worker (tokenizing a huge prompt or detokenizing a long
+        answer must not stall /health and the other streams)."""
+        return await asyncio.get_running_loop().run_in_executor(self.text_worker, lambda: fn(*args, **kwargs))
 
 
 class ClientDisconnected(Exception):
@@ -54,50 +74,42 @@ def check_fanout(count: int) -> None:
                        "allowed in one request: split it")
 
 
-async def off_loop(request: Request, fn, *args, **kwargs):
-    """fn(*args, **kwargs), on a worker thread when the request body is large (tokenizing a huge
-    prompt must not stall the other streams on the event loop)."""
-    if len(await request.body()) > LARGE_BODY_BYTES:
-        return await asyncio.to_thread(fn, *args, **kwargs)
-    return fn(*args, **kwargs)
-
-
-async def _abort_on_disconnect(request: Request, ctx: ServerContext, prepared) -> None:
+async def _close_on_disconnect(request: Request, sub: Submission) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
-    for p in prepared:
-        if not p.out.finished:
-            ctx.engine.abort(p.req.rid)
+    sub.close()
 
 
-async def stream_outputs(ctx: ServerContext, request: Request, prepared,
+async def stream_outputs(ctx: ServerContext, request: Request, sub: Submission,
                          track: bool = True) -> AsyncIterator[tuple[int, OutputState]]:
-    """Submit `prepared` and yield (index, output) after each update. If the client goes away, the
-    unfinished requests are aborted (their last update says so) and ClientDisconnected is raised
-    at the end. track=False keeps the request out of the metrics (health checks)."""
-    updates = ctx.engine.stream_updates(prepared)
-    tracker = ctx.metrics.tracker(len(prepared)) if track else None
-    watcher = asyncio.ensure_future(_abort_on_disconnect(request, ctx, prepared))
+    """Yield (index, output) after each update. If the client goes away, the unfinished sequences
+    are aborted and ClientDisconnected is raised at the end. track=False keeps the request out of
+    the metrics (health checks)."""
+    tracker = ctx.metrics.tracker(len(sub.prepared)) if track else None
+    watcher = asyncio.ensure_future(_close_on_disconnect(request, sub))
     try:
-        async for index, out in updates:
+        async for index, out in sub.updates():
             if tracker is not None:
                 tracker.update(index, out)
             yield index, out
     finally:
         watcher.cancel()
-        await updates.aclose()  # aborts whatever has not finished
+        sub.close()
         if tracker is not None:
             tracker.close()
     if watcher.done() and not watcher.cancelled():
         raise ClientDisconnected()
 
 
-async def run_to_end(ctx: ServerContext, request: Request, prepared, track: bool = True) -> list[OutputState]:
+async def run_to_end(ctx: ServerContext, request: Request, sub: Submission, track: bool = True) -> list[OutputState]:
     """Run until every output finished; ClientDisconnected if the client left first."""
-    async with contextlib.aclosing(stream_outputs(ctx, request, prepared, track)) as outputs:
-        async for _ in outputs:
-            pass
-    results = [p.out for p in prepared]
+    try:
+        async with contextlib.aclosing(stream_outputs(ctx, request, sub, track)) as outputs:
+            async for _ in outputs:
+                pass
+    finally:
+        sub.close()
+    results = sub.outputs
     raise_if_failed(results)
     return results
 
@@ -115,6 +127,27 @@ def engine_error(out: OutputState) -> tuple[int, str] | None:
     if reason.get("type") == "abort" and isinstance(reason.get("status_code"), int):
         return reason["status_code"], reason.get("message") or "the request was aborted"
     return None
+
+
+class _ClosingStream(StreamingResponse):
+    """A streaming response that closes its events and its submission however it ends (the client
+    may leave before the first byte, when Starlette never starts the events)."""
+
+    def __init__(self, events, sub: Submission):
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.events, self.sub = events, sub
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.sub.close()
+            await self.events.aclose()
+
+
+def streaming_response(events, sub: Submission) -> Response:
+    return _ClosingStream(events, sub)
 
 
 SSE_DONE = "data: [DONE]\n\n"

@@ -1,44 +1,25 @@
-"""Serving metrics in Prometheus' text format (GET /metrics), under SGLang's metric names.
+"""Serving metrics for GET /metrics on prometheus-client, under SGLang's metric names (`sglang:`).
 
-Counters and histograms are updated on the HTTP event loop as outputs arrive; gauges
-(running / waiting requests, pool usage) are read on the engine thread at scrape time.
+Counters and histograms are updated on the HTTP event loop as outputs arrive (RequestTracker);
+gauges (running / waiting requests, pool usage, retractions) are read on the engine thread at
+scrape time (`engine_stats`). Each app has its own registry, labelled with the served model name.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
-from dataclasses import dataclass, field
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from hybrid_sgl.outputs import OutputState
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+QUEUE_BUCKETS = (0.0, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
 THROUGHPUT_WINDOW_S = 10.0
-
-
-@dataclass
-class Histogram:
-    buckets: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
-    count: int = 0
-
-    def __post_init__(self):
-        self.counts = [0] * len(self.buckets)
-
-    def observe(self, value: float) -> None:
-        self.total += value
-        self.count += 1
-        for i, bound in enumerate(self.buckets):
-            if value <= bound:
-                self.counts[i] += 1
-
-    def lines(self, name: str, labels: str) -> list[str]:
-        out = [f'{name}_bucket{{{labels},le="{b:g}"}} {c}' for b, c in zip(self.buckets, self.counts)]
-        out += [f'{name}_bucket{{{labels},le="+Inf"}} {self.count}',
-                f"{name}_sum{{{labels}}} {self.total:.6f}", f"{name}_count{{{labels}}} {self.count}"]
-        return out
 
 
 def engine_stats(scheduler) -> dict:
@@ -50,26 +31,75 @@ def engine_stats(scheduler) -> dict:
             "num_preemptions": scheduler.num_preemptions}
 
 
+def public_model_name(served_model_name: str, model_path: str) -> str:
+    """The name the metrics carry: the served name, or the model folder's name (never the full
+    filesystem path) when the served name defaulted to the path."""
+    if served_model_name == model_path:
+        return os.path.basename(os.path.normpath(model_path)) or served_model_name
+    return served_model_name
+
+
 class Metrics:
-    def __init__(self, model_name: str):
-        self.labels = f'model_name="{_escape(model_name)}"'
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, model_name: str, max_total_num_tokens: int = 0, context_len: int = 0):
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.model_name = model_name
         self.start_time = time.time()
-        self.num_requests = 0
-        self.num_aborted = 0
-        self.prompt_tokens = 0
-        self.generation_tokens = 0
-        self.ttft = Histogram(TTFT_BUCKETS)
-        self.e2e = Histogram(E2E_BUCKETS)
         self._recent: deque[tuple[float, int]] = deque()  # (time, new tokens)
+        self._retracted_seen = 0
+        self._prompt_tokens = self._cached_tokens = 0
+
+        def g(name: str, doc: str):
+            return Gauge(f"sglang:{name}", doc, ["model_name"], registry=self.registry).labels(model_name)
+
+        def c(name: str, doc: str):
+            return Counter(f"sglang:{name}", doc, ["model_name"], registry=self.registry).labels(model_name)
+
+        def h(name: str, doc: str, buckets: tuple[float, ...]):
+            return Histogram(f"sglang:{name}", doc, ["model_name"], registry=self.registry,
+                             buckets=buckets).labels(model_name)
+
+        self.num_running_reqs = g("num_running_reqs", "Requests running (holding a state slot).")
+        self.num_queue_reqs = g("num_queue_reqs", "Requests waiting to be scheduled.")
+        self.num_used_tokens = g("num_used_tokens", "KV-cache tokens in use (pages x page size).")
+        self.token_usage = g("token_usage", "Share of KV-cache pages in use.")
+        self.mamba_usage = g("mamba_usage", "Share of recurrent-state (Mamba / GDN) slots in use.")
+        self.gen_throughput = g("gen_throughput", f"Generated tokens per second over the last "
+                                                  f"{THROUGHPUT_WINDOW_S:g} s.")
+        self.cache_hit_rate = g("cache_hit_rate", "Prompt tokens served from the prefix cache over all prompt "
+                                                  "tokens of finished requests.")
+        self.num_retracted_reqs = g("num_retracted_reqs", "Requests retracted (preempted to free KV pages) so far.")
+        self.max_total_num_tokens = g("max_total_num_tokens", "KV-cache capacity in tokens.")
+        self.context_len = g("context_len", "Context length (prompt + output tokens) of the served model.")
+        self.max_total_num_tokens.set(max_total_num_tokens)
+        self.context_len.set(context_len)
+        self.num_requests = c("num_requests", "Requests finished (incl. aborted).")
+        self.num_aborted = c("num_aborted_requests", "Requests aborted (client gone or error).")
+        self.prompt_tokens = c("prompt_tokens", "Prompt tokens of finished requests.")
+        self.generation_tokens = c("generation_tokens", "Generated tokens.")
+        self.cached_tokens = c("cached_tokens", "Prompt tokens served from the prefix cache.")
+        self.num_retracted = c("num_retracted_requests", "Requests retracted (preempted to free KV pages).")
+        self.ttft = h("time_to_first_token_seconds", "Time to first token in seconds.", buckets=TTFT_BUCKETS)
+        self.itl = h("inter_token_latency_seconds", "Time between generated tokens in seconds.", buckets=ITL_BUCKETS)
+        self.e2e = h("e2e_request_latency_seconds", "End-to-end request latency in seconds.", buckets=E2E_BUCKETS)
+        self.queue_time = h("queue_time_seconds", "Time from arrival to first being scheduled, in seconds.",
+                            buckets=QUEUE_BUCKETS)
 
     def tracker(self, count: int) -> RequestTracker:
         return RequestTracker(self, count)
 
     def add_tokens(self, n: int) -> None:
         now = time.monotonic()
-        self.generation_tokens += n
+        self.generation_tokens.inc(n)
         self._recent.append((now, n))
         self._trim(now)
+
+    def add_finished(self, prompt_tokens: int, cached_tokens: int) -> None:
+        self.prompt_tokens.inc(prompt_tokens)
+        self.cached_tokens.inc(cached_tokens)
+        self._prompt_tokens += prompt_tokens
+        self._cached_tokens += cached_tokens
 
     def throughput(self) -> float:
         """Generated tokens per second over the last THROUGHPUT_WINDOW_S seconds."""
@@ -81,35 +111,19 @@ class Metrics:
         while self._recent and self._recent[0][0] < now - THROUGHPUT_WINDOW_S:
             self._recent.popleft()
 
-    def render(self, stats: dict) -> str:
+    def render(self, stats: dict) -> bytes:
         used_pages = stats["num_pages"] - stats["num_free_pages"]
-        gauges = [
-            ("num_running_reqs", "Requests running (holding a state slot).", stats["num_running_reqs"]),
-            ("num_queue_reqs", "Requests waiting to be scheduled.", stats["num_waiting_reqs"]),
-            ("num_used_tokens", "KV-cache tokens in use (pages x page size).", used_pages * stats["page_size"]),
-            ("token_usage", "Share of KV-cache pages in use.", used_pages / max(stats["num_pages"], 1)),
-            ("state_slot_usage", "Share of recurrent-state slots in use.",
-             1 - stats["num_free_slots"] / max(stats["num_slots"], 1)),
-            ("gen_throughput", f"Generated tokens per second over the last {THROUGHPUT_WINDOW_S:g} s.",
-             self.throughput()),
-        ]
-        counters = [
-            ("num_requests_total", "Requests finished (incl. aborted).", self.num_requests),
-            ("num_aborted_requests_total", "Requests aborted (client gone or error).", self.num_aborted),
-            ("prompt_tokens_total", "Prompt tokens of finished requests.", self.prompt_tokens),
-            ("generation_tokens_total", "Generated tokens.", self.generation_tokens),
-            ("num_preemptions_total", "Requests preempted to free KV pages.", stats["num_preemptions"]),
-        ]
-        lines = []
-        for name, help_text, value in gauges:
-            lines += _header(name, help_text, "gauge") + [f"sglang:{name}{{{self.labels}}} {_num(value)}"]
-        for name, help_text, value in counters:
-            lines += _header(name, help_text, "counter") + [f"sglang:{name}{{{self.labels}}} {_num(value)}"]
-        lines += _header("time_to_first_token_seconds", "Time to first token.", "histogram")
-        lines += self.ttft.lines("sglang:time_to_first_token_seconds", self.labels)
-        lines += _header("e2e_request_latency_seconds", "End-to-end request latency.", "histogram")
-        lines += self.e2e.lines("sglang:e2e_request_latency_seconds", self.labels)
-        return "\n".join(lines) + "\n"
+        self.num_running_reqs.set(stats["num_running_reqs"])
+        self.num_queue_reqs.set(stats["num_waiting_reqs"])
+        self.num_used_tokens.set(used_pages * stats["page_size"])
+        self.token_usage.set(used_pages / max(stats["num_pages"], 1))
+        self.mamba_usage.set(1 - stats["num_free_slots"] / max(stats["num_slots"], 1))
+        self.gen_throughput.set(self.throughput())
+        self.cache_hit_rate.set(self._cached_tokens / max(self._prompt_tokens, 1))
+        self.num_retracted_reqs.set(stats["num_preemptions"])
+        self.num_retracted.inc(max(stats["num_preemptions"] - self._retracted_seen, 0))
+        self._retracted_seen = max(stats["num_preemptions"], self._retracted_seen)
+        return generate_latest(self.registry)
 
 
 class RequestTracker:
@@ -118,41 +132,38 @@ class RequestTracker:
     def __init__(self, metrics: Metrics, count: int):
         self.metrics = metrics
         self.seen_tokens = [0] * count
-        self.first_seen = [False] * count
+        self.last_token_time: list[float | None] = [None] * count
+        self.queued = [False] * count
         self.done = [False] * count
 
     def update(self, index: int, out: OutputState) -> None:
-        m = self.metrics
+        m, now = self.metrics, time.monotonic()
+        if not self.queued[index] and out.queue_time is not None:
+            self.queued[index] = True
+            m.queue_time.observe(out.queue_time)
         new = out.completion_tokens - self.seen_tokens[index]
         if new > 0:
             m.add_tokens(new)
             self.seen_tokens[index] = out.completion_tokens
-        if not self.first_seen[index] and out.first_token_time is not None:
-            self.first_seen[index] = True
-            m.ttft.observe(out.first_token_time - out.start)
+            last = self.last_token_time[index]
+            if last is None:
+                if out.first_token_time is not None:
+                    m.ttft.observe(out.first_token_time - out.start)
+            else:
+                m.itl.observe((now - last) / new)
+            self.last_token_time[index] = now
         if out.finished and not self.done[index]:
             self.done[index] = True
-            m.num_requests += 1
-            m.num_aborted += out.finish_reason.get("type") == "abort"
-            m.prompt_tokens += out.prompt_tokens
-            m.e2e.observe(time.monotonic() - out.start)
+            m.num_requests.inc()
+            if out.finish_reason.get("type") == "abort":
+                m.num_aborted.inc()
+            m.add_finished(out.prompt_tokens, out.cached_tokens)
+            m.e2e.observe(now - out.start)
 
     def close(self) -> None:
         """The HTTP request ended: what did not finish was aborted (client gone)."""
         for i, done in enumerate(self.done):
             if not done:
                 self.done[i] = True
-                self.metrics.num_requests += 1
-                self.metrics.num_aborted += 1
-
-
-def _header(name: str, help_text: str, kind: str) -> list[str]:
-    return [f"# HELP sglang:{name} {help_text}", f"# TYPE sglang:{name} {kind}"]
-
-
-def _num(value) -> str:
-    return f"{value:.6g}" if isinstance(value, float) else str(value)
-
-
-def _escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+                self.metrics.num_requests.inc()
+                self.metrics.num_aborted.inc()

@@ -7,10 +7,9 @@ import asyncio
 import contextlib
 
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse, Response, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import PlainTextResponse, Response
 
-from hybrid_sgl.server.errors import ApiError, json_response, parse_body
+from hybrid_sgl.server.errors import ApiError, dumps, json_response, parse_body
 from hybrid_sgl.server.generation import (
     SSE_DONE,
     ClientDisconnected,
@@ -18,14 +17,16 @@ from hybrid_sgl.server.generation import (
     check_fanout,
     engine_error,
     get_context,
-    off_loop,
     run_to_end,
     sse,
     sse_error,
     stream_outputs,
+    streaming_response,
 )
 from hybrid_sgl.server.metrics import engine_stats
+from hybrid_sgl.server.openapi import body_schema
 from hybrid_sgl.server.protocol import AbortRequest, GenerateRequest, unsupported_fields
+from hybrid_sgl.submission import Submission
 from hybrid_sgl.version import __version__
 
 router = APIRouter()
@@ -38,7 +39,7 @@ async def on_engine(ctx: ServerContext, fn):
     return await asyncio.wrap_future(ctx.engine.loop.call(fn))
 
 
-@router.api_route("/generate", methods=["POST", "PUT"])
+@router.api_route("/generate", methods=["POST", "PUT"], openapi_extra=body_schema(GenerateRequest))
 async def generate(request: Request):
     ctx = get_context(request)
     body = await parse_body(request, GenerateRequest)
@@ -46,21 +47,30 @@ async def generate(request: Request):
     if bad:
         raise ApiError(f"{bad[0]} is not supported yet", param=bad[0])
     check_fanout(_num_sequences(body))
-    prepared, single = await off_loop(request, ctx.engine.prepare, body.text, body.sampling_params, body.input_ids,
-                                      body.return_logprob, body.logprob_start_len, body.top_logprobs_num,
-                                      body.return_text_in_logprobs, body.rid)
+    prepared, single = await ctx.off_loop(ctx.engine.prepare, body.text, body.sampling_params, body.input_ids,
+                                          body.return_logprob, body.logprob_start_len, body.top_logprobs_num,
+                                          body.return_text_in_logprobs, body.rid)
+    sub = ctx.engine.submit(prepared)
     if body.stream:
-        return streaming_response(_generate_events(ctx, request, prepared, single, body.log_metrics))
+        return streaming_response(_generate_events(ctx, request, sub, single, body.log_metrics), sub)
     try:
-        outputs = await run_to_end(ctx, request, prepared, body.log_metrics)
+        outputs = await run_to_end(ctx, request, sub, body.log_metrics)
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
-    results = [out.to_dict() for out in outputs]
-    return json_response(results[0] if single else results)
+    return await json_off_loop(ctx, lambda: [out.to_dict() for out in outputs], single)
 
 
-async def _generate_events(ctx: ServerContext, request: Request, prepared, single: bool, track: bool):
-    async with contextlib.aclosing(stream_outputs(ctx, request, prepared, track)) as outputs:
+async def json_off_loop(ctx: ServerContext, build, single: bool = False) -> Response:
+    """A JSON response built and serialized on the text worker (detokenizing, logprob lists)."""
+    def text() -> str:
+        results = build()
+        return dumps(results[0] if single else results)
+
+    return Response(await ctx.off_loop(text), media_type="application/json")
+
+
+async def _generate_events(ctx: ServerContext, request: Request, sub: Submission, single: bool, track: bool):
+    async with contextlib.aclosing(stream_outputs(ctx, request, sub, track)) as outputs:
         try:
             async for index, out in outputs:
                 error = engine_error(out)
@@ -76,18 +86,12 @@ async def _generate_events(ctx: ServerContext, request: Request, prepared, singl
     yield SSE_DONE
 
 
-def streaming_response(events) -> StreamingResponse:
-    """SSE response; closing `events` afterwards aborts what is still running if the client left."""
-    return StreamingResponse(events, media_type="text/event-stream", background=BackgroundTask(events.aclose),
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
 def _num_sequences(body: GenerateRequest) -> int:
     """Prompts x n, counted before anything is tokenized (malformed values are left to the engine)."""
     single = isinstance(body.text, str) or bool(body.input_ids and isinstance(body.input_ids[0], int))
     prompts = 1 if single else len(body.text or body.input_ids or [])
     params = body.sampling_params if isinstance(body.sampling_params, list) else [body.sampling_params or {}] * prompts
-    ns = [p.get("n") for p in params]
+    ns = [p.get("n") for p in params if isinstance(p, dict)]
     return sum(n if isinstance(n, int) and n > 1 else 1 for n in ns)
 
 
@@ -102,8 +106,9 @@ async def health_generate(request: Request):
     ctx = get_context(request)
     prepared, _ = ctx.engine.prepare(None, {"max_new_tokens": 1, "temperature": 0}, [0], False, None, None,
                                      False, None)
+    sub = ctx.engine.submit(prepared)
     try:
-        await asyncio.wait_for(run_to_end(ctx, request, prepared, track=False), HEALTH_TIMEOUT_S)
+        await asyncio.wait_for(run_to_end(ctx, request, sub, track=False), HEALTH_TIMEOUT_S)
     except (TimeoutError, ApiError):
         return Response(status_code=503)
     except ClientDisconnected:
@@ -145,13 +150,19 @@ async def server_info(request: Request):
 
 
 @router.api_route("/flush_cache", methods=["GET", "POST"])
-async def flush_cache():
-    # There is no prefix cache yet, so there is never anything to flush.
-    return PlainTextResponse("Cache flushed.\n")
+async def flush_cache(request: Request):
+    """Empty the prefix cache when no request runs or waits (else 400 and the cache stays), as SGLang."""
+    ctx = get_context(request)
+    if await on_engine(ctx, lambda scheduler: scheduler.flush_cache()):
+        return PlainTextResponse("Cache flushed.\n")
+    return PlainTextResponse("Cache not flushed: requests are running or waiting; retry when the server is "
+                             "idle.\n", status_code=400)
 
 
-@router.post("/abort_request")
+@router.post("/abort_request", openapi_extra=body_schema(AbortRequest))
 async def abort_request(request: Request):
+    """Aborts every running sequence that answers to `rid`: the request, its samples (`rid-j`) and
+    batch items (`rid-i`). 200 even when nothing runs under that id, as in SGLang."""
     ctx = get_context(request)
     body = await parse_body(request, AbortRequest)
     ctx.engine.abort(body.rid)
@@ -166,7 +177,7 @@ async def allocator_state(request: Request):
     def check(scheduler):
         stats = engine_stats(scheduler)
         try:
-            scheduler.allocator.check_integrity()
+            scheduler.check_integrity()
             stats["integrity"] = "ok"
         except AssertionError as e:
             stats["integrity"] = f"violated: {e}"
@@ -179,4 +190,4 @@ async def allocator_state(request: Request):
 async def metrics(request: Request):
     ctx = get_context(request)
     stats = await on_engine(ctx, engine_stats)
-    return PlainTextResponse(ctx.metrics.render(stats), media_type="text/plain; version=0.0.4")
+    return Response(ctx.metrics.render(stats), media_type=ctx.metrics.content_type)

@@ -7,20 +7,20 @@ import contextlib
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from hybrid_sgl.server.errors import ApiError, json_response, parse_body
+from hybrid_sgl.server.errors import ApiError, parse_body
 from hybrid_sgl.server.generation import (
     SSE_DONE,
     ClientDisconnected,
     ServerContext,
     engine_error,
     get_context,
-    off_loop,
     run_to_end,
     sse,
     sse_error,
     stream_outputs,
+    streaming_response,
 )
-from hybrid_sgl.server.native import CLIENT_CLOSED, streaming_response
+from hybrid_sgl.server.native import CLIENT_CLOSED, json_off_loop
 from hybrid_sgl.server.openai_common import (
     TokenText,
     chat_logprobs,
@@ -33,7 +33,9 @@ from hybrid_sgl.server.openai_common import (
     stream_usage_chunk,
     usage,
 )
+from hybrid_sgl.server.openapi import body_schema
 from hybrid_sgl.server.protocol import ChatCompletionRequest, ChatMessage
+from hybrid_sgl.submission import Submission
 
 router = APIRouter()
 
@@ -64,6 +66,7 @@ def render_chat(ctx: ServerContext, req: ChatCompletionRequest) -> list[int]:
     if not tok.chat_template:
         raise ApiError("this model's tokenizer has no chat template; use /v1/completions with a prompt")
     messages = [_message_dict(i, m) for i, m in enumerate(req.messages)]
+    ctx.check_chars([m["content"] for m in messages], "messages")
     kwargs = dict(req.chat_template_kwargs or {})
     for reserved in ("conversation", "messages", "tokenize", "add_generation_prompt", "continue_final_message"):
         if reserved in kwargs:
@@ -78,7 +81,7 @@ def render_chat(ctx: ServerContext, req: ChatCompletionRequest) -> list[int]:
     return tok.encode(text, add_special_tokens=False)
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
 async def chat_completions(request: Request):
     ctx = get_context(request)
     req = await parse_body(request, ChatCompletionRequest)
@@ -93,39 +96,46 @@ async def chat_completions(request: Request):
     field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     if max_tokens is not None and max_tokens < 1:
         raise ApiError(f"{field} must be at least 1, got {max_tokens}", param=field)
-    ids = await off_loop(request, render_chat, ctx, req)
+    ids = await ctx.off_loop(render_chat, ctx, req)
     n = req.n or 1
     params = sampling_params(req, max_new_tokens_for(ctx, len(ids), max_tokens))
     rid = req.rid or new_id("chatcmpl")
     want_lp = bool(req.logprobs)
-    prepared, _ = ctx.engine.prepare(None, params, ids, want_lp, None, req.top_logprobs or 0, True, rid)
+    prepared, _ = await ctx.off_loop(ctx.engine.prepare, None, params, ids, want_lp, None, req.top_logprobs or 0,
+                                     True, rid)
+    sub = ctx.engine.submit(prepared)
     base = {"id": rid, "object": "chat.completion", "created": now(), "model": req.model or ctx.served_model_name}
     tt: TokenText = request.app.state.token_text
     if req.stream:
-        return streaming_response(_stream(ctx, request, prepared, req, {**base, "object": "chat.completion.chunk"}, tt))
+        return streaming_response(_stream(ctx, request, sub, req, {**base, "object": "chat.completion.chunk"}, tt),
+                                  sub)
     try:
-        outputs = await run_to_end(ctx, request, prepared)
+        outputs = await run_to_end(ctx, request, sub)
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
-    choices = []
-    for i, out in enumerate(outputs):
-        logprobs = None
-        if want_lp:
-            logprobs = {"content": chat_logprobs(tt, out.output_logprobs, out.output_top_logprobs)}
-        choices.append({"index": i, "message": {"role": "assistant", "content": out.final_text()},
-                        "logprobs": logprobs, **finish_fields(out)})
-    return json_response({**base, "choices": choices, "usage": usage(outputs, n)})
+
+    def body() -> dict:
+        choices = []
+        for i, out in enumerate(outputs):
+            logprobs = None
+            if want_lp:
+                logprobs = {"content": chat_logprobs(tt, out.output_logprobs, out.output_top_logprobs)}
+            choices.append({"index": i, "message": {"role": "assistant", "content": out.final_text()},
+                            "logprobs": logprobs, **finish_fields(out)})
+        return {**base, "choices": choices, "usage": usage(outputs, n)}
+
+    return await json_off_loop(ctx, lambda: [body()], single=True)
 
 
-async def _stream(ctx: ServerContext, request: Request, prepared, req: ChatCompletionRequest, base: dict,
+async def _stream(ctx: ServerContext, request: Request, sub: Submission, req: ChatCompletionRequest, base: dict,
                   tt: TokenText):
     n = req.n or 1
-    count = len(prepared)
+    count = len(sub.prepared)
     sent_text = [0] * count
     sent_lp = [0] * count
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
-    outputs = [p.out for p in prepared]
+    outputs = sub.outputs
 
     def chunk(i: int, delta: dict, logprobs, finish: dict, out) -> str:
         body = {**base, "choices": [{"index": i, "delta": delta, "logprobs": logprobs, **finish}]}
@@ -135,7 +145,7 @@ async def _stream(ctx: ServerContext, request: Request, prepared, req: ChatCompl
 
     for i, out in enumerate(outputs):  # the first chunk of each choice carries the role
         yield chunk(i, {"role": "assistant", "content": ""}, None, {"finish_reason": None}, out)
-    async with contextlib.aclosing(stream_outputs(ctx, request, prepared)) as updates:
+    async with contextlib.aclosing(stream_outputs(ctx, request, sub)) as updates:
         try:
             async for i, out in updates:
                 error = engine_error(out)

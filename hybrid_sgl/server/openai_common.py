@@ -68,10 +68,6 @@ def max_new_tokens_for(ctx: ServerContext, prompt_len: int, max_tokens: int | No
     return max_tokens
 
 
-def request_ids(rid: str, count: int) -> str | list[str]:
-    return rid if count == 1 else [f"{rid}-{i}" for i in range(count)]
-
-
 def usage(outputs: list[OutputState], n: int) -> dict:
     prompt = sum(out.prompt_tokens for out in outputs[::n])
     completion = sum(out.completion_tokens for out in outputs)
@@ -180,7 +176,7 @@ async def list_models(request: Request):
 @router.get("/v1/models/{model:path}")
 async def retrieve_model(model: str, request: Request):
     ctx = get_context(request)
-    if model != ctx.served_model_name:
+    if model not in (ctx.served_model_name, "default"):
         raise ApiError(f"the model {model!r} does not exist; this server serves {ctx.served_model_name!r}",
                        status=404, param="model", code="model_not_found")
     return json_response(_card(ctx))

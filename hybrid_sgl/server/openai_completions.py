@@ -7,7 +7,7 @@ import contextlib
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from hybrid_sgl.server.errors import ApiError, json_response, parse_body
+from hybrid_sgl.server.errors import ApiError, parse_body
 from hybrid_sgl.server.generation import (
     SSE_DONE,
     ClientDisconnected,
@@ -15,13 +15,13 @@ from hybrid_sgl.server.generation import (
     check_fanout,
     engine_error,
     get_context,
-    off_loop,
     run_to_end,
     sse,
     sse_error,
     stream_outputs,
+    streaming_response,
 )
-from hybrid_sgl.server.native import CLIENT_CLOSED, streaming_response
+from hybrid_sgl.server.native import CLIENT_CLOSED, json_off_loop
 from hybrid_sgl.server.openai_common import (
     TokenText,
     check_request,
@@ -31,12 +31,13 @@ from hybrid_sgl.server.openai_common import (
     merge_completion_logprobs,
     new_id,
     now,
-    request_ids,
     sampling_params,
     stream_usage_chunk,
     usage,
 )
+from hybrid_sgl.server.openapi import body_schema
 from hybrid_sgl.server.protocol import CompletionRequest
+from hybrid_sgl.submission import Submission
 
 router = APIRouter()
 
@@ -45,10 +46,13 @@ def _prompts(ctx: ServerContext, prompt) -> tuple[list[list[int]], list[str]]:
     """Token ids and echo text of each prompt (a string, strings, token ids, or lists of ids)."""
     tok = ctx.tokenizer("/v1/completions")
     if isinstance(prompt, str):
+        ctx.check_chars([prompt], "prompt")
         return [tok.encode(prompt)], [prompt]
     if not prompt:
         raise ApiError("prompt must not be empty", param="prompt")
     if isinstance(prompt[0], str):
+        for p in prompt:
+            ctx.check_chars([p], "prompt")
         return [tok.encode(p) for p in prompt], list(prompt)
     if isinstance(prompt[0], int):
         prompt = [prompt]
@@ -60,7 +64,7 @@ def _prompts(ctx: ServerContext, prompt) -> tuple[list[list[int]], list[str]]:
     return [list(ids) for ids in prompt], [tok.decode(ids, skip_special_tokens=True) for ids in prompt]
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", openapi_extra=body_schema(CompletionRequest))
 async def completions(request: Request):
     ctx = get_context(request)
     req = await parse_body(request, CompletionRequest)
@@ -74,30 +78,36 @@ async def completions(request: Request):
         raise ApiError(f"max_tokens must be at least 1 (0 only with echo), got {req.max_tokens}", param="max_tokens")
     check_fanout(n * (len(req.prompt) if isinstance(req.prompt, list) and req.prompt
                       and not isinstance(req.prompt[0], int) else 1))
-    ids_list, echo_texts = await off_loop(request, _prompts, ctx, req.prompt)
+    ids_list, echo_texts = await ctx.off_loop(_prompts, ctx, req.prompt)
     want_lp = req.logprobs is not None
     params = [sampling_params(req, max_new_tokens_for(ctx, len(ids), req.max_tokens))
               for ids in ids_list]
     rid = req.rid or new_id("cmpl")
-    prepared, _ = ctx.engine.prepare(None, params, ids_list, want_lp, 0 if (req.echo and want_lp) else None,
-                                     req.logprobs, True, request_ids(rid, len(ids_list)))
+    prepared, _ = await ctx.off_loop(ctx.engine.prepare, None, params, ids_list, want_lp,
+                                     0 if (req.echo and want_lp) else None, req.logprobs, True, rid)
+    sub = ctx.engine.submit(prepared)
     base = {"id": rid, "object": "text_completion", "created": now(), "model": req.model or ctx.served_model_name}
     tt: TokenText = request.app.state.token_text
     if req.stream:
-        events = _stream(ctx, request, prepared, req, base, tt, echo_texts if req.echo else None)
-        return streaming_response(events)
+        events = _stream(ctx, request, sub, req, base, tt, echo_texts if req.echo else None)
+        return streaming_response(events, sub)
     try:
-        outputs = await run_to_end(ctx, request, prepared)
+        outputs = await run_to_end(ctx, request, sub)
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
-    choices = []
-    for i, out in enumerate(outputs):
-        echo = echo_texts[i // n] if req.echo else ""
-        logprobs = None
-        if want_lp:
-            logprobs = _logprobs(tt, out, req, include_input=bool(req.echo), offset=0, start=0)
-        choices.append({"index": i, "text": echo + out.final_text(), "logprobs": logprobs, **finish_fields(out)})
-    return json_response({**base, "choices": choices, "usage": usage(outputs, n)})
+
+    def body() -> dict:
+        choices = []
+        for i, out in enumerate(outputs):
+            echo = echo_texts[i // n] if req.echo else ""
+            logprobs = None
+            if want_lp:
+                logprobs = _logprobs(tt, out, req, include_input=bool(req.echo), offset=0, start=0)
+            choices.append({"index": i, "text": echo + out.final_text(), "logprobs": logprobs,
+                            **finish_fields(out)})
+        return {**base, "choices": choices, "usage": usage(outputs, n)}
+
+    return await json_off_loop(ctx, lambda: [body()], single=True)
 
 
 def _logprobs(tt: TokenText, out, req: CompletionRequest, include_input: bool, offset: int, start: int) -> dict:
@@ -111,18 +121,18 @@ def _logprobs(tt: TokenText, out, req: CompletionRequest, include_input: bool, o
     return merge_completion_logprobs(result, output)
 
 
-async def _stream(ctx: ServerContext, request: Request, prepared, req: CompletionRequest, base: dict,
+async def _stream(ctx: ServerContext, request: Request, sub: Submission, req: CompletionRequest, base: dict,
                   tt: TokenText, echo_texts: list[str] | None):
     n = req.n or 1
-    count = len(prepared)
+    count = len(sub.prepared)
     sent_text = [0] * count
     sent_lp = [0] * count
     text_offset = [0] * count
     started = [False] * count
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
-    outputs = [p.out for p in prepared]
-    async with contextlib.aclosing(stream_outputs(ctx, request, prepared)) as updates:
+    outputs = sub.outputs
+    async with contextlib.aclosing(stream_outputs(ctx, request, sub)) as updates:
         try:
             async for i, out in updates:
                 error = engine_error(out)

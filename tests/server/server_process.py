@@ -44,10 +44,14 @@ class Server:
         return httpx.get(self.url + "/debug/allocator", timeout=30).json()
 
     def wait_idle(self, timeout: float = 10.0) -> dict:
-        """Poll until nothing runs or waits and every slot and page is free; returns the last state."""
+        """Poll until nothing runs or waits, then empty the prefix cache, until every slot and page is
+        free; returns the last state."""
         deadline = time.monotonic() + timeout
         while True:
             state = self.allocator()
+            if state["num_running_reqs"] == 0 and state["num_waiting_reqs"] == 0:
+                httpx.post(self.url + "/flush_cache", timeout=30)
+                state = self.allocator()
             idle = (state["num_running_reqs"] == 0 and state["num_waiting_reqs"] == 0
                     and state["num_free_slots"] == state["num_slots"] and state["num_free_pages"] == state["num_pages"])
             if idle or time.monotonic() > deadline:

@@ -73,7 +73,9 @@ def test_32_concurrent_requests(server):
 # ---- long prefill vs streaming -------------------------------------------------------------------
 async def measure_interference(url: str, long_tokens: int = LONG_PROMPT_TOKENS) -> dict:
     """Stream one request while another sends a long prompt; returns timings in seconds."""
-    long_ids = [(i * 7) % 300 + 5 for i in range(long_tokens)]
+    def ids(seed: int, n: int) -> list[int]:  # a new first token each time: nothing comes from the prefix cache
+        return [seed % 300 + 5] + [(i * 7 + seed) % 300 + 5 for i in range(1, n)]
+
     async with httpx.AsyncClient(base_url=url, timeout=120) as c:
         async def prefill(ids) -> float:
             t = time.perf_counter()
@@ -81,9 +83,9 @@ async def measure_interference(url: str, long_tokens: int = LONG_PROMPT_TOKENS) 
             assert r.status_code == 200, r.text
             return time.perf_counter() - t
 
-        await prefill(long_ids[:CHUNK])  # warm-up
-        chunk_s = statistics.median([await prefill(long_ids[:CHUNK]) for _ in range(5)])
-        long_alone_s = await prefill(long_ids)
+        await prefill(ids(0, CHUNK))  # warm-up
+        chunk_s = statistics.median([await prefill(ids(1 + k, CHUNK)) for k in range(5)])
+        long_alone_s = await prefill(ids(10, long_tokens))
 
         stamps: list[float] = []
         started = asyncio.Event()
@@ -111,7 +113,7 @@ async def measure_interference(url: str, long_tokens: int = LONG_PROMPT_TOKENS) 
                 await asyncio.sleep(0.02)
 
         prober = asyncio.create_task(probe())
-        long_busy_s = await prefill(long_ids)
+        long_busy_s = await prefill(ids(11, long_tokens))
         t1 = t0 + long_busy_s
         prober.cancel()
         await streaming
