@@ -43,7 +43,7 @@ def _serve(s: Scheduler, reqs: list[Req]) -> list[Req]:
 
 
 def _scenario(s: Scheduler) -> dict[str, list[Req]]:
-    system = _tokens(1, 70)
+    system = _tokens(1, 100)
     out = {"system": [_serve(s, [_req("s0", system + _tokens(2, 9))])[0]]}
     out["system"] += _serve(s, [_req("s1", system + _tokens(3, 12))])
     out["system"] += _serve(s, [_req("s2", system + _tokens(4, 5))])
@@ -88,14 +88,14 @@ def test_cache_changes_no_token_and_no_logprob(runs, case):
 
 def test_cached_tokens_are_what_the_design_predicts(runs):
     _, c = runs
-    # s0 (79 tokens) computes [0, 48) (interval) and [48, 79): snapshots at 48, its prompt end 79 and
-    # its end 83. s1 follows s0's pages to 64 (page 4 holds s0's own tokens from 70): snapshot 48; it
-    # stops a chunk at 64, where it leaves s0's pages, so s2 (sharing the same 70 tokens) restores 64.
-    assert [r.cached_tokens for r in c["system"]] == [0, 48, 64]
+    # s0 (109 tokens) runs [0, 64) and [64, 109) and leaves snapshots at 48 and 96 (the interval, taken
+    # inside the chunks), 64 (chunk end), 109 (prompt end) and 113 (its end). s1 and s2 follow s0's
+    # pages to 96 (page 6 holds s0's own tokens from 100): both restore the snapshot at 96.
+    assert [r.cached_tokens for r in c["system"]] == [0, 96, 96]
     t1, t2, t3 = c["chat"]  # each turn restores the previous one's end: prompt + answer - 1
     assert [t2.cached_tokens, t3.cached_tokens] == [len(t1.fill_ids) - 1, len(t2.fill_ids) - 1]
-    # d0 and d1 arrive together and share 37 tokens: d0 stops a chunk at 37 (inside page 2) and d1,
-    # held back one step, restores that snapshot and its partial page
+    # d0 and d1 arrive together and share 37 tokens: d0 takes a snapshot at 37 (inside page 2) in the
+    # middle of its chunk, and d1, held back one step, restores it and its partial page
     assert [r.cached_tokens for r in c["diverge"]] == [0, 37]
-    # four samples of one 40-token prompt: n0 stops at 39, the others restore it and compute 1 token
+    # four samples of one 40-token prompt: n0 snapshots 39, the others restore it and compute 1 token
     assert [r.cached_tokens for r in c["n4"]] == [0, 39, 39, 39]

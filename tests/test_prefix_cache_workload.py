@@ -15,7 +15,6 @@ from hybrid_sgl.memory.allocator import Allocator
 from hybrid_sgl.memory.kv_pool import KVPool
 from hybrid_sgl.memory.prefix_cache import PrefixCache
 from hybrid_sgl.memory.state_pool import StatePool
-from hybrid_sgl.runner.forward_batch import ForwardMode
 from hybrid_sgl.runner.model_runner import ItemResult, ModelRunner
 from hybrid_sgl.sampling_params import SamplingParams
 from hybrid_sgl.scheduler.prefix_sharing import PrefixSharing
@@ -49,7 +48,7 @@ class RecordingRunner:
         self.rng = random.Random(seed)
         self.computed = 0  # tokens computed, over all batches
 
-    def _forward(self, req: Req, start: int, tokens: list[int]) -> None:
+    def _forward(self, req: Req, start: int, tokens: list[int], snapshots=()) -> None:
         a, ps = self.allocator, self.allocator.page_size
         pages = a.slot_pages[req.slot]
         assert len(pages) * ps >= start + len(tokens)
@@ -63,6 +62,9 @@ class RecordingRunner:
             pos = start + i
             self.kv_pool.k[0, pages[pos // ps], pos % ps, 0, 0] = tok
         if self.state_pool is not None:
+            for pos, index in snapshots:  # the state inside the run, copied where the step was told to
+                assert start < pos < start + len(tokens)
+                self.state_pool.ssm[0, index] = torch.tensor([pos, _hash(req.fill_ids[:pos])], dtype=torch.float64)
             self.state_pool.ssm[0, req.slot] = torch.tensor([start + len(tokens), _hash(before + tokens)],
                                                             dtype=torch.float64)
         self.computed += len(tokens)
@@ -72,7 +74,7 @@ class RecordingRunner:
         assert len(set(slots)) == len(slots) and None not in slots
         for it in items:
             assert it.req.status is ReqStatus.RUNNING and it.start == it.req.num_computed
-            self._forward(it.req, it.start, it.req.token_slice(it.start, it.end))
+            self._forward(it.req, it.start, it.req.token_slice(it.start, it.end), it.snapshots)
         return [ItemResult(next_token=self.rng.randrange(VOCAB) if it.sample else None) for it in items]
 
     can_overlap = staticmethod(ModelRunner.can_overlap)

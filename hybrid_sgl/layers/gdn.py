@@ -38,22 +38,29 @@ class GatedDeltaNet(nn.Module):
         if fb.is_decode:
             qkv = self.ops.conv_update(x=qkv, weight=self.conv_weight, bias=None, conv_states=conv_states,
                                        state_slots=fb.state_slots, pad_slot=fb.state_pool.pad_slot)
+            q, k, v = self._heads(qkv)
+            o = self.ops.gdn_decode(q=q, k=k, v=v, a=a, b=b, A_log=self.A_log, dt_bias=self.dt_bias,
+                                    ssm_states=ssm_states, state_slots=fb.state_slots, pad_slot=fb.state_pool.pad_slot)
         else:
-            qkv = self.ops.conv_prefill(x=qkv, weight=self.conv_weight, bias=None, conv_states=conv_states,
-                                        cu_seqlens=fb.cu_seqlens, state_slots=fb.state_slots,
-                                        has_initial_state=fb.has_initial_state)
-        q, k, v = qkv.split([s.key_dim, s.key_dim, s.value_dim], dim=-1)
-        q = q.reshape(t, s.num_k_heads, s.head_k_dim)
-        k = k.reshape(t, s.num_k_heads, s.head_k_dim)
-        v = v.reshape(t, s.num_v_heads, s.head_v_dim)
-        common = dict(q=q, k=k, v=v, a=a, b=b, A_log=self.A_log, dt_bias=self.dt_bias, ssm_states=ssm_states,
-                      state_slots=fb.state_slots)
-        if fb.is_decode:
-            o = self.ops.gdn_decode(**common, pad_slot=fb.state_pool.pad_slot)
-        else:
-            o = self.ops.gdn_prefill(**common, cu_seqlens=fb.cu_seqlens, has_initial_state=fb.has_initial_state)
+            def core(cu_seqlens, state_slots, has_initial_state, qkv, a, b):
+                qkv = self.ops.conv_prefill(x=qkv, weight=self.conv_weight, bias=None, conv_states=conv_states,
+                                            cu_seqlens=cu_seqlens, state_slots=state_slots,
+                                            has_initial_state=has_initial_state)
+                q, k, v = self._heads(qkv)
+                return self.ops.gdn_prefill(q=q, k=k, v=v, a=a, b=b, A_log=self.A_log, dt_bias=self.dt_bias,
+                                            ssm_states=ssm_states, state_slots=state_slots, cu_seqlens=cu_seqlens,
+                                            has_initial_state=has_initial_state)
+
+            o = fb.recurrent(self.state_index, core, qkv, a, b)
         o = self.norm(o, z.view(t, s.num_v_heads, s.head_v_dim))  # [T, Hv, V]
         return self.out_proj(o.view(t, s.value_dim))
+
+    def _heads(self, qkv: torch.Tensor):
+        """[T, conv_dim] -> q, k [T, Hk, K], v [T, Hv, V]."""
+        s, t = self.spec, qkv.shape[0]
+        q, k, v = qkv.split([s.key_dim, s.key_dim, s.value_dim], dim=-1)
+        return (q.reshape(t, s.num_k_heads, s.head_k_dim), k.reshape(t, s.num_k_heads, s.head_k_dim),
+                v.reshape(t, s.num_v_heads, s.head_v_dim))
 
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:
         """Checkpoint names: Qwen3.5 in_proj_{qkv,z,b,a}, Qwen3-Next in_proj_{qkvz,ba} (grouped per key

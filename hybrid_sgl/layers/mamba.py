@@ -40,26 +40,32 @@ class MambaMixer(nn.Module):
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]."""
-        s = self.spec
         xs, z = self.in_proj(x).chunk(2, dim=-1)  # [T, I] each
         conv_states, ssm_states = fb.state_pool.layer(self.state_index)
         if fb.is_decode:
             xs = self.ops.conv_update(x=xs, weight=self.conv_weight, bias=self.conv_bias, conv_states=conv_states,
                                       state_slots=fb.state_slots, pad_slot=fb.state_pool.pad_slot)
+            y = self.ops.mamba1_decode(**self._scan_inputs(xs, z), ssm_states=ssm_states, state_slots=fb.state_slots,
+                                       pad_slot=fb.state_pool.pad_slot)
         else:
-            xs = self.ops.conv_prefill(x=xs, weight=self.conv_weight, bias=self.conv_bias, conv_states=conv_states,
-                                       cu_seqlens=fb.cu_seqlens, state_slots=fb.state_slots,
-                                       has_initial_state=fb.has_initial_state)
+            def core(cu_seqlens, state_slots, has_initial_state, xs, z):
+                xs = self.ops.conv_prefill(x=xs, weight=self.conv_weight, bias=self.conv_bias, conv_states=conv_states,
+                                           cu_seqlens=cu_seqlens, state_slots=state_slots,
+                                           has_initial_state=has_initial_state)
+                return self.ops.mamba1_prefill(**self._scan_inputs(xs, z), ssm_states=ssm_states,
+                                               state_slots=state_slots, cu_seqlens=cu_seqlens,
+                                               has_initial_state=has_initial_state)
+
+            y = fb.recurrent(self.state_index, core, xs, z)
+        return self.out_proj(y)  # y: [T, I]
+
+    def _scan_inputs(self, xs: torch.Tensor, z: torch.Tensor) -> dict:
+        """Conv output xs [T, I] and gate z [T, I] -> the selective scan's inputs."""
+        s = self.spec
         dt, B, C = self.x_proj(xs).split([s.dt_rank, s.state_size, s.state_size], dim=-1)
         if s.inner_norms:
             dt, B, C = self.dt_norm(dt), self.b_norm(B), self.c_norm(C)
-        common = dict(x=xs, dt=self.dt_proj(dt), A_log=self.A_log, B=B, C=C, D=self.D, dt_bias=self.dt_bias, z=z,
-                      ssm_states=ssm_states, state_slots=fb.state_slots)
-        if fb.is_decode:
-            y = self.ops.mamba1_decode(**common, pad_slot=fb.state_pool.pad_slot)
-        else:
-            y = self.ops.mamba1_prefill(**common, cu_seqlens=fb.cu_seqlens, has_initial_state=fb.has_initial_state)
-        return self.out_proj(y)  # y: [T, I]
+        return dict(x=xs, dt=self.dt_proj(dt), A_log=self.A_log, B=B, C=C, D=self.D, dt_bias=self.dt_bias, z=z)
 
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:
         """Checkpoint names: in_proj.{weight,bias}, conv1d.weight [I, 1, W], conv1d.bias, x_proj.weight,

@@ -45,28 +45,35 @@ class Mamba2Mixer(nn.Module):
         s, t = self.spec, x.shape[0]
         z, xbc, dt = self.in_proj(x).split(self.splits, dim=-1)
         conv_states, ssm_states = fb.state_pool.layer(self.state_index)
+        zh = None if s.gated_norm else z.view(t, s.num_heads, s.head_dim)
         if fb.is_decode:
             xbc = self.ops.conv_update(x=xbc, weight=self.conv_weight, bias=self.conv_bias, conv_states=conv_states,
                                        state_slots=fb.state_slots, pad_slot=fb.state_pool.pad_slot)
+            y = self.ops.mamba2_decode(**self._scan_inputs(xbc, dt, zh), ssm_states=ssm_states,
+                                       state_slots=fb.state_slots, pad_slot=fb.state_pool.pad_slot)
         else:
-            xbc = self.ops.conv_prefill(x=xbc, weight=self.conv_weight, bias=self.conv_bias, conv_states=conv_states,
-                                        cu_seqlens=fb.cu_seqlens, state_slots=fb.state_slots,
-                                        has_initial_state=fb.has_initial_state)
-        bc = s.n_groups * s.state_size
-        xs, B, C = xbc.split([s.intermediate_size, bc, bc], dim=-1)
-        common = dict(x=xs.view(t, s.num_heads, s.head_dim), dt=dt, A_log=self.A_log,
-                      B=B.view(t, s.n_groups, s.state_size), C=C.view(t, s.n_groups, s.state_size), D=self.D,
-                      dt_bias=self.dt_bias, z=None if s.gated_norm else z.view(t, s.num_heads, s.head_dim),
-                      ssm_states=ssm_states, state_slots=fb.state_slots, dt_limit=s.dt_limit)
-        if fb.is_decode:
-            y = self.ops.mamba2_decode(**common, pad_slot=fb.state_pool.pad_slot)
-        else:
-            y = self.ops.mamba2_prefill(**common, cu_seqlens=fb.cu_seqlens, has_initial_state=fb.has_initial_state,
-                                        chunk_size=s.chunk_size)
+            def core(cu_seqlens, state_slots, has_initial_state, xbc, dt, *zh):
+                xbc = self.ops.conv_prefill(x=xbc, weight=self.conv_weight, bias=self.conv_bias,
+                                            conv_states=conv_states, cu_seqlens=cu_seqlens, state_slots=state_slots,
+                                            has_initial_state=has_initial_state)
+                return self.ops.mamba2_prefill(**self._scan_inputs(xbc, dt, zh[0] if zh else None),
+                                               ssm_states=ssm_states, state_slots=state_slots, cu_seqlens=cu_seqlens,
+                                               has_initial_state=has_initial_state, chunk_size=s.chunk_size)
+
+            y = fb.recurrent(self.state_index, core, xbc, dt, *([] if zh is None else [zh]))
         y = y.view(t, s.intermediate_size)
         if s.gated_norm:
             y = self._gated_norm(y, z)
         return self.out_proj(y)
+
+    def _scan_inputs(self, xbc: torch.Tensor, dt: torch.Tensor, z: torch.Tensor | None) -> dict:
+        """Conv output [T, conv_dim] -> the scan's x [T, H, P], B and C [T, G, N] and parameters."""
+        s, t = self.spec, xbc.shape[0]
+        bc = s.n_groups * s.state_size
+        xs, B, C = xbc.split([s.intermediate_size, bc, bc], dim=-1)
+        return dict(x=xs.view(t, s.num_heads, s.head_dim), dt=dt, A_log=self.A_log,
+                    B=B.view(t, s.n_groups, s.state_size), C=C.view(t, s.n_groups, s.state_size), D=self.D,
+                    dt_bias=self.dt_bias, z=z, dt_limit=s.dt_limit)
 
     def _gated_norm(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """y, z: [T, I] -> [T, I]."""

@@ -153,18 +153,22 @@ class PrefixCache:
             node = node.parent
 
     # ---- insert ------------------------------------------------------------------------------------
-    def insert(self, tokens: list[int], pages: list[int], slot: int | None, keep: bool) -> Node:
-        """Cache the prefix `tokens` whose KV sits in `pages` (a running slot's page list) and, with
-        `slot`, a snapshot of that slot's state at len(tokens). Returns the node holding the last
-        whole page; with keep, that node comes back locked (the slot still writes past it: call
-        `release` when done), else a node left without a snapshot below it is dropped."""
+    def insert(self, tokens: list[int], pages: list[int], slot: int | None, keep: bool,
+               filled: int | None = None) -> Node:
+        """Cache the prefix `tokens` whose KV sits in `pages` (a running slot's page list) and a
+        snapshot of the state after it: copied from `slot`, or already copied to the snapshot slot
+        `filled` (see take_snapshot_slot). Returns the node holding the last whole page; with keep,
+        that node comes back locked (the slot still writes past it: call `release` when done), else
+        a node left without a snapshot below it is dropped."""
         ps = self.page_size
         whole = len(tokens) // ps * ps
         node = self._insert_pages(tokens[:whole], pages[:whole // ps])
         self.lock(node)
-        if slot is not None and self.stateful and len(tokens) > 0:
+        if (slot is not None or filled is not None) and self.stateful and len(tokens) > 0:
             tail = tuple(tokens[whole:])
-            self._add_snapshot(node, len(tokens), tail, pages[whole // ps] if tail else None, slot)
+            self._add_snapshot(node, len(tokens), tail, pages[whole // ps] if tail else None, slot, filled)
+        elif filled is not None:
+            self.allocator.free_snapshot(filled)
         if not keep:
             self.release(node)
         return node
@@ -207,22 +211,29 @@ class PrefixCache:
         node.snapshots = keep
         return upper
 
-    def _add_snapshot(self, node: Node, pos: int, tail: tuple[int, ...], tail_page: int | None, slot: int) -> None:
+    def _add_snapshot(self, node: Node, pos: int, tail: tuple[int, ...], tail_page: int | None, slot: int | None,
+                      filled: int | None) -> None:
         now = next(self._clock)
         for snap in node.snapshots:
             if snap.pos == pos and snap.tail == tail:
                 snap.last_used = now
+                if filled is not None:
+                    self.allocator.free_snapshot(filled)
                 return
-        index = self.allocator.alloc_snapshot()
+        index = filled if filled is not None else self.take_snapshot_slot()
         if index is None:
-            self.evict_snapshots(1)
-            index = self.allocator.alloc_snapshot()
-            if index is None:
-                return  # every snapshot is in use: no room for this one
-        self.state_pool.copy_slot(slot, index)
+            return  # no snapshot slot could be freed: no room for this one
+        if filled is None:
+            self.state_pool.copy_slot(slot, index)
         if tail_page is not None:
             self.allocator.ref_page(tail_page)
         node.snapshots.append(Snapshot(pos=pos, index=index, tail=tail, tail_page=tail_page, last_used=now))
+
+    def take_snapshot_slot(self) -> int | None:
+        """A free snapshot slot (evicting the least recently used snapshot if needed), or None."""
+        if self.allocator.num_free_snapshots == 0 and self.stateful:
+            self.evict_snapshots(1)
+        return self.allocator.alloc_snapshot()
 
     # ---- eviction ----------------------------------------------------------------------------------
     def evict_pages(self, num_free: int) -> bool:

@@ -38,6 +38,11 @@ class StatePool:
         """(conv [S+1, W-1, D], ssm [S+1, ...]) of state layer `index`, as views into the pool."""
         return self.conv[index], self.ssm[index]
 
+    def copy_layer(self, index: int, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """State layer `index`: rows src -> dst ([n] int64 device tensors; no host wait)."""
+        self.conv[index].index_copy_(0, dst, self.conv[index].index_select(0, src))
+        self.ssm[index].index_copy_(0, dst, self.ssm[index].index_select(0, src))
+
     @staticmethod
     def bytes_per_slot(num_layers: int, conv_shape, conv_dtype, ssm_shape, ssm_dtype) -> int:
         conv = _numel(conv_shape) * torch.empty((), dtype=conv_dtype).element_size()

@@ -11,6 +11,20 @@ from hybrid_sgl.memory.kv_pool import KVPool
 from hybrid_sgl.memory.state_pool import StatePool
 
 
+@dataclass
+class RecurrentRound:
+    """One pass of the recurrent layers over some requests' next segment (see ForwardBatch.recurrent).
+    rows: [T'] packed-token rows of the segments; cu_seqlens [B'+1]; state_slots / has_initial_state
+    [B']; after the pass, each layer's state at snap_src is copied to snap_dst (snapshot indices)."""
+
+    rows: torch.Tensor
+    cu_seqlens: torch.Tensor
+    state_slots: torch.Tensor
+    has_initial_state: torch.Tensor
+    snap_src: torch.Tensor
+    snap_dst: torch.Tensor
+
+
 class ForwardMode(enum.Enum):
     EXTEND = "extend"  # prefill / chunked prefill: varlen token runs per request
     DECODE = "decode"  # one token per request
@@ -29,6 +43,7 @@ class ForwardBatch:
     has_initial_state: torch.Tensor  # [B] bool, request continues from state in its slot
     kv_pool: KVPool | None
     state_pool: StatePool | None
+    rounds: list[RecurrentRound] | None = None  # prefill with snapshots inside runs; None = one pass
 
     @property
     def batch_size(self) -> int:
@@ -42,14 +57,33 @@ class ForwardBatch:
     def is_decode(self) -> bool:
         return self.mode is ForwardMode.DECODE
 
+    def recurrent(self, state_index: int, core, *rows: torch.Tensor) -> torch.Tensor:
+        """Run a recurrent layer's prefill core over the batch: core(cu_seqlens, state_slots,
+        has_initial_state, *rows) -> [T, ...], rows being [T, ...] per-token inputs. With snapshots
+        inside the runs, the runs are cut there and the core runs once per round of segments, the
+        state of state layer `state_index` copied to each snapshot index as its segment ends."""
+        if not self.rounds:
+            return core(self.cu_seqlens, self.state_slots, self.has_initial_state, *rows)
+        out = None
+        for r in self.rounds:
+            y = core(r.cu_seqlens, r.state_slots, r.has_initial_state, *(t.index_select(0, r.rows) for t in rows))
+            if out is None:
+                out = y.new_empty((self.num_tokens, *y.shape[1:]))
+            out.index_copy_(0, r.rows, y)
+            if r.snap_dst.numel():
+                self.state_pool.copy_layer(state_index, r.snap_src, r.snap_dst)
+        return out
+
     @staticmethod
     def build(*, mode: ForwardMode, token_runs: list[list[int]], prefix_lens: list[int], slots: list[int],
               page_table: torch.Tensor, page_size: int, kv_pool: KVPool | None,
               state_pool: StatePool | None, device: torch.device,
-              prev_ids: torch.Tensor | None = None) -> ForwardBatch:
+              prev_ids: torch.Tensor | None = None,
+              snapshots: list[list[tuple[int, int]]] | None = None) -> ForwardBatch:
         """token_runs[i]: the new tokens of request i, which starts at position prefix_lens[i]. A token
         -(j + 1) stands for prev_ids[j], a token the previous step sampled and the host has not seen
-        yet (overlapped decode)."""
+        yet (overlapped decode). snapshots[i]: (position strictly inside run i, snapshot index) pairs:
+        the recurrent state at that position is copied there during the step."""
         lens = torch.tensor([len(run) for run in token_runs], dtype=torch.int64)
         starts = torch.tensor(prefix_lens, dtype=torch.int64)
         cu = torch.zeros(len(token_runs) + 1, dtype=torch.int64)
@@ -67,7 +101,44 @@ class ForwardBatch:
         input_ids = to(input_ids)
         if prev_ids is not None:
             input_ids = torch.where(input_ids >= 0, input_ids, prev_ids[(-input_ids - 1).clamp(min=0)])
+        rounds = None
+        if snapshots and any(snapshots) and state_pool is not None:
+            rounds = _rounds(token_runs, prefix_lens, slots, snapshots, cu.tolist(), device)
         return ForwardBatch(mode=mode, input_ids=input_ids, positions=dev_positions, seq_lens=to(seq_lens),
                             state_slots=dev_slots, block_table=block_table, slot_mapping=slot_mapping,
                             cu_seqlens=to(cu.to(torch.int32)), has_initial_state=to(starts > 0), kv_pool=kv_pool,
-                            state_pool=state_pool)
+                            state_pool=state_pool, rounds=rounds)
+
+
+def _rounds(token_runs, prefix_lens, slots, snapshots, cu: list[int], device) -> list[RecurrentRound]:
+    """Cut each run at its snapshot positions; round r takes every run's r-th segment."""
+    segments = []  # per run: [(first row, end row, snapshot index or None)]
+    for i, run in enumerate(token_runs):
+        cuts = sorted(snapshots[i]) if snapshots[i] else []
+        bounds, start = [], cu[i]
+        for pos, index in cuts:
+            row = cu[i] + pos - prefix_lens[i]
+            assert cu[i] < row < cu[i] + len(run), f"snapshot position {pos} is not inside run {i}"
+            bounds.append((start, row, index))
+            start = row
+        bounds.append((start, cu[i] + len(run), None))
+        segments.append(bounds)
+    rounds = []
+    for r in range(max(len(b) for b in segments)):
+        rows, lens, round_slots, init, src, dst = [], [0], [], [], [], []
+        for i, bounds in enumerate(segments):
+            if r >= len(bounds):
+                continue
+            first, end, index = bounds[r]
+            rows.extend(range(first, end))
+            lens.append(lens[-1] + end - first)
+            round_slots.append(slots[i])
+            init.append(r > 0 or prefix_lens[i] > 0)
+            if index is not None:
+                src.append(slots[i])
+                dst.append(index)
+        to = lambda values, dtype: torch.tensor(values, dtype=dtype).to(device, non_blocking=True)  # noqa: E731
+        rounds.append(RecurrentRound(rows=to(rows, torch.int64), cu_seqlens=to(lens, torch.int32),
+                                     state_slots=to(round_slots, torch.int32), has_initial_state=to(init, torch.bool),
+                                     snap_src=to(src, torch.int64), snap_dst=to(dst, torch.int64)))
+    return rounds

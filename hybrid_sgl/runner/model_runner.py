@@ -38,6 +38,7 @@ class BatchItem:
     start: int  # first position computed in this step
     end: int  # one past the last
     sample: bool  # sample the next token from the last row
+    snapshots: list[tuple[int, int]] = field(default_factory=list)  # (position in (start, end), snapshot index)
 
 
 @dataclass
@@ -60,7 +61,6 @@ class PendingDecode:
     done: torch.cuda.Event | None
     deferred: list[Req] = field(default_factory=list)  # finished earlier; their slots free after this step
     logits: torch.Tensor | None = None  # [B, V] until sampled
-
 
     def results(self) -> list[ItemResult]:
         """Waits for the step; one ItemResult (next token only) per item."""
@@ -169,7 +169,10 @@ class ModelRunner:
                            budget_bytes=self._budget_bytes(), on_gpu=self.device.type == "cuda",
                            page_size=self.args.page_size, context_length=self.context_length,
                            max_running_requests=self.args.max_running_requests,
-                           max_total_tokens=self.args.max_total_tokens)
+                           max_total_tokens=self.args.max_total_tokens,
+                           prefix_cache=not self.args.disable_radix_cache,
+                           mamba_full_memory_ratio=self.args.mamba_full_memory_ratio,
+                           max_mamba_cache_size=self.args.max_mamba_cache_size)
 
     def _make_pools(self, plan: MemoryPlan, context_length: int | None = None):
         s, attn = self.state_shapes, self.config.attention
@@ -177,7 +180,7 @@ class ModelRunner:
         if s is not None:
             state_pool = StatePool(num_layers=s.num_layers, num_slots=plan.max_running_requests,
                                    conv_shape=s.conv_shape, conv_dtype=s.conv_dtype, ssm_shape=s.ssm_shape,
-                                   ssm_dtype=s.ssm_dtype, device=self.device)
+                                   ssm_dtype=s.ssm_dtype, device=self.device, num_snapshots=plan.num_snapshots)
         n_attn = len(self.config.kv_layers)
         kv_pool = None
         if n_attn:
@@ -187,7 +190,7 @@ class ModelRunner:
         allocator = Allocator(num_slots=plan.max_running_requests, num_pages=plan.num_pages,
                               page_size=plan.page_size,
                               max_pages_per_request=-(-(context_length or self.context_length) // plan.page_size),
-                              device=self.device)
+                              device=self.device, num_snapshots=plan.num_snapshots)
         return state_pool, kv_pool, allocator
 
     def _capture_decode_graphs(self, backends: Backends) -> DecodeGraphs | None:
@@ -281,7 +284,8 @@ class ModelRunner:
             fb = ForwardBatch.build(mode=mode, token_runs=[it.req.token_slice(it.start, it.end) for it in items],
                                     prefix_lens=[it.start for it in items], slots=[it.req.slot for it in items],
                                     page_table=self.allocator.page_table, page_size=self.allocator.page_size,
-                                    kv_pool=self.kv_pool, state_pool=self.state_pool, device=self.device)
+                                    kv_pool=self.kv_pool, state_pool=self.state_pool, device=self.device,
+                                    snapshots=[it.snapshots for it in items])
             hidden = self.model(fb)
             logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device, dtype=torch.long)])
         if not rows:

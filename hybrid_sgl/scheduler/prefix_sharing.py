@@ -1,16 +1,17 @@
 """How the scheduler uses the prefix cache: lookups at admission, where prompt chunks end, who
 waits for whom, and what goes into the cache when.
 
-A recurrent layer's state exists only where a step ended, so where chunks end decides what can
-be reused. Besides the chunked-prefill budget, a prompt chunk ends at:
-  - a *branch point*: where the prompt leaves the cached pages (the pages are there, the state is
+A recurrent layer's state can only be restored where a copy of it was taken. Copies are taken
+at the end of every prompt chunk and of every finished or preempted request, and inside a prompt
+chunk (the recurrent layers run the chunk's runs in segments and copy the state at each cut; see
+ForwardBatch.recurrent) at:
+  - *branch points*: where the prompt leaves the cached pages (the pages are there, the state is
     not), or where it stops sharing tokens with a request still waiting (a shared system prompt,
     the n samples of one prompt, a DSL fork). The waiting request is held back until the running
     one has passed that point, then finds a snapshot there;
-  - every `snapshot_interval` tokens of a long prompt.
-After every prompt chunk the computed prefix and a snapshot of the state go into the cache; so
-does a finished or preempted request's whole sequence. A branch point costs one more step for one
-request and nothing in compute; it is taken only when at least `min_branch_tokens` would be shared.
+  - every `snapshot_interval` tokens of a prompt, so that a prefix shared later still finds a
+    snapshot at most one interval short of where the prompts part.
+A branch point is taken only when at least `min_branch_tokens` would be shared.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from collections.abc import Iterable
 
 from hybrid_sgl.memory.allocator import Allocator
 from hybrid_sgl.memory.prefix_cache import Match, PrefixCache
+from hybrid_sgl.runner.model_runner import BatchItem
 from hybrid_sgl.scheduler.request import Req
 
-DEFAULT_SNAPSHOT_INTERVAL = 2048  # tokens; a cut costs a long prompt one more step, only when it runs alone
+DEFAULT_SNAPSHOT_INTERVAL = 512  # tokens: a shared prefix of >= 512 tokens reuses at least half of it
 MIN_BRANCH_TOKENS = 64  # a branch point ends a chunk only when at least this many tokens would be shared
 LPM_MAX_WAITING = 128  # longest-prefix-first ordering costs a lookup per waiting request; above this, FCFS
 PEERS_CHECKED = 64  # waiting requests compared with a prefilling one for branch points
@@ -74,7 +76,7 @@ class PrefixSharing:
 
     def plan_branch(self, req: Req, m: Match) -> None:
         """Where req leaves what the cache can restore: cached pages (or state past the last prompt
-        token) go on without a snapshot. Its prompt chunk ends there, so the next request finds one."""
+        token) go on without a snapshot. A snapshot is taken there, so the next request finds one."""
         branch = min(m.matched, req.seq_len - 1)
         req.branch_pos = branch if branch >= m.pos + self.min_branch else 0
 
@@ -84,24 +86,45 @@ class PrefixSharing:
     def unlock(self, m: Match) -> None:
         self.cache.release(m.node)
 
-    # ---- chunks ------------------------------------------------------------------------------------
-    def chunk_end(self, req: Req, start: int, end: int, waiting: Iterable[Req]) -> int:
-        """Where req's chunk [start, end) should stop instead (a branch point or interval in between)."""
-        cuts = []
-        if req.branch_pos > start:
-            cuts.append(req.branch_pos)
+    # ---- snapshots inside a chunk -------------------------------------------------------------------
+    def plan_snapshots(self, items: list[BatchItem], waiting: Iterable[Req]) -> None:
+        """Give each prompt chunk its snapshot points (positions strictly inside it) and a snapshot
+        slot for each, while slots can be had."""
+        waiting = list(waiting)[:PEERS_CHECKED]
+        for item in items:
+            for pos in self.snapshot_points(item.req, item.start, item.end, waiting):
+                index = self.cache.take_snapshot_slot()
+                if index is None:
+                    break
+                item.snapshots.append((pos, index))
+
+    def snapshot_points(self, req: Req, start: int, end: int, waiting: list[Req]) -> list[int]:
+        points = set()
+        if start < req.branch_pos < end:
+            points.add(req.branch_pos)
         if self.interval:
-            cuts.append((start // self.interval + 1) * self.interval)
-        for i, other in enumerate(waiting):
-            if i == PEERS_CHECKED:
-                break
-            if other is req:
-                continue
-            b = self.branch_point(req, other)
-            if b >= self.min_branch and b > start:
-                cuts.append(b)
-        inside = [c for c in cuts if start < c < end]
-        return min(inside, default=end)
+            points.update(range((start // self.interval + 1) * self.interval, end, self.interval))
+        for other in waiting:
+            if other is not req:
+                b = self.branch_point(req, other)
+                if b >= self.min_branch and start < b < end:
+                    points.add(b)
+        return sorted(points)
+
+    def snapshots_done(self, item: BatchItem) -> None:
+        """The step ran: its snapshots go into the cache with their prefixes."""
+        req = item.req
+        for pos, index in item.snapshots:
+            self.cache.insert(req.fill_ids[:pos], self.allocator.slot_pages[req.slot], None, keep=False,
+                              filled=index)
+        item.snapshots = []
+
+    def drop_snapshots(self, items: list[BatchItem]) -> None:
+        """The step failed: give its snapshot slots back."""
+        for item in items:
+            for _, index in item.snapshots:
+                self.allocator.free_snapshot(index)
+            item.snapshots = []
 
     def branch_point(self, a: Req, b: Req) -> int:
         """Deepest position whose state both requests could use: their common prefix, leaving each at
@@ -110,13 +133,13 @@ class PrefixSharing:
 
     def chunk_done(self, req: Req) -> None:
         """req computed a prompt chunk and goes on: cache what it has, lock that, drop the old lock."""
+        if req.branch_pos <= req.num_computed:
+            req.branch_pos = 0
         old = req.cache_node
         req.cache_node = self.cache.insert(req.fill_ids[:req.num_computed], self.allocator.slot_pages[req.slot],
                                            req.slot, keep=True)
         if old is not None:
             self.cache.release(old)
-        if req.branch_pos <= req.num_computed:
-            req.branch_pos = 0
 
     # ---- release -----------------------------------------------------------------------------------
     def release(self, req: Req, num_tokens: int | None) -> None:

@@ -65,6 +65,7 @@ class Scheduler:
         self.num_overlapped_steps = 0
         self.grammars = grammars
         self.sharing = sharing  # the prefix cache's use; None with --disable-radix-cache
+        self.computed_prompt_tokens = 0  # tokens run through extend steps (prompts and recomputes)
         self.compiling: list[tuple[Req, float]] = []  # (request, time.monotonic() when it came)
 
     # ---- requests in / out -----------------------------------------------------------------------
@@ -118,6 +119,14 @@ class Scheduler:
             self.sharing.cache.flush()
         return True
 
+    def cache_stats(self) -> dict:
+        """Prefix-cache figures for /server_info and /metrics (zeros when it is off)."""
+        if self.sharing is None:
+            return {"cached_pages": 0, "evictable_pages": 0, "num_snapshots": 0, "snapshot_slots": 0,
+                    "cache_nodes": 0, "cache_hit_tokens": 0, "cache_lookup_tokens": 0,
+                    "computed_prompt_tokens": self.computed_prompt_tokens}
+        return {**self.sharing.cache.stats(), "computed_prompt_tokens": self.computed_prompt_tokens}
+
     def check_integrity(self) -> None:
         """The allocator's and the prefix cache's invariants, counting the cache's references."""
         if self.sharing is None:
@@ -168,18 +177,31 @@ class Scheduler:
         if self.overlap and mode is ForwardMode.DECODE and self.runner.can_overlap(items):
             self._pending = self.runner.launch_decode(items)
             return []
-        results = self.runner.run(mode, items)
+        sharing = self.sharing if mode is ForwardMode.EXTEND else None
+        if sharing is not None:
+            sharing.plan_snapshots(items, self.waiting)
+        try:
+            results = self.runner.run(mode, items)
+        except BaseException:
+            if sharing is not None:
+                sharing.drop_snapshots(items)
+            raise
+        if mode is ForwardMode.EXTEND:
+            self.computed_prompt_tokens += sum(it.end - it.start for it in items)
         changed = []
         for item, result in zip(items, results):
             if self._apply(item, result):
                 changed.append(item.req)
+        if sharing is not None:  # the snapshots taken inside the chunks go into the cache
+            for item in items:
+                sharing.snapshots_done(item)
         for req in changed:
             if req.finished:
                 self._release(req)
-        if self.sharing is not None and mode is ForwardMode.EXTEND:
-            for item in items:  # a prompt chunk's prefix and state go into the cache at once
-                if item.req.status is ReqStatus.RUNNING and item.req.slot is not None:
-                    self.sharing.chunk_done(item.req)
+        if sharing is not None:  # so do the chunks' prefixes and end states (a finished request's: above)
+            for item in items:
+                if item.req.status is ReqStatus.RUNNING:
+                    sharing.chunk_done(item.req)
         return changed
 
     # ---- overlapped decode -----------------------------------------------------------------------
@@ -273,8 +295,6 @@ class Scheduler:
             if req.status is not ReqStatus.RUNNING:  # preempted while making room for an older one
                 continue
             end = req.num_computed + min(req.remaining, budget)
-            if self.sharing is not None:
-                end = self.sharing.chunk_end(req, req.num_computed, end, self.waiting)
             if not self._make_room(req, end):
                 continue
             items.append(self._item(req, end - req.num_computed))
@@ -298,7 +318,6 @@ class Scheduler:
                 sharing.plan_branch(req, match)
             end = start + min(req.seq_len - start, budget)
             if sharing is not None:
-                end = sharing.chunk_end(req, start, end, self.waiting)
                 sharing.lock(match)
             headroom = len(self.running)  # one page of growth per running request
             if not self._ensure_free_pages(self.allocator.pages_for(end) - start // self.allocator.page_size
