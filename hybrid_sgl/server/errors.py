@@ -22,6 +22,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
 from hybrid_sgl.request_ids import DuplicateRidError
+from hybrid_sgl.sampling_params import SamplingParams
+from hybrid_sgl.server.protocol import GenerateRequest
 
 logger = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -33,6 +35,7 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
 MAX_JSON_DEPTH = 64
 LARGE_BODY_BYTES = 64 << 10  # bodies above this are parsed on a worker thread
 CLOSE = {"Connection": "close"}  # after a 5xx the connection is not reused
+_FIELDS = set(GenerateRequest.model_fields) | set(SamplingParams.__dataclass_fields__) | {"seed"}
 
 
 class ApiError(Exception):
@@ -117,7 +120,7 @@ def _check_json(value, path: tuple, depth: int) -> None:
     """Refuse nesting deeper than MAX_JSON_DEPTH and strings that are not valid Unicode (a lone
     UTF-16 surrogate such as "\\ud800" parses in JSON but cannot be tokenized or encoded)."""
     if depth > MAX_JSON_DEPTH:
-        raise ApiError(f"the JSON body is nested more than {MAX_JSON_DEPTH} levels deep", param=_dotted(path))
+        raise ApiError(f"the JSON body is nested more than {MAX_JSON_DEPTH} levels deep", param=_dotted(path[:1]))
     if isinstance(value, str):
         if not value.isascii():
             try:
@@ -183,6 +186,12 @@ def _short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _field_named(message: str) -> str | None:
+    """The request field an engine message starts with ("top_p must be in (0, 1]..." -> "top_p")."""
+    word = message.split(" ", 1)[0].rstrip(":=,")
+    return word if word in _FIELDS else None
+
+
 # ---- handlers ------------------------------------------------------------------------------------
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
@@ -200,7 +209,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ValueError)
     async def _value_error(_: Request, e: ValueError):  # the engine's input validation
-        return error_response(str(e), 400)
+        return error_response(str(e), 400, _field_named(str(e)))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, e: RequestValidationError):

@@ -11,7 +11,15 @@ import os
 import time
 from collections import deque
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 
 from hybrid_sgl.outputs import OutputState
 
@@ -20,6 +28,7 @@ ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 QUEUE_BUCKETS = (0.0, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
 THROUGHPUT_WINDOW_S = 10.0
+disable_created_metrics()  # no *_created series: SGLang's exposition has none either
 
 
 def engine_stats(scheduler) -> dict:
@@ -28,7 +37,8 @@ def engine_stats(scheduler) -> dict:
     return {"num_running_reqs": len(scheduler.running), "num_waiting_reqs": len(scheduler.waiting),
             "num_free_slots": a.num_free_slots, "num_slots": a.num_slots,
             "num_free_pages": a.num_free_pages, "num_pages": a.num_pages, "page_size": a.page_size,
-            "num_preemptions": scheduler.num_preemptions}
+            "num_preemptions": scheduler.num_preemptions,
+            **scheduler.cache_stats()}
 
 
 def public_model_name(served_model_name: str, model_path: str) -> str:
