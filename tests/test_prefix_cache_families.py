@@ -1,7 +1,9 @@
 """The prefix cache on every family: greedy tokens and logprobs equal those without the cache
 (1e-5, float32), and cached_tokens is what the design predicts, through a shared system prompt,
 multi-turn chat, a prefix ending inside a page, prompts diverging inside a page and n = 4
-seeded samples. One runner per family serves both schedulers (cache off, then on)."""
+seeded samples. One runner per family serves both schedulers (cache off, then on with the
+overlap scheduler, whose deferred finishes cache one token more). tests/gpu runs the same on CUDA
+through the Triton kernels and decode graphs."""
 
 import pytest
 import torch
@@ -58,16 +60,15 @@ def _scenario(s: Scheduler) -> dict[str, list[Req]]:
     return out
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
-def runs(request, tiny_checkpoint):
-    path = tiny_checkpoint(request.param)
-    args = ServerArgs(model_path=path, device="cpu", dtype="float32", page_size=PAGE,
-                      max_running_requests=8).resolved()
+def run_both(path: str, **server_args) -> tuple[dict, dict]:
+    """The scenario without the cache, then with it (overlapped decode on), on one runner."""
+    args = ServerArgs(model_path=path, **{"device": "cpu", "dtype": "float32", "page_size": PAGE,
+                                          "max_running_requests": 8, **server_args}).resolved()
     runner = ModelRunner(args, ModelConfig.from_hf(path))
     plain = _scenario(Scheduler(runner, chunked_prefill_size=64))
     cache = PrefixCache(allocator=runner.allocator, state_pool=runner.state_pool, kv_pool=runner.kv_pool)
     sharing = PrefixSharing(cache, snapshot_interval=INTERVAL, min_branch_tokens=MIN_BRANCH)
-    s = Scheduler(runner, chunked_prefill_size=64, sharing=sharing)
+    s = Scheduler(runner, chunked_prefill_size=64, sharing=sharing, overlap=True)
     cached = _scenario(s)
     assert s.flush_cache()
     s.check_integrity()
@@ -76,18 +77,30 @@ def runs(request, tiny_checkpoint):
     return plain, cached
 
 
-@pytest.mark.parametrize("case", ["system", "chat", "diverge", "n4"])
-def test_cache_changes_no_token_and_no_logprob(runs, case):
-    plain, cached = runs
-    for a, b in zip(plain[case], cached[case]):
+def assert_same_outputs(plain: list[Req], cached: list[Req], tol: float = 1e-5) -> None:
+    for a, b in zip(plain, cached):
         assert a.output_ids == b.output_ids, (a.rid, a.output_ids, b.output_ids)
         diff = max(abs(x - y) for (x, _), (y, _) in zip(a.output_token_logprobs, b.output_token_logprobs))
-        assert diff < 1e-5, (a.rid, diff)
+        assert diff < tol, (a.rid, diff)
         assert a.cached_tokens == 0
 
 
+@pytest.fixture(scope="module", params=FAMILIES)
+def runs(request, tiny_checkpoint):
+    return run_both(tiny_checkpoint(request.param))
+
+
+@pytest.mark.parametrize("case", ["system", "chat", "diverge", "n4"])
+def test_cache_changes_no_token_and_no_logprob(runs, case):
+    plain, cached = runs
+    assert_same_outputs(plain[case], cached[case])
+
+
 def test_cached_tokens_are_what_the_design_predicts(runs):
-    _, c = runs
+    check_predicted_cached_tokens(runs[1])
+
+
+def check_predicted_cached_tokens(c: dict[str, list[Req]]) -> None:
     # s0 (109 tokens) runs [0, 64) and [64, 109) and leaves snapshots at 48 and 96 (the interval, taken
     # inside the chunks), 64 (chunk end), 109 (prompt end) and 113 (its end). s1 and s2 follow s0's
     # pages to 96 (page 6 holds s0's own tokens from 100): both restore the snapshot at 96.
