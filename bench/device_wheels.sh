@@ -24,6 +24,8 @@ wheels=(
   httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 certifi==2026.10.19.post1
   # the anchor's GDN kernels
   fla-core==0.6.0 einops==0.8.2
+  # metrics and the grammar backend
+  prometheus-client==0.26.0 xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2
 )
 mkdir -p "$dest"
 "$pip" download -q --no-deps --only-binary=:all: --python-version "$python_version" --implementation cp \
