@@ -159,6 +159,11 @@ class ModelConfig:
                 raise ValueError(f"layer {i} is mamba but the config has no Mamba dimensions")
             if ffn == "moe" and self.moe is None:
                 raise ValueError(f"layer {i} is MoE but the config has no MoE dimensions")
+        self._check_state_kinds()
+
+    def _check_state_kinds(self) -> None:
+        """The state pool holds one recurrent state shape; a config whose recurrent_state_shapes()
+        packs several kinds into one slot layout overrides both."""
         kinds = {m for m, _ in self.layer_plan if m in STATE_MIXERS and m != "attention_mamba2"}
         kinds |= {"mamba2"} if any(m == "attention_mamba2" for m, _ in self.layer_plan) else set()
         if len(kinds) > 1:
@@ -344,4 +349,5 @@ CONFIG_PARSERS: dict[str, Callable[[dict, list[int]], ModelConfig] | str] = {
     "bamba": "hybrid_sgl.models.bamba:parse_config",
     "granitemoehybrid": "hybrid_sgl.models.bamba:parse_config",
     "jamba": "hybrid_sgl.models.jamba:parse_config",
+    "hybrid_sgl": "hybrid_sgl.models.composed_config:parse_config",
 }

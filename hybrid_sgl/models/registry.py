@@ -16,6 +16,7 @@ MODEL_CLASSES = {
     "BambaForCausalLM": "hybrid_sgl.models.bamba:BambaForCausalLM",
     "GraniteMoeHybridForCausalLM": "hybrid_sgl.models.bamba:BambaForCausalLM",
     "JambaForCausalLM": "hybrid_sgl.models.jamba:JambaForCausalLM",
+    "HybridSGLForCausalLM": "hybrid_sgl.models.composed:HybridSGLForCausalLM",
 }
 
 
