@@ -101,7 +101,7 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be a list of integers, got {self.stop_token_ids!r}")
         if self.sampling_seed is not None and (isinstance(self.sampling_seed, bool)
                                                or not isinstance(self.sampling_seed, int)):
-            raise ValueError(f"seed must be an integer, got {self.sampling_seed!r}")
+            raise ValueError(f"sampling_seed (seed) must be an integer, got {self.sampling_seed!r}")
         if self.stream_interval is not None and (isinstance(self.stream_interval, bool)
                                                  or not isinstance(self.stream_interval, int)
                                                  or self.stream_interval < 1):
@@ -162,9 +162,10 @@ class SamplingParams:
         self._check_constraints()
         if len(self.stop) > MAX_STOP_STRINGS:
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(self.stop)}")
-        for t in list(self.stop_token_ids) + list(self.logit_bias):
-            if not 0 <= t < vocab_size:
-                raise ValueError(f"token id {t} is outside the vocabulary [0, {vocab_size})")
+        for name in ("stop_token_ids", "logit_bias"):
+            for t in getattr(self, name):
+                if not 0 <= t < vocab_size:
+                    raise ValueError(f"{name}: token id {t} is outside the vocabulary [0, {vocab_size})")
 
 
 def _logit_bias(value) -> dict[int, float]:
