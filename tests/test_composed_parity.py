@@ -109,3 +109,29 @@ def test_random_layer_patterns_match_reference(tmp_path_factory, plan):
     reqs = [full_request("x", prompt_of(15, 3, vocab), vocab, max_new=4),
             full_request("y", prompt_of(4, 4, vocab), vocab, max_new=3)]
     run_and_check(path, s, {0: [reqs[0]], 1: [reqs[1]]})
+
+
+# other dimensions and options of every kind: tied embeddings, MHA with full rotary and biases, GDN
+# with Hk == Hv and K != V, 3-wide convs, Mamba2 with one group, projection biases, no conv bias, a
+# dt clamp and a 5-token scan chunk, Mamba with expand 1, MoE top-3 of 6 without renormalization
+VARIANT = dict(
+    tie_word_embeddings=True,
+    full_attention=dict(num_attention_heads=2, num_key_value_heads=2, head_dim=32, attention_bias=True,
+                        rope_parameters=dict(rope_type="default", rope_theta=1e6, partial_rotary_factor=1.0)),
+    linear_attention=dict(linear_num_key_heads=3, linear_num_value_heads=3, linear_key_head_dim=16,
+                          linear_value_head_dim=24, linear_conv_kernel_dim=3),
+    mamba2=dict(mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=1, mamba_d_state=8, mamba_d_conv=3, mamba_expand=2,
+                mamba_chunk_size=5, mamba_conv_bias=False, mamba_proj_bias=True, time_step_limit=[0.01, 10.0]),
+    mamba=dict(mamba_d_state=5, mamba_d_conv=3, mamba_expand=1, mamba_dt_rank=6, mamba_conv_bias=False,
+               mamba_proj_bias=True),
+    moe=dict(num_experts=6, num_experts_per_tok=3, moe_intermediate_size=24, shared_expert_intermediate_size=40,
+             norm_topk_prob=False),
+)
+
+
+def test_other_dimensions_match_reference(tmp_path_factory):
+    path = make_composed_checkpoint(str(tmp_path_factory.mktemp("variant")), seed=5, **VARIANT)
+    s = make_scheduler(path, chunked_prefill_size=11)
+    vocab = s.vocab_size
+    run_and_check(path, s, {0: [full_request(f"v{i}", prompt_of(n, 20 + i, vocab), vocab)
+                                for i, n in enumerate([29, 3])]})
