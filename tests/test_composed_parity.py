@@ -56,6 +56,7 @@ def test_plan_and_packed_state_layout(composed):
     assert config.recurrent_state_shapes() == ((1, 576), (2048,))
     pool = s.runner.state_pool
     assert pool.conv.shape[0] == len(config.state_layers) == 5
+    assert s.runner.plan.state_bytes_per_request == 5 * (576 + 2048) * 4  # float32 conv and ssm states
     lines = s.runner.model.dispatch_plan()
     assert "attention_mamba2" in lines[4] and "[torch+torch]" in lines[4]
 
