@@ -36,7 +36,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("part", choices=["offline", "multiturn"])
+    p.add_argument("part", choices=["offline", "multiturn", "offline-one"])
+    p.add_argument("--variant", default="cache", choices=["cache", "no_cache"], help="offline-one: which engine")
     p.add_argument("--config", default=os.path.join(ROOT, "configs", "qwen3_5-9b-text"))
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--shared-requests", type=int, default=500)
@@ -91,9 +92,24 @@ def case_ttft(engine, vocab: int, reps: int) -> dict:
         t, out = _timed(engine, prefix + _tokens(rng, vocab, 64))
         hit.append(t)
         cached.append(out["meta_info"]["cached_tokens"])
-    return {"cold_ttft_ms": 1e3 * statistics.median(cold), "second_ttft_ms": 1e3 * statistics.median(second),
+    profile = _profile(engine, prefix + _tokens(rng, vocab, 64))
+    return {"profile_of_a_hit": profile, "cold_ttft_ms": 1e3 * statistics.median(cold),
+            "second_ttft_ms": 1e3 * statistics.median(second),
             "hit_ttft_ms": 1e3 * statistics.median(hit), "hit_cached_tokens": cached,
             "hit_over_cold": statistics.median(hit) / statistics.median(cold)}
+
+
+def _profile(engine, ids: list[int]) -> str:
+    """Device kernels of one more hit, by total device time, and its wall time."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no CUDA"
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        t, out = _timed(engine, ids)
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60)
+    return f"wall {1e3 * t:.1f} ms, cached {out['meta_info']['cached_tokens']}\n{table}"
 
 
 def case_n8(engine, vocab: int) -> dict:
@@ -143,13 +159,30 @@ def case_random(engine, vocab: int) -> dict:
     return r
 
 
-def offline(args) -> dict:
+def offline(args, argv: list[str]) -> dict:
+    """Each engine in its own process, as a server would run (one process, one engine)."""
+    import subprocess
+    import tempfile
+
+    report = {"config": os.path.basename(args.config)}
+    for label in ("cache", "no_cache"):
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            rest = [a for a in argv if a not in ("offline",)]
+            rest = [a for i, a in enumerate(rest) if a != "--out" and (i == 0 or rest[i - 1] != "--out")]
+            subprocess.run([sys.executable, __file__, "offline-one", "--variant", label, *rest, "--out", out.name],
+                           check=True)
+            with open(out.name) as f:
+                report[label] = json.load(f)[label]
+    return report
+
+
+def offline_one(args) -> dict:
     from hybrid_sgl.config import ModelConfig
 
     vocab = ModelConfig.from_hf(args.config).vocab_size
     cases = args.cases.split(",")
     report = {"config": os.path.basename(args.config)}
-    for label, disable in (("cache", False), ("no_cache", True)):
+    for label, disable in ((args.variant, args.variant == "no_cache"),):
         engine = _engine(args, disable)
         try:
             info = engine.server_info()
@@ -165,21 +198,9 @@ def offline(args) -> dict:
             r["cache_stats"] = _stats(engine)
         finally:
             engine.shutdown()
-            del engine
-            _free_device()
         report[label] = r
         print(json.dumps({label: r}, indent=1), flush=True)
     return report
-
-
-def _free_device() -> None:
-    import gc
-
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 # ---- multi-turn over HTTP --------------------------------------------------------------------------
@@ -248,9 +269,12 @@ def multiturn(args) -> dict:
 
 def main(argv=None) -> dict:
     global SCALE
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     SCALE = args.scale
-    report = offline(args) if args.part == "offline" else multiturn(args)
+    parts = {"offline": lambda: offline(args, argv), "offline-one": lambda: offline_one(args),
+             "multiturn": lambda: multiturn(args)}
+    report = parts[args.part]()
     print(json.dumps({k: v for k, v in report.items() if k in ("throughput_ratio", "ttft_ratio")}))
     if args.out:
         with open(args.out, "w") as f:

@@ -26,12 +26,12 @@ def _tokens(seed: int, n: int) -> list[int]:
     return torch.randint(3, 300, (n,), generator=g).tolist()
 
 
-def _req(rid, prompt, *, max_new=5, temperature=0.0, seed=None) -> Req:
+def _req(rid, prompt, *, max_new=5, temperature=0.0, seed=None, device="cpu") -> Req:
     req = Req(rid=rid, prompt_ids=list(prompt), params=SamplingParams(max_new_tokens=max_new, temperature=temperature,
                                                                       ignore_eos=True, sampling_seed=seed),
               return_logprob=True, logprob_start_len=len(prompt))
     if seed is not None:
-        req.generator = torch.Generator().manual_seed(seed)
+        req.generator = torch.Generator(device=device).manual_seed(seed)
     return req
 
 
@@ -56,7 +56,8 @@ def _scenario(s: Scheduler) -> dict[str, list[Req]]:
     stem = _tokens(8, 37)  # the prompts diverge inside the third page
     out["diverge"] = _serve(s, [_req("d0", stem + _tokens(9, 6)), _req("d1", stem + _tokens(10, 8))])
     prompt = _tokens(11, 40)
-    out["n4"] = _serve(s, [_req(f"n{j}", prompt, temperature=0.8, seed=100 + j) for j in range(4)])
+    device = s.runner.device
+    out["n4"] = _serve(s, [_req(f"n{j}", prompt, temperature=0.8, seed=100 + j, device=device) for j in range(4)])
     return out
 
 

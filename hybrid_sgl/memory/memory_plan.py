@@ -90,6 +90,8 @@ def plan_memory(*, config: ModelConfig, state: StateShapes | None, kv_dtype: tor
         raise ValueError(f"{running} running slots + {snapshots} snapshots of {state_per_req} bytes leave no room "
                          f"for KV pages in a {budget_bytes}-byte budget; lower --max-mamba-cache-size")
     tokens = left // max(kv_per_token, 1)
+    if attn is not None and config.kv_layers:  # one layer's K (or V) must stay indexable with int32 offsets
+        tokens = min(tokens, (2**31 - 1) // (attn.num_kv_heads * attn.head_dim) - page_size)
     per_request = -(-context_length // page_size) * page_size  # whole pages
     tokens = min(tokens, running * per_request)  # more could never be used at once
     if max_total_tokens is not None:
