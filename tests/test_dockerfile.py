@@ -111,13 +111,16 @@ def test_runs_as_a_user_with_a_health_check(stages):
 
 
 def test_entrypoint_starts_the_launcher(stages):
+    # the entrypoint as the container runs it, with this machine's Python for the image's venv
     _, stage = stages
+    values = declared(stage)
     entrypoint = json.loads(next(rest for k, rest in stage if k == "ENTRYPOINT"))
-    script = " ".join(entrypoint)
-    assert "-m hybrid_sgl.launch_server" in script and "--host 0.0.0.0" in script and '"$@"' in script
-    from hybrid_sgl.launch_server import parse_args
-
-    assert parse_args(["--host", "0.0.0.0", "--port", "30000", "--model-path", "/models/x"]).port == 30000
+    image_python = next(w for w in entrypoint[2].split() if w.endswith("/bin/python"))
+    argv = [entrypoint[0], entrypoint[1], entrypoint[2].replace(image_python, sys.executable), *entrypoint[3:]]
+    out = subprocess.run([*argv, "--model-path", "/models/a b", "--help"], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PORT": values["PORT"]}, cwd=REPO)
+    assert out.returncode == 0 and "--model-path" in out.stdout, out.stderr
+    assert "-m hybrid_sgl.launch_server --host 0.0.0.0" in entrypoint[2]
 
 
 def test_copy_sources_exist(stages):
