@@ -1,8 +1,9 @@
 """HybridSGLForCausalLM: a composed hybrid (config: `hybrid_sgl.models.composed_config`). Each layer
 is norm -> mixer -> add, then norm -> FFN -> add; a layer whose mixer or FFN is "none" lacks that half.
 
-Checkpoint weight names (stable; `hybrid_sgl.reference` writes them). H hidden, V vocab; RMSNorms are
-zero-centered (y = x / rms * (1 + w)):
+Checkpoint weight names (stable; `hybrid_sgl.reference` writes them). H hidden, V vocab. The layer
+norms, the final norm and q/k norms are zero-centered RMSNorms (y = x / rms * (1 + w), Qwen3.5's); the
+norms inside the GDN, Mamba2 and Mamba mixers multiply by w, as in their families:
 
     model.embed_tokens.weight [V, H]; model.norm.weight [H]; lm_head.weight [V, H] (absent when tied)
     model.layers.{i}.input_layernorm.weight [H]           before the mixer

@@ -28,8 +28,9 @@ own attention kinds in any config.json it reads (AutoTokenizer reads it too).
 
 A section is needed only when a layer uses its kind ("attention_mamba2" uses full_attention and
 mamba2). Its dimension fields are required: a default would have to agree with the HF config class
-the reference builds, so none is assumed. Norms are zero-centered RMSNorms (Qwen3.5's), activations
-silu. The weight names are in `hybrid_sgl.models.composed`.
+the reference builds, so none is assumed. Layer norms are zero-centered RMSNorms (Qwen3.5's), one
+`rms_norm_eps` serves every norm, activations are silu. The weight names are in
+`hybrid_sgl.models.composed`.
 
 Recurrent state: layers of different kinds have different state shapes, and the state pool holds one
 shape per slot; `ComposedConfig.recurrent_state_shapes()` packs every state layer's conv and SSM
