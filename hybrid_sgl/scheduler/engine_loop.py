@@ -59,6 +59,11 @@ class EngineLoop:
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def num_sinks(self) -> int:
+        """Requests whose updates still have somewhere to go (read on the engine thread)."""
+        return len(self._sinks)
+
     def submit(self, req: Req, callback: Callable[[ReqUpdate], None]) -> None:
         self._inbox.put(("add", req, callback))
 

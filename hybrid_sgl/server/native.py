@@ -171,7 +171,8 @@ async def abort_request(request: Request):
 
 @router.get("/debug/allocator")
 async def allocator_state(request: Request):
-    """Pool usage and the allocator's integrity check (for tests and operators)."""
+    """Pool usage and the integrity check, plus what requests leave behind if anything leaks:
+    output sinks on the engine thread, reserved rids, asyncio tasks (for tests and operators)."""
     ctx = get_context(request)
 
     def check(scheduler):
@@ -181,9 +182,13 @@ async def allocator_state(request: Request):
             stats["integrity"] = "ok"
         except AssertionError as e:
             stats["integrity"] = f"violated: {e}"
+        stats["open_sinks"] = ctx.engine.loop.num_sinks
         return stats
 
-    return json_response(await on_engine(ctx, check))
+    stats = await on_engine(ctx, check)
+    stats["reserved_rids"] = len(ctx.engine.rids)
+    stats["asyncio_tasks"] = len(asyncio.all_tasks())
+    return json_response(stats)
 
 
 @router.get("/metrics")

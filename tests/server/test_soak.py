@@ -28,14 +28,14 @@ async def _one(c: httpx.AsyncClient, i: int, kind: str, rng: random.Random, figu
         first = {**body, "rid": f"dup-{i}", "stream": True, "sampling_params": {**params, "max_new_tokens": 200}}
         async with c.stream("POST", "/generate", json=first) as r:
             figures[r.status_code] += 1
-            first_line = None
-            async for line in r.aiter_lines():
-                if line.startswith("data:"):
-                    first_line = line
-                    break
+            lines = r.aiter_lines()  # kept open: a finalized iterator closes the connection (a disconnect)
+            first_line = await anext(lines)
+            while not first_line.startswith("data:"):
+                first_line = await anext(lines)
             second = await c.post("/generate", json={**body, "rid": f"dup-{i}"})
             figures[second.status_code] += 1
             assert second.status_code == 409, (first_line, second.text)
+            await lines.aclose()
     elif kind == "n_samples":
         r = await c.post("/generate", json={**body, "sampling_params": {**params, "n": rng.randint(2, 4)}})
         figures[r.status_code] += 1
@@ -94,6 +94,7 @@ async def soak(url: str, num_requests: int = NUM_REQUESTS, seed: int = 0) -> Cou
 
 
 def test_soak_leaves_no_5xx_no_hang_and_free_pools(server):
+    tasks_before = server.wait_idle()["asyncio_tasks"]
     figures = asyncio.run(soak(server.url))
     print(f"\nsoak: {dict(sorted(figures.items(), key=str))}")
     assert not [s for s in figures if isinstance(s, int) and s >= 500], figures
@@ -103,6 +104,8 @@ def test_soak_leaves_no_5xx_no_hang_and_free_pools(server):
     assert state["integrity"] == "ok", state
     assert state["num_running_reqs"] == 0 and state["num_waiting_reqs"] == 0, state
     assert state["num_free_slots"] == state["num_slots"] and state["num_free_pages"] == state["num_pages"], state
+    assert state["open_sinks"] == 0 and state["reserved_rids"] == 0, state
+    assert state["asyncio_tasks"] <= tasks_before, (tasks_before, state)  # no watcher or stream task left
     r = httpx.post(server.url + "/generate", json={"text": "after", "rid": "soak-1",
                                                    "sampling_params": {"max_new_tokens": 2}}, timeout=30)
     assert r.status_code == 200  # every soak rid is free again
