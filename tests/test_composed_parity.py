@@ -136,3 +136,15 @@ def test_other_dimensions_match_reference(tmp_path_factory):
     vocab = s.vocab_size
     run_and_check(path, s, {0: [full_request(f"v{i}", prompt_of(n, 20 + i, vocab), vocab)
                                 for i, n in enumerate([29, 3])]})
+
+
+def test_prefix_cache_changes_no_token_and_no_logprob(composed):
+    """The prefix cache's scenario (shared system prompt, multi-turn chat, prompts diverging inside a
+    page, n = 4 samples): snapshots copy the packed state rows of every kind, and restoring them gives
+    the tokens and logprobs of a run without the cache."""
+    from tests.test_prefix_cache_families import assert_same_outputs, check_predicted_cached_tokens, run_both
+
+    plain, cached = run_both(composed)
+    for case in plain:
+        assert_same_outputs(plain[case], cached[case])
+    check_predicted_cached_tokens(cached)
