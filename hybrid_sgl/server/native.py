@@ -77,7 +77,7 @@ async def _generate_events(ctx: ServerContext, request: Request, sub: Submission
                 if error is not None:
                     yield sse_error(*error)
                     break
-                chunk = out.to_dict(stream=True)
+                chunk = await ctx.off_loop(out.to_dict, stream=True) if out.finished else out.to_dict(stream=True)
                 if not single:
                     chunk["index"] = index
                 yield sse(chunk)

@@ -139,7 +139,7 @@ async def _stream(ctx: ServerContext, request: Request, sub: Submission, req: Co
                 if error is not None:
                     yield sse_error(*error)
                     break
-                text = out.streaming_text()
+                text = await ctx.off_loop(out.streaming_text) if out.finished else out.streaming_text()
                 delta = text[sent_text[i]:]
                 sent_text[i] = len(text)
                 first = not started[i]
