@@ -159,6 +159,8 @@ def describe_validation(errors: list[dict]) -> tuple[str, str | None]:
     for field, errs in by_field.items():
         if errs[0]["type"] == "extra_forbidden":
             parts.append(f"unknown field '{_path(errs[0]['loc'])}' (not supported by this server)")
+        elif errs[0]["type"] == "missing":
+            parts.append(f"'{_path(errs[0]['loc'])}' is required")
         elif len(errs) == 1:
             parts.append(f"'{_path(errs[0]['loc'])}': {_message(errs[0])}")
         else:
@@ -171,8 +173,6 @@ def _message(e: dict) -> str:
     msg = e["msg"]
     if e["type"] in ("value_error", "assertion_error"):
         msg = msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
-    if e["type"] == "missing":
-        return "is required"
     return msg.replace("Input should be", "must be")
 
 
