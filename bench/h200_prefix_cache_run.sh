@@ -26,7 +26,7 @@ for part in ${*:-tests offline mamba multiturn}; do
         --out "$OUT/prefix_cache_nemotron_h-8b.json" 2>&1 | quiet | tee "$OUT/prefix_cache_nemotron_h-8b.log" \
         | grep -E "memory plan|rror" ;;
     multiturn)  # 64 users x 8 turns over HTTP, against --disable-radix-cache
-      timeout 500 python3 bench/prefix_cache.py multiturn --config configs/qwen3_5-9b-text \
+      timeout 280 python3 bench/prefix_cache.py multiturn --config configs/qwen3_5-9b-text \
         --out "$OUT/multiturn_qwen3_5-9b.json" 2>&1 | quiet | tee "$OUT/multiturn_qwen3_5-9b.log" | tail -4 ;;
   esac
 done

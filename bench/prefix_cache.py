@@ -102,18 +102,26 @@ def case_ttft(engine, vocab: int, reps: int) -> dict:
 def _profile(engine, ids: list[int]) -> str:
     """Device kernels of one more hit, by total device time, and its wall time."""
     import torch
+    from step_timing import StepTimer
 
+    with StepTimer(engine) as timer:
+        t0, _ = _timed(engine, ids[:-1] + [ids[-1] ^ 1])  # another hit, its steps timed
+    steps = "\n".join(f"step {r.mode} new={r.new_tokens} wall={1e3 * r.wall_s:.2f} schedule={1e3 * r.schedule_s:.2f} "
+                      f"build={1e3 * r.build_s:.2f} run={1e3 * r.run_s:.2f} forward={1e3 * r.forward_s:.2f} ms"
+                      for r in timer.take())
     if not torch.cuda.is_available():
-        return "no CUDA"
+        return f"timed hit: wall {1e3 * t0:.1f} ms\n{steps}"
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         t, out = _timed(engine, ids)
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60)
-    return f"wall {1e3 * t:.1f} ms, cached {out['meta_info']['cached_tokens']}\n{table}"
+    return (f"timed hit: wall {1e3 * t0:.1f} ms\n{steps}\nprofiled hit: wall {1e3 * t:.1f} ms, cached "
+            f"{out['meta_info']['cached_tokens']}\n{table}")
 
 
 def case_n8(engine, vocab: int) -> dict:
     rng = random.Random(2)
+    _timed(engine, _tokens(rng, vocab, 2048), max_new=128, n=8, temperature=0.7, sampling_seed=4)  # warm-up
     prompt = _tokens(rng, vocab, 2048)
     before = _stats(engine)["computed_prompt_tokens"]
     t, outs = _timed(engine, prompt, max_new=128, n=8, temperature=0.7, sampling_seed=5)
@@ -255,7 +263,8 @@ def multiturn(args) -> dict:
     vocab = ModelConfig.from_hf(args.config).vocab_size
     report = {"config": os.path.basename(args.config)}
     for label, flag in (("cache", ""), ("no_cache", " --disable-radix-cache")):
-        server = (f"--model-path {args.config} --load-format dummy --skip-tokenizer-init --context-length 8192 "
+        server = (f"--model-path {args.config} --load-format dummy --skip-tokenizer-init "
+                  f"--context-length {int(8192 * SCALE)} "
                   f"--random-seed 0{flag}")
         log = os.path.join(os.environ.get("OUT", "."), f"multiturn_{label}.log")
         with launched_server(server, log, 1200) as url:
