@@ -161,7 +161,7 @@ def test_nulls_mean_defaults(url):
     """SGLang's frontend sends every sampling key, null when unset."""
     params = {k: None for k in ("min_new_tokens", "n", "stop", "stop_token_ids", "stop_regex", "top_p", "top_k",
                                 "min_p", "frequency_penalty", "presence_penalty", "ignore_eos", "regex",
-                                "json_schema")}
+                                "json_schema", "seed", "sampling_seed", "stream_interval", "logit_bias")}
     out = ok(url, text="Hi", sampling_params={**params, "max_new_tokens": 3, "temperature": 0})
     assert out["meta_info"]["completion_tokens"] <= 3
 
