@@ -11,7 +11,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from hybrid_sgl.constrained.backend import grammar_key
+from hybrid_sgl.constrained.backend import GrammarKey, grammar_key
 
 MAX_STOP_STRINGS = 32
 MAX_N = 128  # sequences sampled from one prompt
@@ -125,6 +125,10 @@ class SamplingParams:
                 re.compile(pattern)
             except re.error as e:
                 raise ValueError(f"stop_regex {pattern!r} is not a valid regular expression: {e}") from None
+
+    @property
+    def grammar_key(self) -> GrammarKey | None:
+        return grammar_key(self.regex, self.json_schema, self.ebnf, self.structural_tag)
 
     @property
     def stop_regexes(self) -> list[str]:
