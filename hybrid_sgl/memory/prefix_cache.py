@@ -24,6 +24,7 @@ node with no snapshot below it is useless for a hybrid model and goes at once.
 from __future__ import annotations
 
 import itertools
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from hybrid_sgl.memory.allocator import Allocator, OutOfPages
@@ -37,6 +38,7 @@ class Snapshot:
     index: int  # state-pool index
     tail: tuple[int, ...]  # tokens [floor(pos), pos)
     tail_page: int | None  # page with the tail's KV (None when tail is empty)
+    node: Node | None = None  # the node it hangs on
     last_used: int = 0
 
 
@@ -78,6 +80,7 @@ class PrefixCache:
         self.stateful = state_pool is not None
         self.root = Node(key=(), pages=[], start=0)
         self._clock = itertools.count(1)
+        self._lru: OrderedDict[Snapshot, None] = OrderedDict()  # every snapshot, least recently used first
         self.hit_tokens = 0  # tokens restored from the cache, over all admissions
         self.lookup_tokens = 0  # prompt tokens looked up
 
@@ -135,6 +138,7 @@ class PrefixCache:
         now = next(self._clock)
         if m.snapshot is not None:
             m.snapshot.last_used = now
+            self._lru.move_to_end(m.snapshot)
         n = m.node
         while n is not None:
             n.last_used = now
@@ -209,6 +213,8 @@ class PrefixCache:
         keep = [s for s in node.snapshots if s.pos - len(s.tail) > upper.end]
         upper.snapshots = [s for s in node.snapshots if s.pos - len(s.tail) <= upper.end]
         node.snapshots = keep
+        for snap in upper.snapshots:
+            snap.node = upper
         return upper
 
     def _add_snapshot(self, node: Node, pos: int, tail: tuple[int, ...], tail_page: int | None, slot: int | None,
@@ -217,6 +223,7 @@ class PrefixCache:
         for snap in node.snapshots:
             if snap.pos == pos and snap.tail == tail:
                 snap.last_used = now
+                self._lru.move_to_end(snap)
                 if filled is not None:
                     self.allocator.free_snapshot(filled)
                 return
@@ -227,7 +234,9 @@ class PrefixCache:
             self.state_pool.copy_slot(slot, index)
         if tail_page is not None:
             self.allocator.ref_page(tail_page)
-        node.snapshots.append(Snapshot(pos=pos, index=index, tail=tail, tail_page=tail_page, last_used=now))
+        snap = Snapshot(pos=pos, index=index, tail=tail, tail_page=tail_page, node=node, last_used=now)
+        node.snapshots.append(snap)
+        self._lru[snap] = None
 
     def take_snapshot_slot(self) -> int | None:
         """A free snapshot slot (evicting the least recently used snapshot if needed), or None."""
@@ -252,16 +261,17 @@ class PrefixCache:
     def evict_snapshots(self, num_free: int) -> bool:
         """Evict snapshots, least recently used first, until num_free snapshot slots are free."""
         while self.allocator.num_free_snapshots < num_free:
-            snaps = [(s, n) for n in self._nodes() for s in n.snapshots]
-            if not snaps:
+            if not self._lru:
                 return False
-            snap, node = min(snaps, key=lambda sn: sn[0].last_used)
+            snap = next(iter(self._lru))
+            node = snap.node
             self._drop_snapshot(node, snap)
             self._prune(node)
         return True
 
     def _drop_snapshot(self, node: Node, snap: Snapshot) -> None:
         node.snapshots.remove(snap)
+        del self._lru[snap]
         self.allocator.free_snapshot(snap.index)
         if snap.tail_page is not None:
             self.allocator.unref_page(snap.tail_page)
@@ -334,7 +344,9 @@ class PrefixCache:
         """Tree shape, page alignment, locks equal to the sum of the children's plus own users (checked
         by the caller through `lock` counts >= children's), snapshots inside their node's range."""
         ps = self.page_size
-        for n in self._nodes():
+        nodes = self._nodes()
+        assert len(self._lru) == sum(len(n.snapshots) for n in nodes), "the LRU list and the tree disagree"
+        for n in nodes:
             if n is self.root:
                 assert not n.key and not n.pages and n.start == 0, "root holds tokens"
             else:
@@ -346,6 +358,7 @@ class PrefixCache:
                     "a leaf without snapshots is kept in a hybrid model's cache")
             assert n.lock >= sum(c.lock for c in n.children.values()), "a node's lock is below its children's"
             for s in n.snapshots:
+                assert s.node is n and s in self._lru, "snapshot's node or LRU entry is stale"
                 floor = s.pos - len(s.tail)
                 assert floor % ps == 0 and len(s.tail) < ps, "snapshot tail is not the partial page"
                 assert (n is self.root and floor == 0) or n.start < floor <= n.end, "snapshot outside its node"
