@@ -13,6 +13,10 @@ import xgrammar as xgr
 from hybrid_sgl.constrained.backend import ANY_JSON, GrammarBackend, GrammarError, GrammarKey, GrammarMatcher
 
 MAX_JSON_WHITESPACE = 4
+# xgrammar's character class for length-bounded JSON strings lets raw control characters through,
+# which JSON forbids (json.loads rejects them); its unbounded strings already exclude them.
+_BOUNDED_STRING_CHARS = '[^\\"\\\\\\r\\n]'
+_JSON_STRING_CHARS = '[^\\0-\\x1f\\"\\\\\\r\\n]'
 _LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: (Check failed: .*? is false: )?")
 
 
@@ -50,8 +54,9 @@ class XGrammarBackend(GrammarBackend):
                 if key.spec == ANY_JSON:
                     return self._compiler.compile_builtin_json_grammar()
                 json.loads(key.spec)  # a clearer message than the C++ parser's
-                return self._compiler.compile_json_schema(key.spec, any_whitespace=True,
-                                                          max_whitespace_cnt=MAX_JSON_WHITESPACE)
+                grammar = xgr.Grammar.from_json_schema(key.spec, any_whitespace=True,
+                                                       max_whitespace_cnt=MAX_JSON_WHITESPACE)
+                return self._compiler.compile_grammar(_without_raw_control_chars(grammar))
             return self._compiler.compile_structural_tag(_structural_tag(key.spec))
         except json.JSONDecodeError as e:
             raise GrammarError(f"{key.field} is not valid JSON: {e}") from None
@@ -71,6 +76,11 @@ def _structural_tag(spec: str):
                  for s in tag["structures"]]
         return xgr.StructuralTag.from_legacy_structural_tag(items, tag["triggers"])
     return spec
+
+
+def _without_raw_control_chars(grammar: xgr.Grammar) -> str:
+    """The grammar as EBNF, its bounded-length JSON strings barred from raw U+0000..U+001F."""
+    return str(grammar).replace(_BOUNDED_STRING_CHARS, _JSON_STRING_CHARS)
 
 
 def _clean(message: str) -> str:

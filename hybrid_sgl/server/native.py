@@ -26,6 +26,7 @@ from hybrid_sgl.server.generation import (
 from hybrid_sgl.server.metrics import engine_stats
 from hybrid_sgl.server.openapi import body_schema
 from hybrid_sgl.server.protocol import AbortRequest, GenerateRequest, unsupported_fields
+from hybrid_sgl.server.structured import grammars_compiled
 from hybrid_sgl.submission import Submission
 from hybrid_sgl.version import __version__
 
@@ -50,6 +51,7 @@ async def generate(request: Request):
     prepared, single = await ctx.off_loop(ctx.engine.prepare, body.text, body.sampling_params, body.input_ids,
                                           body.return_logprob, body.logprob_start_len, body.top_logprobs_num,
                                           body.return_text_in_logprobs, body.rid)
+    await grammars_compiled(ctx.engine.scheduler.grammars, prepared)
     sub = ctx.engine.submit(prepared)
     if body.stream:
         return streaming_response(_generate_events(ctx, request, sub, single, body.log_metrics), sub)

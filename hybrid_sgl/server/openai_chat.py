@@ -35,6 +35,7 @@ from hybrid_sgl.server.openai_common import (
 )
 from hybrid_sgl.server.openapi import body_schema
 from hybrid_sgl.server.protocol import ChatCompletionRequest, ChatMessage
+from hybrid_sgl.server.structured import grammars_compiled
 from hybrid_sgl.submission import Submission
 
 router = APIRouter()
@@ -103,6 +104,7 @@ async def chat_completions(request: Request):
     want_lp = bool(req.logprobs)
     prepared, _ = await ctx.off_loop(ctx.engine.prepare, None, params, ids, want_lp, None, req.top_logprobs or 0,
                                      True, rid)
+    await grammars_compiled(ctx.engine.scheduler.grammars, prepared)
     sub = ctx.engine.submit(prepared)
     base = {"id": rid, "object": "chat.completion", "created": now(), "model": req.model or ctx.served_model_name}
     tt: TokenText = request.app.state.token_text

@@ -15,6 +15,7 @@ from hybrid_sgl.outputs import OutputState
 from hybrid_sgl.server.errors import ApiError, json_response
 from hybrid_sgl.server.generation import ServerContext, get_context
 from hybrid_sgl.server.protocol import _OpenAISampling
+from hybrid_sgl.server.structured import response_format_params
 
 router = APIRouter()
 LOGIT_BIAS_LIMIT = 100.0
@@ -30,11 +31,6 @@ def check_request(req: _OpenAISampling) -> None:
         raise ApiError("stream_options is only allowed when stream is true", param="stream_options")
     if req.temperature is not None and not 0.0 <= req.temperature <= 2.0:
         raise ApiError(f"temperature must be between 0 and 2, got {req.temperature}", param="temperature")
-    if req.response_format is not None:
-        kind = req.response_format.get("type")
-        if kind != "text":
-            raise ApiError(f"response_format type {kind!r} is not supported yet (constrained decoding)",
-                           param="response_format")
     for key, bias in (req.logit_bias or {}).items():
         if not key.lstrip("-").isdigit():
             raise ApiError(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias")
@@ -54,6 +50,7 @@ def sampling_params(req: _OpenAISampling, max_new_tokens: int) -> dict:
         "skip_special_tokens": req.skip_special_tokens,
         "spaces_between_special_tokens": req.spaces_between_special_tokens,
         "regex": req.regex, "json_schema": req.json_schema, "ebnf": req.ebnf,
+        **response_format_params(req.response_format),
         "logit_bias": {int(k): v for k, v in req.logit_bias.items()} if req.logit_bias else None,
     }
     return {k: v for k, v in params.items() if v is not None}

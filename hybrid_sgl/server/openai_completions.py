@@ -37,6 +37,7 @@ from hybrid_sgl.server.openai_common import (
 )
 from hybrid_sgl.server.openapi import body_schema
 from hybrid_sgl.server.protocol import CompletionRequest
+from hybrid_sgl.server.structured import grammars_compiled
 from hybrid_sgl.submission import Submission
 
 router = APIRouter()
@@ -85,6 +86,7 @@ async def completions(request: Request):
     rid = req.rid or new_id("cmpl")
     prepared, _ = await ctx.off_loop(ctx.engine.prepare, None, params, ids_list, want_lp,
                                      0 if (req.echo and want_lp) else None, req.logprobs, True, rid)
+    await grammars_compiled(ctx.engine.scheduler.grammars, prepared)
     sub = ctx.engine.submit(prepared)
     base = {"id": rid, "object": "text_completion", "created": now(), "model": req.model or ctx.served_model_name}
     tt: TokenText = request.app.state.token_text

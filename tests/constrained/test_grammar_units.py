@@ -111,3 +111,13 @@ def test_overlapped_constrained_steps(engine):
     assert engine.scheduler.num_overlapped_steps > before
     both = engine.generate(["Go:", "Other"], [params, {"max_new_tokens": 10, "temperature": 0}])
     assert both[0]["output_ids"] == alone["output_ids"]
+
+
+def test_json_strings_never_hold_raw_control_characters(engine):
+    import xgrammar as xgr
+
+    backend = engine.scheduler.grammars.backend
+    for schema in ('{"type": "string", "maxLength": 4}', '{"type": "string"}'):
+        compiled = backend.compile(GrammarKey("json", schema))
+        assert not xgr.GrammarMatcher(compiled).accept_string('"a\x17')
+        assert xgr.GrammarMatcher(compiled).accept_string('"ab"')

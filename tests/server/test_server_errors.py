@@ -92,8 +92,8 @@ CASES = [
     ("/generate", {"text": "a", "image_data": "x.png"}, 400, "image_data is not supported yet"),
     ("/v1/completions", {"prompt": "a", "regex": ["[ab]+"]}, 400, "regex"),
     ("/v1/completions", {"prompt": "a", "suffix": "end"}, 400, "suffix is not supported yet"),
-    ("/v1/chat/completions", {"messages": CHAT, "response_format": {"type": "json_object"}}, 400,
-     "not supported yet"),
+    ("/v1/chat/completions", {"messages": CHAT, "response_format": {"type": "yaml"}}, 400,
+     "response_format type 'yaml' is not supported"),
     ("/v1/chat/completions", {"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
      "not supported yet"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
