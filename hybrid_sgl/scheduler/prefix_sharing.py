@@ -64,7 +64,7 @@ class PrefixSharing:
             if other is req:
                 continue
             b = self.branch_point(req, other)
-            if b >= max(hit + self.min_branch, other.num_computed + 1):
+            if b and b >= max(hit + self.min_branch, other.num_computed + 1):
                 return True
         return False
 
@@ -111,7 +111,7 @@ class PrefixSharing:
         for other in waiting:
             if other is not req:
                 b = self.branch_point(req, other)
-                if b >= self.min_branch and start < b < end:
+                if b and start < b < end:
                     points.add(b)
         return sorted(points)
 
@@ -131,9 +131,19 @@ class PrefixSharing:
             item.snapshots = []
 
     def branch_point(self, a: Req, b: Req) -> int:
-        """Deepest position whose state both requests could use: their common prefix, leaving each at
-        least one token to compute."""
-        return min(_common_prefix(a.fill_ids, b.fill_ids), a.seq_len - 1, b.seq_len - 1)
+        """Deepest prompt position whose state both requests could use: their prompts' common prefix,
+        leaving each at least one token to compute; 0 unless it reaches min_branch_tokens (checked
+        first on the prompts' first min_branch_tokens tokens, so unrelated requests cost a compare)."""
+        key_a, key_b = self._head(a), self._head(b)
+        if key_a is None or key_a != key_b:
+            return 0
+        return min(_common_prefix(a.prompt_ids, b.prompt_ids), a.seq_len - 1, b.seq_len - 1)
+
+    def _head(self, req: Req) -> tuple[int, ...] | None:
+        """The prompt's first min_branch_tokens tokens (None for a shorter prompt), kept on the request."""
+        if req.prompt_head is None and len(req.prompt_ids) >= self.min_branch:
+            req.prompt_head = tuple(req.prompt_ids[:self.min_branch])
+        return req.prompt_head
 
     def chunk_done(self, req: Req) -> None:
         """req computed a prompt chunk and goes on: cache what it has, lock that, drop the old lock."""

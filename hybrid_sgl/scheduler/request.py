@@ -43,7 +43,8 @@ class Req:
     num_computed: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     cache_node: Node | None = None  # prefix-cache node this request locks (it reads or writes its pages)
-    branch_pos: int = 0  # cached pages go on to here without a snapshot: end a prompt chunk here
+    branch_pos: int = 0  # cached pages go on to here without a snapshot: take one here
+    prompt_head: tuple[int, ...] | None = None  # first prompt tokens, to find requests sharing a prefix fast
     finish_reason: dict | None = None
     num_preemptions: int = 0
     generator: torch.Generator | None = None
