@@ -33,7 +33,9 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
 def bind_port(host: str, port: int) -> socket.socket:
     """Take the HTTP port before the model loads, so that a busy port fails in a second, not after the
     load; uvicorn serves on this socket."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    # IPPROTO_TCP spelled out: asyncio sets TCP_NODELAY only on sockets that say so, and without it a
+    # kept-alive connection waits ~40 ms for a delayed ACK on every response
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is no obstacle
     try:
         sock.bind((host, port))

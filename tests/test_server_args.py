@@ -145,3 +145,16 @@ def test_load_progress_is_log_lines_off_a_terminal(caplog, capsys):
     lines = [r.message for r in caplog.records if r.message.startswith("loading weights:")]
     assert lines[-1] == f"loading weights: {len(names)}/{len(names)} tensors (100%)" and 5 <= len(lines) <= 11
     assert "tensor/s" not in capsys.readouterr().err  # no tqdm bar in a log file
+
+
+def test_the_launcher_socket_says_it_is_tcp_so_responses_are_not_delayed():
+    """asyncio sets TCP_NODELAY on accepted connections only when the listening socket's proto is TCP."""
+    import socket
+
+    from hybrid_sgl.launch_server import bind_port
+
+    sock = bind_port("127.0.0.1", 0)
+    try:
+        assert sock.proto == socket.IPPROTO_TCP
+    finally:
+        sock.close()
