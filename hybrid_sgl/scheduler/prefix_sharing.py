@@ -59,12 +59,14 @@ class PrefixSharing:
         return sorted(reqs, key=lambda r: (-self.lookup(r).pos, r.arrival))
 
     def held_back(self, req: Req, hit: int, prefilling: Iterable[Req]) -> bool:
-        """Whether req should wait for a running request that is computing a longer shared prefix."""
+        """Whether req should wait for a running request that is computing a longer shared prefix: one
+        that has not reached the branch point yet, when waiting saves min_branch_tokens or the other is
+        already past where req would start (req would only redo its work)."""
         for other in prefilling:
             if other is req:
                 continue
             b = self.branch_point(req, other)
-            if b and b >= max(hit + self.min_branch, other.num_computed + 1):
+            if b > max(hit, other.num_computed) and (b - hit >= self.min_branch or other.num_computed >= hit):
                 return True
         return False
 

@@ -66,9 +66,12 @@ def max_new_tokens_for(ctx: ServerContext, prompt_len: int, max_tokens: int | No
 
 
 def usage(outputs: list[OutputState], n: int) -> dict:
+    """OpenAI usage; prompt_tokens counts each prompt once, cached_tokens (prefix-cache hits) every
+    sequence's, as SGLang reports them."""
     prompt = sum(out.prompt_tokens for out in outputs[::n])
     completion = sum(out.completion_tokens for out in outputs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(out.cached_tokens for out in outputs)}}
 
 
 def finish_fields(out: OutputState) -> dict:
