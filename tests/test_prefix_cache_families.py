@@ -113,3 +113,20 @@ def check_predicted_cached_tokens(c: dict[str, list[Req]]) -> None:
     assert [r.cached_tokens for r in c["diverge"]] == [0, 37]
     # four samples of one 40-token prompt: n0 snapshots 39, the others restore it and compute 1 token
     assert [r.cached_tokens for r in c["n4"]] == [0, 39, 39, 39]
+
+
+def test_engine_n4_with_a_seed_equals_four_seeded_requests(tiny_checkpoint):
+    """Engine API: n = 4 with sampling_seed s (the prompt prefilled once, three samples restoring its
+    snapshot) gives the tokens of four separate requests seeded s..s+3 on an engine without the cache."""
+    from hybrid_sgl import Engine
+
+    path = tiny_checkpoint("qwen3_5")
+    prompt = _tokens(12, 90)
+    params = {"max_new_tokens": 6, "temperature": 0.9, "ignore_eos": True}
+    with Engine(model_path=path, device="cpu", dtype="float32") as engine:
+        outs = engine.generate(input_ids=prompt, sampling_params={**params, "n": 4, "sampling_seed": 11})
+    with Engine(model_path=path, device="cpu", dtype="float32", disable_radix_cache=True) as engine:
+        alone = [engine.generate(input_ids=prompt, sampling_params={**params, "sampling_seed": 11 + j})
+                 for j in range(4)]
+    assert [o["output_ids"] for o in outs] == [a["output_ids"] for a in alone]
+    assert [o["meta_info"]["cached_tokens"] for o in outs] == [0, 89, 89, 89]
