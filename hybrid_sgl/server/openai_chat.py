@@ -7,6 +7,7 @@ import contextlib
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from hybrid_sgl.server.chat_parsing import ChoiceParser, chat_setup, custom_template, template_message_tool_calls
 from hybrid_sgl.server.errors import ApiError, parse_body
 from hybrid_sgl.server.generation import (
     SSE_DONE,
@@ -35,6 +36,7 @@ from hybrid_sgl.server.openai_common import (
 )
 from hybrid_sgl.server.openapi import body_schema
 from hybrid_sgl.server.protocol import ChatCompletionRequest, ChatMessage
+from hybrid_sgl.server.reasoning_parser import ReasoningParser
 from hybrid_sgl.server.structured import grammars_compiled
 from hybrid_sgl.submission import Submission
 
@@ -42,8 +44,6 @@ router = APIRouter()
 
 
 def _message_dict(i: int, m: ChatMessage) -> dict:
-    if m.tool_calls:
-        raise ApiError("tool calls are not supported yet", param=f"messages.{i}.tool_calls")
     content = m.content
     if isinstance(content, list):
         texts = []
@@ -58,13 +58,18 @@ def _message_dict(i: int, m: ChatMessage) -> dict:
         message["name"] = m.name
     if m.tool_call_id is not None:
         message["tool_call_id"] = m.tool_call_id
+    if m.tool_calls:
+        message["tool_calls"] = template_message_tool_calls(i, m.tool_calls)
+    if m.reasoning_content is not None:
+        message["reasoning_content"] = m.reasoning_content
     return message
 
 
-def render_chat(ctx: ServerContext, req: ChatCompletionRequest) -> list[int]:
-    """Prompt token ids from the tokenizer's chat template."""
+def render_chat(ctx: ServerContext, req: ChatCompletionRequest, tools: list[dict] | None = None) -> list[int]:
+    """Prompt token ids from the chat template (--chat-template, else the tokenizer's); tools: the
+    function definitions the template renders."""
     tok = ctx.tokenizer("chat templates")
-    if not tok.chat_template:
+    if not tok.chat_template and ctx.engine.server_args.chat_template is None:
         raise ApiError("this model's tokenizer has no chat template; use /v1/completions with a prompt")
     messages = [_message_dict(i, m) for i, m in enumerate(req.messages)]
     ctx.check_chars([m["content"] for m in messages], "messages")
@@ -76,7 +81,9 @@ def render_chat(ctx: ServerContext, req: ChatCompletionRequest) -> list[int]:
     add_prompt = req.add_generation_prompt is not False and not continue_final
     try:
         text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_prompt,
-                                       continue_final_message=continue_final, **kwargs)
+                                       continue_final_message=continue_final, tools=tools,
+                                       chat_template=custom_template(ctx.engine.server_args.chat_template),
+                                       **kwargs)
     except Exception as e:  # jinja's raise_exception, bad roles/ordering, bad kwargs: the request's fault
         raise ApiError(f"the chat template rejected the messages: {e}", param="messages") from None
     return tok.encode(text, add_special_tokens=False)
@@ -87,19 +94,19 @@ async def chat_completions(request: Request):
     ctx = get_context(request)
     req = await parse_body(request, ChatCompletionRequest)
     check_request(req)
-    if req.tools:
-        raise ApiError("tools (function calling) are not supported yet", param="tools")
-    if req.tool_choice not in (None, "none", "auto"):
-        raise ApiError("tool_choice is not supported yet (no tools)", param="tool_choice")
+    args = ctx.engine.server_args
+    setup = chat_setup(req, args.tool_call_parser, args.reasoning_parser)
     if req.top_logprobs is not None and not req.logprobs:
         raise ApiError("top_logprobs requires logprobs to be true", param="top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     if max_tokens is not None and max_tokens < 1:
         raise ApiError(f"{field} must be at least 1, got {max_tokens}", param=field)
-    ids = await ctx.off_loop(render_chat, ctx, req)
+    ids = await ctx.off_loop(render_chat, ctx, req, setup.template_tools)
     n = req.n or 1
-    params = sampling_params(req, max_new_tokens_for(ctx, len(ids), max_tokens))
+    in_reasoning = ReasoningParser.prompt_opens_block(ctx.tokenizer("chat").decode(ids[-16:]))
+    params = {**sampling_params(req, max_new_tokens_for(ctx, len(ids), max_tokens)),
+              **setup.grammar_params(in_reasoning)}
     rid = req.rid or new_id("chatcmpl")
     want_lp = bool(req.logprobs)
     prepared, _ = await ctx.off_loop(ctx.engine.prepare, None, params, ids, want_lp, None, req.top_logprobs or 0,
@@ -109,8 +116,8 @@ async def chat_completions(request: Request):
     base = {"id": rid, "object": "chat.completion", "created": now(), "model": req.model or ctx.served_model_name}
     tt: TokenText = request.app.state.token_text
     if req.stream:
-        return streaming_response(_stream(ctx, request, sub, req, {**base, "object": "chat.completion.chunk"}, tt),
-                                  sub)
+        return streaming_response(_stream(ctx, request, sub, req, {**base, "object": "chat.completion.chunk"}, tt,
+                                          [setup.choice_parser(in_reasoning) for _ in sub.prepared]), sub)
     try:
         outputs = await run_to_end(ctx, request, sub)
     except ClientDisconnected:
@@ -122,15 +129,18 @@ async def chat_completions(request: Request):
             logprobs = None
             if want_lp:
                 logprobs = {"content": chat_logprobs(tt, out.output_logprobs, out.output_top_logprobs)}
-            choices.append({"index": i, "message": {"role": "assistant", "content": out.final_text()},
-                            "logprobs": logprobs, **finish_fields(out)})
+            parser = setup.choice_parser(in_reasoning)
+            message = parser.message(out.final_text())
+            finish = finish_fields(out)
+            choices.append({"index": i, "message": message, "logprobs": logprobs,
+                            **finish, "finish_reason": parser.finish_reason(finish["finish_reason"])})
         return {**base, "choices": choices, "usage": usage(outputs, n)}
 
     return await json_off_loop(ctx, lambda: [body()], single=True)
 
 
 async def _stream(ctx: ServerContext, request: Request, sub: Submission, req: ChatCompletionRequest, base: dict,
-                  tt: TokenText):
+                  tt: TokenText, parsers: list[ChoiceParser]):
     n = req.n or 1
     count = len(sub.prepared)
     sent_text = [0] * count
@@ -163,9 +173,12 @@ async def _stream(ctx: ServerContext, request: Request, sub: Submission, req: Ch
                     logprobs = {"content": chat_logprobs(tt, out.output_logprobs[start:],
                                                          out.output_top_logprobs[start:])}
                     sent_lp[i] = len(out.output_logprobs)
-                if not delta and logprobs is None and not out.finished:
+                fields = parsers[i].delta(delta, out.finished)
+                if not fields and logprobs is None and not out.finished:
                     continue
-                yield chunk(i, {"content": delta} if delta else {}, logprobs, finish_fields(out), out)
+                finish = finish_fields(out)
+                finish["finish_reason"] = parsers[i].finish_reason(finish["finish_reason"])
+                yield chunk(i, fields, logprobs, finish, out)
         except ClientDisconnected:
             return
     if include_usage:

@@ -133,6 +133,7 @@ class ChatCompletionRequest(_OpenAISampling):
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool | None = True
     continue_final_message: bool | None = False
+    separate_reasoning: bool | None = True  # SGLang: reasoning_content apart (with --reasoning-parser)
 
 
 class TokenizeRequest(_Strict):

@@ -94,8 +94,9 @@ CASES = [
     ("/v1/completions", {"prompt": "a", "suffix": "end"}, 400, "suffix is not supported yet"),
     ("/v1/chat/completions", {"messages": CHAT, "response_format": {"type": "yaml"}}, 400,
      "response_format type 'yaml' is not supported"),
-    ("/v1/chat/completions", {"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
-     "not supported yet"),
+    ("/v1/chat/completions", {"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}],
+                              "tool_choice": "required"}, 400, "start the server with --tool-call-parser"),
+    ("/v1/chat/completions", {"messages": CHAT, "tools": [{"type": "function"}]}, 400, "each tool must be"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, 400, "not supported yet"),
 ]
