@@ -108,6 +108,9 @@ class OutputState:
         send_input = not (stream and self._streamed_input)
         meta["input_token_logprobs"] = self._entries(self.input_logprobs) if send_input else []
         meta["output_token_logprobs"] = self._entries(self.output_logprobs[out_from:])
+        # SGLang 0.5.23: the entries so far (not only this chunk's), so a client can place a chunk's entries
+        meta["input_token_logprobs_length"] = len(self.input_logprobs)
+        meta["output_token_logprobs_length"] = len(self.output_logprobs)
         if self.top_logprobs_num > 0:
             meta["input_top_logprobs"] = ([self._entries(t) if t is not None else None
                                            for t in self.input_top_logprobs] if send_input else [])

@@ -99,3 +99,17 @@ def test_bad_response_format_is_a_400(client, server):
             "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}})
     with pytest.raises(openai.BadRequestError, match="response_format type 'yaml' is not supported"):
         client.chat.completions.create(model=server.model_path, messages=CHAT, response_format={"type": "yaml"})
+
+
+def test_logprob_lengths_in_meta_info(url):
+    body = {"text": "Count:", "return_logprob": True, "logprob_start_len": 0,
+            "sampling_params": {"regex": "[0-9]{6}", "max_new_tokens": 10}}
+    meta = generate(url, **body).json()["meta_info"]
+    assert meta["output_token_logprobs_length"] == len(meta["output_token_logprobs"]) == meta["completion_tokens"]
+    assert meta["input_token_logprobs_length"] == len(meta["input_token_logprobs"]) == meta["prompt_tokens"]
+    with httpx.stream("POST", url + "/generate", json={**body, "stream": True}, timeout=120) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    lengths = [e["meta_info"]["output_token_logprobs_length"] for e in events]
+    assert lengths == sorted(lengths) and lengths[-1] == events[-1]["meta_info"]["completion_tokens"]
+    placed = sum(len(e["meta_info"]["output_token_logprobs"]) for e in events)  # each chunk brings its new ones
+    assert placed == lengths[-1]
