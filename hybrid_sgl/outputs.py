@@ -14,6 +14,7 @@ import time
 
 from transformers import PreTrainedTokenizerBase
 
+from hybrid_sgl.constrained.stop_regex import first_stop_regex_match
 from hybrid_sgl.sampling_params import SamplingParams
 from hybrid_sgl.scheduler.engine_loop import ReqUpdate
 from hybrid_sgl.tokenizer import IncrementalDetokenizer, find_stop, partial_stop_len
@@ -75,6 +76,8 @@ class OutputState:
             hit = find_stop(text, self.params.stop)
             if hit is not None:
                 text = text[: hit[0]]
+        if self.params.stop_regex and isinstance(matched, str) and not self.params.no_stop_trim:
+            text = text[: first_stop_regex_match(text, self.params.stop_regexes)]
         return text
 
     def streaming_text(self) -> str:

@@ -21,3 +21,9 @@ def find_stop_regex(tokenizer, req) -> str | None:
         if match is not None:
             return match.group(0)
     return None
+
+
+def first_stop_regex_match(text: str, patterns: list[str]) -> int:
+    """Where the earliest match of any pattern starts in text (len(text) when none matches)."""
+    starts = [m.start() for m in (_compiled(p).search(text) for p in patterns) if m is not None]
+    return min(starts, default=len(text))
