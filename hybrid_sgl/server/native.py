@@ -1,5 +1,5 @@
 """SGLang's native API: /generate (single, batch, n, streaming, logprobs), model and server info,
-health, cache flush, abort, metrics. Shapes follow sglang.srt.entrypoints.http_server."""
+health, load, cache flush, abort, metrics. Shapes follow sglang.srt.entrypoints.http_server."""
 
 from __future__ import annotations
 
@@ -149,6 +149,24 @@ async def server_info(request: Request):
     stats = await on_engine(ctx, engine_stats)
     stats["last_gen_throughput"] = ctx.metrics.throughput()
     return json_response({**info, "internal_states": [stats], "version": __version__})
+
+
+@router.get("/get_load")
+async def get_load(request: Request):
+    """The load of each data-parallel rank (one here), in SGLang's shape. num_tokens counts the KV
+    tokens held by running requests (pages the prefix cache could evict are free) plus the prompts
+    still waiting; sglang-router sums it over ranks for its power_of_two policy and /get_loads."""
+    ctx = get_context(request)
+
+    def load(scheduler) -> dict:
+        a, stats = scheduler.allocator, scheduler.cache_stats()
+        used = (a.num_pages - a.num_free_pages - stats["evictable_pages"]) * a.page_size
+        pending = sum(len(req.prompt_ids) for req in scheduler.waiting)
+        waiting = len(scheduler.waiting)
+        return {"dp_rank": 0, "num_reqs": len(scheduler.running) + waiting, "num_waiting_reqs": waiting,
+                "num_tokens": used + pending, "num_pending_tokens": pending}
+
+    return json_response([await on_engine(ctx, load)])
 
 
 @router.api_route("/flush_cache", methods=["GET", "POST"])

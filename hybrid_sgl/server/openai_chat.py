@@ -94,6 +94,9 @@ async def chat_completions(request: Request):
     ctx = get_context(request)
     req = await parse_body(request, ChatCompletionRequest)
     check_request(req)
+    if req.stream_reasoning is False:
+        raise ApiError("stream_reasoning false (reasoning held back to the end) is not supported yet",
+                       param="stream_reasoning")
     args = ctx.engine.server_args
     setup = chat_setup(req, args.tool_call_parser, args.reasoning_parser)
     if req.top_logprobs is not None and not req.logprobs:

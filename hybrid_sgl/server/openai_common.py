@@ -29,6 +29,8 @@ def check_request(req: _OpenAISampling) -> None:
     """Checks OpenAI documents that the engine's own validation does not cover."""
     if req.stream_options is not None and not req.stream:
         raise ApiError("stream_options is only allowed when stream is true", param="stream_options")
+    if req.return_hidden_states:
+        raise ApiError("return_hidden_states is not supported yet", param="return_hidden_states")
     if req.temperature is not None and not 0.0 <= req.temperature <= 2.0:
         raise ApiError(f"temperature must be between 0 and 2, got {req.temperature}", param="temperature")
     for key, bias in (req.logit_bias or {}).items():

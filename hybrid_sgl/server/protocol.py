@@ -46,11 +46,19 @@ class GenerateRequest(_Strict):
     token_ids_logprob: Any = None
     return_hidden_states: bool = False
     modalities: Any = None
+    background: bool = False
+    return_bytes: bool = False
+    return_entropy: bool = False
+    # sglang-router re-serializes every /generate body with these two: `model` is its routing key
+    # (this server serves one model), and request contents are never logged here (`no_logs`).
+    model: str | None = None
+    no_logs: bool = False
 
     NOT_SUPPORTED: ClassVar[dict[str, Any]] = {
         "image_data": [], "video_data": [], "audio_data": [], "input_embeds": [], "lora_path": "",
         "custom_logit_processor": "", "session_params": {}, "token_ids_logprob": [],
-        "return_hidden_states": False, "modalities": []}
+        "return_hidden_states": False, "modalities": [], "background": False, "return_bytes": False,
+        "return_entropy": False}
 
 
 class AbortRequest(_Strict):
@@ -93,6 +101,7 @@ class _OpenAISampling(_Strict):
     ebnf: str | None = None
     response_format: dict[str, Any] | None = None
     rid: str | None = None
+    return_hidden_states: bool | None = False  # sent by sglang-router on every request; true is refused
 
 
 class CompletionRequest(_OpenAISampling):
@@ -134,6 +143,7 @@ class ChatCompletionRequest(_OpenAISampling):
     add_generation_prompt: bool | None = True
     continue_final_message: bool | None = False
     separate_reasoning: bool | None = True  # SGLang: reasoning_content apart (with --reasoning-parser)
+    stream_reasoning: bool | None = True  # reasoning streamed as it comes; false (held back) is refused
 
 
 class TokenizeRequest(_Strict):
