@@ -39,7 +39,7 @@ def typed(s):
     s += "Phone: " + sgl.gen("phone", regex=PHONE, max_tokens=20, temperature=1.0)
     s += "\nCount: " + sgl.gen("count", dtype=int, max_tokens=6)
     s += "\nRatio: " + sgl.gen("ratio", dtype=float, max_tokens=6)
-    s += "\nOk: " + sgl.gen("ok", dtype=bool, max_tokens=4)
+    s += "\nOk: " + sgl.gen("ok", dtype=bool, max_tokens=8)
     s += "\nWord: " + sgl.gen("word", dtype=str, max_tokens=12)
     s += "\nColour: " + sgl.gen("colour", choices=["red", "green", "blue"])
     s += "\nPerson: " + sgl.gen("person", json_schema=json.dumps(PERSON), max_tokens=80, temperature=0.8)
