@@ -19,7 +19,7 @@ import torch
 
 from hybrid_sgl.config import ModelConfig
 from hybrid_sgl.constrained import grammar_cache
-from hybrid_sgl.outputs import OutputState
+from hybrid_sgl.outputs import OutputState, chosen_ids
 from hybrid_sgl.request_ids import RidRegistry, sequence_ids
 from hybrid_sgl.runner.model_runner import ModelRunner
 from hybrid_sgl.sampling_params import SamplingParams
@@ -132,7 +132,7 @@ class Engine:
 
     # ---- requests --------------------------------------------------------------------------------
     def prepare(self, prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num,
-                return_text_in_logprobs, rid) -> tuple[list[Prepared], bool]:
+                return_text_in_logprobs, rid, token_ids_logprob=None) -> tuple[list[Prepared], bool]:
         """Validate and tokenize; one Prepared per generated sequence (prompt-major, n per prompt).
         Raises ValueError with the cause for any bad input. Thread-safe (the server calls it off
         the event loop)."""
@@ -159,12 +159,14 @@ class Engine:
         for (ids, params, want_lp, start, top), seqs in zip(checked, names):
             for j, keys in enumerate(seqs):
                 req = Req(rid=self.rids.new_internal_id(keys[-1]), prompt_ids=list(ids), params=params,
-                          return_logprob=want_lp, logprob_start_len=start, top_logprobs_num=top)
+                          return_logprob=want_lp, logprob_start_len=start, top_logprobs_num=top,
+                          token_ids_logprob=chosen_ids(token_ids_logprob, self.model_config.vocab_size))
                 if params.sampling_seed is not None:
                     req.generator = torch.Generator(device=self.runner.device).manual_seed(
                         (params.sampling_seed + j) % (1 << 63))
                 out = OutputState(rid=keys[-1], params=params, tokenizer=self.tokenizer, return_logprob=want_lp,
-                                  top_logprobs_num=top, return_text_in_logprobs=bool(return_text_in_logprobs))
+                                  top_logprobs_num=top, return_text_in_logprobs=bool(return_text_in_logprobs),
+                                  token_ids_logprob=want_lp and req.token_ids_logprob is not None)
                 prepared.append(Prepared(req, out, keys))
         return prepared, single and len(prepared) == 1
 

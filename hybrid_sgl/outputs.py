@@ -20,10 +20,26 @@ from hybrid_sgl.scheduler.engine_loop import ReqUpdate
 from hybrid_sgl.tokenizer import IncrementalDetokenizer, find_stop, partial_stop_len
 
 
+def chosen_ids(value, vocab_size: int) -> list[int] | None:
+    """token_ids_logprob checked: a list of token ids (None: not asked for)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise ValueError(f"token_ids_logprob must be a list of token ids, got {value!r}")
+    bad = [t for t in value if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"token_ids_logprob: token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+    return list(value)
+
+
 class OutputState:
     def __init__(self, *, rid: str, params: SamplingParams, tokenizer: PreTrainedTokenizerBase | None,
-                 return_logprob: bool, top_logprobs_num: int, return_text_in_logprobs: bool):
+                 return_logprob: bool, top_logprobs_num: int, return_text_in_logprobs: bool,
+                 token_ids_logprob: bool = False):
         self.rid = rid
+        self.token_ids_logprob = token_ids_logprob  # meta_info carries input / output_token_ids_logprobs
+        self.input_ids_logprobs: list = []
+        self.output_ids_logprobs: list = []
         self.params = params
         self.tokenizer = tokenizer
         self.return_logprob = return_logprob
@@ -53,6 +69,9 @@ class OutputState:
             self.first_token_time = time.monotonic()
         self.output_ids += u.new_ids
         self.output_logprobs += u.new_logprobs
+        self.output_ids_logprobs += u.new_token_ids_logprobs
+        if u.input_token_ids_logprobs is not None:
+            self.input_ids_logprobs = u.input_token_ids_logprobs
         self.output_top_logprobs += u.new_top_logprobs
         if u.input_logprobs is not None:
             self.input_logprobs, self.input_top_logprobs = u.input_logprobs, u.input_top_logprobs
@@ -114,6 +133,10 @@ class OutputState:
         # SGLang 0.5.23: the entries so far (not only this chunk's), so a client can place a chunk's entries
         meta["input_token_logprobs_length"] = len(self.input_logprobs)
         meta["output_token_logprobs_length"] = len(self.output_logprobs)
+        if self.token_ids_logprob:
+            meta["input_token_ids_logprobs"] = ([self._entries(t) if t is not None else None
+                                                 for t in self.input_ids_logprobs] if send_input else [])
+            meta["output_token_ids_logprobs"] = [self._entries(t) for t in self.output_ids_logprobs[out_from:]]
         if self.top_logprobs_num > 0:
             meta["input_top_logprobs"] = ([self._entries(t) if t is not None else None
                                            for t in self.input_top_logprobs] if send_input else [])

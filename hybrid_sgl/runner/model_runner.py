@@ -23,7 +23,7 @@ from hybrid_sgl.models.base import Backends
 from hybrid_sgl.models.loader import build_model
 from hybrid_sgl.runner.cuda_graph import DecodeGraphs
 from hybrid_sgl.runner.forward_batch import ForwardBatch, ForwardMode
-from hybrid_sgl.runner.sampler import logprobs_of, sample
+from hybrid_sgl.runner.sampler import ids_logprobs, logprobs_of, sample
 from hybrid_sgl.scheduler.request import Req
 from hybrid_sgl.server_args import ServerArgs
 
@@ -48,6 +48,9 @@ class ItemResult:
     top_logprobs: list = field(default_factory=list)
     # prompt positions whose logprob was computed this step: (position, logprob, top pairs)
     input_logprobs: list[tuple[int, float, list]] = field(default_factory=list)
+    # token_ids_logprob: (logprob, id) of each chosen id, at the sampled position and at those prompt positions
+    token_ids_logprobs: list[tuple[float, int]] | None = None
+    input_token_ids_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
 
 
 @dataclass
@@ -330,6 +333,11 @@ class ModelRunner:
             if want[j]:
                 results[i].token_logprob = lps[j]
                 results[i].top_logprobs = tops[j][: reqs[j].top_logprobs_num]
+        if any(r.return_logprob and r.token_ids_logprob for r in reqs):
+            chosen_lps = ids_logprobs(chosen, [r.token_ids_logprob if r.return_logprob else None for r in reqs])
+            for j, (i, _) in enumerate(sample_rows):
+                if want[j] and reqs[j].token_ids_logprob:
+                    results[i].token_ids_logprobs = chosen_lps[j]
 
     def _input_logprobs(self, logits, items, results, lp_rows) -> None:
         idx = torch.tensor([r for _, r, _ in lp_rows], device=self.device)
@@ -338,3 +346,7 @@ class ModelRunner:
         lps, tops = logprobs_of(logits[idx], targets, top_k)
         for (i, _, p), lp, top in zip(lp_rows, lps, tops):
             results[i].input_logprobs.append((p + 1, lp, top[: items[i].req.top_logprobs_num]))
+        ids = [items[i].req.token_ids_logprob for i, _, _ in lp_rows]
+        if any(ids):
+            for (i, _, _), chosen_lps in zip(lp_rows, ids_logprobs(logits[idx], ids)):
+                results[i].input_token_ids_logprobs.append(chosen_lps)

@@ -99,6 +99,17 @@ def _filtered_probs(logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
     return torch.zeros_like(probs).scatter_(1, order, sorted_p / sorted_p.sum(-1, keepdim=True))
 
 
+def ids_logprobs(logits: torch.Tensor, id_lists: list[list[int] | None]) -> list[list[tuple[float, int]]]:
+    """logits: [N, V]; id_lists[i]: token ids for row i, or None. (logprob, id) of each id in its row."""
+    rows = [i for i, ids in enumerate(id_lists) if ids]
+    out: list[list[tuple[float, int]]] = [[] for _ in id_lists]
+    if rows:
+        logp = logits[torch.tensor(rows, device=logits.device)].float().log_softmax(dim=-1)
+        for k, i in enumerate(rows):
+            out[i] = list(zip(logp[k, id_lists[i]].tolist(), id_lists[i]))
+    return out
+
+
 def logprobs_of(logits: torch.Tensor, ids: torch.Tensor, top_k: int) -> tuple[list[float], list[list]]:
     """logits: [N, V]; ids: [N]. Returns the logprob of ids[i] in row i, and (when top_k > 0) the
     top_k (logprob, token id) pairs of each row."""

@@ -15,7 +15,7 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hybrid_sgl.scheduler.request import Req
 from hybrid_sgl.scheduler.scheduler import Scheduler
@@ -36,6 +36,8 @@ class ReqUpdate:
     completion_tokens: int
     cached_tokens: int
     queue_time: float | None  # seconds from arrival to first being scheduled; None while waiting
+    new_token_ids_logprobs: list = field(default_factory=list)  # token_ids_logprob, new positions
+    input_token_ids_logprobs: list | None = None  # complete list, sent once with input_logprobs
 
 
 class _Sink:
@@ -158,6 +160,8 @@ class EngineLoop:
             completion_tokens=len(req.output_ids),
             cached_tokens=req.cached_tokens,
             queue_time=sink.queue_time,
+            new_token_ids_logprobs=req.output_token_ids_logprobs[new] if req.token_ids_logprob else [],
+            input_token_ids_logprobs=list(req.input_token_ids_logprobs) if send_input else None,
         )
         self.generated_tokens += len(update.new_ids)
         sink.sent = len(req.output_ids)

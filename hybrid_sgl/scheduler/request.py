@@ -58,6 +58,10 @@ class Req:
     # constrained decoding (params.grammar_key): its compile, then its matcher once compiled
     grammar_future: Future | None = None
     grammar: GrammarMatcher | None = None
+    # token_ids_logprob: these ids' logprobs at every returned position (None at the first prompt one)
+    token_ids_logprob: list[int] | None = None
+    input_token_ids_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    output_token_ids_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
 
     @property
     def fill_ids(self) -> list[int]:

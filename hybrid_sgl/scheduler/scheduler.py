@@ -89,6 +89,7 @@ class Scheduler:
         if req.return_logprob and req.logprob_start_len == 0:
             req.input_token_logprobs.append((None, req.prompt_ids[0]))
             req.input_top_logprobs.append(None)
+            req.input_token_ids_logprobs.append(None)
             req.input_logprob_pos = 1
         else:
             req.input_logprob_pos = req.logprob_start_len
@@ -408,6 +409,7 @@ class Scheduler:
             req.input_token_logprobs.append((lp, req.prompt_ids[pos]))
             req.input_top_logprobs.append(top)
             req.input_logprob_pos = pos + 1
+        req.input_token_ids_logprobs += result.input_token_ids_logprobs
         if result.next_token is None:
             if item.end == req.seq_len and len(req.output_ids) >= req.params.max_new_tokens:
                 req.finish({"type": "length", "length": req.params.max_new_tokens})  # prefill only
@@ -423,6 +425,8 @@ class Scheduler:
         if req.return_logprob:
             req.output_token_logprobs.append((result.token_logprob, token))
             req.output_top_logprobs.append(result.top_logprobs)
+            if req.token_ids_logprob:
+                req.output_token_ids_logprobs.append(result.token_ids_logprobs or [])
         self._check_finished(req, token)
         return True
 

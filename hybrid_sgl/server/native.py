@@ -50,7 +50,7 @@ async def generate(request: Request):
     check_fanout(_num_sequences(body))
     prepared, single = await ctx.off_loop(ctx.engine.prepare, body.text, body.sampling_params, body.input_ids,
                                           body.return_logprob, body.logprob_start_len, body.top_logprobs_num,
-                                          body.return_text_in_logprobs, body.rid)
+                                          body.return_text_in_logprobs, body.rid, body.token_ids_logprob)
     await grammars_compiled(ctx.engine.scheduler.grammars, prepared)
     sub = ctx.engine.submit(prepared)
     if body.stream:

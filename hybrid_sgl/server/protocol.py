@@ -56,7 +56,7 @@ class GenerateRequest(_Strict):
 
     NOT_SUPPORTED: ClassVar[dict[str, Any]] = {
         "image_data": [], "video_data": [], "audio_data": [], "input_embeds": [], "lora_path": "",
-        "custom_logit_processor": "", "session_params": {}, "token_ids_logprob": [],
+        "custom_logit_processor": "", "session_params": {},
         "return_hidden_states": False, "modalities": [], "background": False, "return_bytes": False,
         "return_entropy": False}
 

@@ -113,3 +113,26 @@ def test_logprob_lengths_in_meta_info(url):
     assert lengths == sorted(lengths) and lengths[-1] == events[-1]["meta_info"]["completion_tokens"]
     placed = sum(len(e["meta_info"]["output_token_logprobs"]) for e in events)  # each chunk brings its new ones
     assert placed == lengths[-1]
+
+
+def test_token_ids_logprob(url, tokenizer):
+    body = {"text": "The capital of France", "return_logprob": True, "logprob_start_len": 0,
+            "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+    first = generate(url, **body).json()
+    seq = [t[1] for t in first["meta_info"]["input_token_logprobs"]] + first["output_ids"]
+    ids = sorted(set(seq))
+    meta = generate(url, **body, token_ids_logprob=ids).json()["meta_info"]
+    inputs, outputs = meta["input_token_ids_logprobs"], meta["output_token_ids_logprobs"]
+    assert len(inputs) == meta["prompt_tokens"] and inputs[0] is None
+    assert len(outputs) == meta["completion_tokens"]
+    plain = meta["input_token_logprobs"][1:] + meta["output_token_logprobs"]
+    for entries, (lp, token, _) in zip(inputs[1:] + outputs, plain):  # the logprob of the token that came
+        assert [e[1] for e in entries] == ids
+        assert abs(dict((e[1], e[0]) for e in entries)[token] - lp) < 1e-5
+    with httpx.stream("POST", url + "/generate", json={**body, "token_ids_logprob": ids, "stream": True},
+                      timeout=120) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    streamed = [e for ev in events for e in ev["meta_info"]["output_token_ids_logprobs"]]
+    assert streamed == outputs
+    r = generate(url, text="x", return_logprob=True, token_ids_logprob=[len(tokenizer) + 5])
+    assert r.status_code == 400 and "outside the vocabulary" in r.json()["error"]["message"]
