@@ -1,8 +1,9 @@
 """RequestGuard: the checks every HTTP request passes before a route sees it (plain ASGI, so that
 client disconnects still reach the routes).
 
-- the API key, when one is set: exactly one 'Authorization: Bearer <key>' header (401 otherwise),
-  except on OPEN_PATHS;
+- the API key, when one is set: one 'Authorization: Bearer <key>' header (401 otherwise), except on
+  OPEN_PATHS. The same header twice counts as one: sglang-router with --api-key forwards the
+  client's header and adds its own; two different ones are refused, never one picked;
 - a browser cannot start work through a "simple" cross-site request: a request that carries an
   Origin header must send its body as application/json (415), which makes the browser ask first
   (CORS preflight) and obey --allowed-origins; `curl -d` sends no Origin and keeps working;
@@ -39,12 +40,12 @@ class RequestGuard:
 
     def _refusal(self, scope, headers) -> tuple[int, str, str | None, list] | None:
         if self.api_key is not None and scope["path"] not in OPEN_PATHS:
-            auths = [v for n, v in headers if n == b"authorization"]
+            auths = {v for n, v in headers if n == b"authorization"}
             if len(auths) != 1:
-                why = "missing API key" if not auths else f"{len(auths)} Authorization headers"
+                why = "missing API key" if not auths else f"{len(auths)} different Authorization headers"
                 return 401, f"{why}: send exactly one 'Authorization: Bearer <key>' header", "invalid_api_key", \
                     [(b"www-authenticate", b"Bearer")]
-            scheme, _, token = auths[0].partition(b" ")
+            scheme, _, token = next(iter(auths)).partition(b" ")
             if scheme.lower() != b"bearer" or not secrets.compare_digest(token.strip(), self.api_key):
                 return 401, "wrong API key: send 'Authorization: Bearer <key>'", "invalid_api_key", \
                     [(b"www-authenticate", b"Bearer")]
