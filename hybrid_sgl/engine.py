@@ -22,6 +22,7 @@ from hybrid_sgl.constrained import grammar_cache
 from hybrid_sgl.outputs import OutputState, chosen_ids
 from hybrid_sgl.request_ids import RidRegistry, sequence_ids
 from hybrid_sgl.runner.model_runner import ModelRunner
+from hybrid_sgl.runner.tp_workers import TPWorkers, check_tensor_parallel
 from hybrid_sgl.sampling_params import SamplingParams
 from hybrid_sgl.scheduler.engine_loop import EngineLoop, ReqUpdate
 from hybrid_sgl.scheduler.prefix_sharing import prefix_sharing_for
@@ -45,7 +46,14 @@ class Engine:
         self.server_args = args = args.resolved()
         self.model_config = ModelConfig.from_hf(args.model_path)
         self.tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args.tokenizer_path)
-        self.runner = ModelRunner(args, self.model_config)
+        self.tp_workers = None
+        if args.tp_size > 1:  # ranks 1..N-1 in their own processes; this one is rank 0
+            check_tensor_parallel(self.model_config, args.tp_size)
+            self.tp_workers = TPWorkers(args)
+            self.runner = ModelRunner(args, self.model_config, self.tp_workers.group, self.tp_workers.send,
+                                      self.tp_workers.pool_classes)
+        else:
+            self.runner = ModelRunner(args, self.model_config)
         self.scheduler = Scheduler(self.runner, chunked_prefill_size=args.chunked_prefill_size,
                                    stop_string_checker=StopStringChecker(self.tokenizer) if self.tokenizer else None,
                                    overlap=not args.disable_overlap_schedule,
@@ -92,6 +100,9 @@ class Engine:
 
     def shutdown(self) -> None:
         self.loop.shutdown()
+        if self.tp_workers is not None:
+            self.tp_workers.shutdown()
+            self.tp_workers = None
 
     def __enter__(self):
         return self

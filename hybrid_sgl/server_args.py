@@ -66,7 +66,8 @@ class ServerArgs:
                                    "and empty text.")
     load_format: str = _f("auto", "auto/safetensors: read the checkpoint; dummy: random weights of the "
                           "real shapes from config.json alone.", ["auto", "safetensors", "dummy"])
-    tp_size: int = _f(1, "Tensor-parallel size; only 1 is supported yet (one GPU per server).")
+    tp_size: int = _f(1, "Tensor-parallel size: ranks (one process and one GPU each) that split every layer's "
+                      "heads. Qwen3.5 / Qwen3-Next dense models so far; others are refused at start-up.")
     dp_size: int = _f(1, "Data-parallel replicas; only 1 is supported (run one server per GPU behind a load "
                       "balancer).")
     quantization: str | None = _f(None, "Weight quantization method. Not supported yet: leave unset to serve the "
@@ -122,6 +123,8 @@ class ServerArgs:
             check_backend_device(flag, name, device)
         model_path = self.model_path or BUNDLED_MODEL
         _check_checkpoint(model_path, self.load_format)
+        if self.tp_size > 1:
+            _check_tensor_parallel(model_path, self.tp_size, device)
         chunk = self.chunked_prefill_size
         if self.max_prefill_tokens is not None:
             chunk = min(chunk, self.max_prefill_tokens)
@@ -139,9 +142,8 @@ class ServerArgs:
 
     def _refuse_unsupported(self) -> None:
         """Values SGLang accepts whose feature does not exist here (yet), and values out of range."""
-        if self.tp_size != 1:
-            raise ValueError(f"--tp-size {self.tp_size}: tensor parallelism is not supported yet; serve a model "
-                             "that fits one GPU with --tp-size 1")
+        if self.tp_size < 1:
+            raise ValueError(f"--tp-size must be >= 1, got {self.tp_size}")
         if self.dp_size != 1:
             raise ValueError(f"--dp-size {self.dp_size}: data parallelism is not supported; use --dp-size 1 and run "
                              "one server per GPU (CUDA_VISIBLE_DEVICES, its own --port) behind a load balancer")
@@ -222,6 +224,19 @@ def _check_checkpoint(model_path: str, load_format: str) -> None:
         from hybrid_sgl.models.loader import checkpoint_files
 
         checkpoint_files(model_path)
+
+
+def _check_tensor_parallel(model_path: str, size: int, device: str) -> None:
+    """The model's family and head counts split over `size` ranks, and there are `size` GPUs."""
+    import torch
+
+    from hybrid_sgl.config import ModelConfig
+    from hybrid_sgl.runner.tp_workers import check_tensor_parallel
+
+    if device == "cuda" and torch.cuda.device_count() < size:
+        raise ValueError(f"--tp-size {size} needs {size} GPUs; this machine has {torch.cuda.device_count()}: "
+                         "lower --tp-size")
+    check_tensor_parallel(ModelConfig.from_hf(model_path), size)
 
 
 def _cli_type(f: dataclasses.Field):

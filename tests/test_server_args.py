@@ -79,7 +79,7 @@ def test_model_alias_and_max_prefill_tokens():
 
 @pytest.mark.parametrize("flags, remedy", [
     ("--tp 8", "--tp-size 1"),
-    ("--tensor-parallel-size 2", "--tp-size 1"),
+    ("--tensor-parallel-size 3", "--tp-size 1"),
     ("--dp-size 2", "--dp-size 1"),
     ("--quantization fp8", "without --quantization"),
     ("--kv-cache-dtype fp8_e4m3", "--kv-cache-dtype auto"),

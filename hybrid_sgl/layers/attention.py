@@ -1,13 +1,19 @@
 """Full attention over the paged KV cache, with the options the hybrid families use: q/k RMSNorm
 and a per-head sigmoid output gate (Qwen3-Next / Qwen3.5: q_proj produces [q | gate] per head),
 partial or no rotary (rotary None: Nemotron-H, Jamba), biases, and a softmax scale from the
-config (Granite). q, k, v projections are fused into one matmul."""
+config (Granite). q, k, v projections are fused into one matmul.
+
+Tensor parallel: q heads (with their gate rows) split over the ranks, KV heads split or replicated
+when fewer than the ranks; o_proj is row-parallel (one all-reduce)."""
 
 import torch
 from torch import nn
 
 from hybrid_sgl.config import AttentionSpec
+from hybrid_sgl.distributed import current_tp
+from hybrid_sgl.distributed.sharding import attention_splits
 from hybrid_sgl.layers.backends import AttentionOps
+from hybrid_sgl.layers.linear import Block, ColumnParallelLinear, RowParallelLinear
 from hybrid_sgl.layers.norm import RMSNorm
 from hybrid_sgl.layers.rotary import RotaryEmbedding
 from hybrid_sgl.runner.forward_batch import ForwardBatch
@@ -22,18 +28,22 @@ class GatedAttention(nn.Module):
         self.kv_index = kv_index  # which KV-pool layer is ours
         self.ops = ops
         self.rotary = rotary
-        hq, hkv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        q_split, kv_split = attention_splits(spec, current_tp().size)
+        self.num_heads, self.num_kv_heads = q_split.local, kv_split.local  # this rank's
+        hq, hkv, d = self.num_heads, self.num_kv_heads, spec.head_dim
         self.q_size = hq * d * (2 if spec.output_gate else 1)
         self.kv_size = hkv * d
         self.scale = d**-0.5 if spec.scale is None else spec.scale
-        self.qkv_proj = nn.Linear(hidden_size, self.q_size + 2 * self.kv_size, bias=spec.bias)
-        self.o_proj = nn.Linear(hq * d, hidden_size, bias=spec.bias)
+        blocks = [Block("q_proj", d * (2 if spec.output_gate else 1), q_split), Block("k_proj", d, kv_split),
+                  Block("v_proj", d, kv_split)]
+        self.qkv_proj = ColumnParallelLinear(hidden_size, blocks, bias=spec.bias)
+        self.o_proj = RowParallelLinear(Block("o_proj", d, q_split), hidden_size, bias=spec.bias)
         self.q_norm = RMSNorm(d, eps, norm_offset) if spec.qk_norm else None
         self.k_norm = RMSNorm(d, eps, norm_offset) if spec.qk_norm else None
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
-        hq, hkv, d = self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.spec.head_dim
         t = x.shape[0]
         qg, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.spec.output_gate:
@@ -70,12 +80,11 @@ class GatedAttention(nn.Module):
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:
         """Checkpoint names: {q,k,v,o}_proj.{weight,bias}, {q,k}_norm.weight."""
         proj, _, kind = name.partition(".")
-        offsets = {"q_proj": (0, self.q_size), "k_proj": (self.q_size, self.kv_size),
-                   "v_proj": (self.q_size + self.kv_size, self.kv_size)}
-        if proj in offsets:
-            start, size = offsets[proj]
-            getattr(self.qkv_proj, kind).data[start:start + size].copy_(tensor)
-        elif proj == "o_proj" or (proj in ("q_norm", "k_norm") and self.q_norm is not None):
+        if proj in ("q_proj", "k_proj", "v_proj"):
+            self.qkv_proj.load(proj, tensor, kind)
+        elif proj == "o_proj":
+            self.o_proj.load(tensor, kind)
+        elif proj in ("q_norm", "k_norm") and self.q_norm is not None:
             getattr(getattr(self, proj), kind).data.copy_(tensor)
         else:
             raise KeyError(name)

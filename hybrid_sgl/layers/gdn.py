@@ -4,13 +4,22 @@ in_proj -> [q k v | z | b | a]; causal conv1d + silu over [q k v]; gated delta r
 state in the pool slot; per-head gated RMSNorm by silu(z); out_proj. All input projections
 are fused into one matmul with rows in the canonical order above (the loader reorders
 Qwen3-Next's per-key-head grouped layout).
+
+Tensor parallel: key and value heads split over the ranks, the conv1d channels of q, k and v
+with them; out_proj is row-parallel. `spec` holds this rank's heads, `full` the checkpoint's.
+Each rank's state slots hold its own heads' state, which no rank ever needs from another.
 """
+
+import dataclasses
 
 import torch
 from torch import nn
 
 from hybrid_sgl.config import GDNSpec
+from hybrid_sgl.distributed import current_tp
+from hybrid_sgl.distributed.sharding import gdn_splits
 from hybrid_sgl.layers.backends import LinearAttnOps
+from hybrid_sgl.layers.linear import Block, ColumnParallelLinear, RowParallelLinear
 from hybrid_sgl.layers.norm import GatedRMSNorm
 from hybrid_sgl.runner.forward_batch import ForwardBatch
 
@@ -18,17 +27,23 @@ from hybrid_sgl.runner.forward_batch import ForwardBatch
 class GatedDeltaNet(nn.Module):
     def __init__(self, *, spec: GDNSpec, hidden_size: int, eps: float, state_index: int, ops: LinearAttnOps):
         super().__init__()
-        self.spec = spec
+        self.tp = current_tp()
+        k_split, v_split = gdn_splits(spec, self.tp.size)
+        self.full = spec
+        self.spec = s = dataclasses.replace(spec, num_k_heads=k_split.local, num_v_heads=v_split.local)
         self.state_index = state_index  # which state-pool layer is ours
         self.ops = ops
-        s = spec
         self.splits = [s.conv_dim, s.value_dim, s.num_v_heads, s.num_v_heads]  # qkv, z, b, a
-        self.in_proj = nn.Linear(hidden_size, sum(self.splits), bias=False)
+        self.conv_blocks = [Block("q", s.head_k_dim, k_split), Block("k", s.head_k_dim, k_split),
+                            Block("v", s.head_v_dim, v_split)]
+        self.in_proj = ColumnParallelLinear(hidden_size, [*self.conv_blocks, Block("z", s.head_v_dim, v_split),
+                                                          Block("b", 1, v_split), Block("a", 1, v_split)])
+        self.head_block = Block("heads", 1, v_split)  # A_log, dt_bias
         self.conv_weight = nn.Parameter(torch.empty(s.conv_dim, s.conv_kernel))
         self.A_log = nn.Parameter(torch.empty(s.num_v_heads, dtype=torch.float32))
         self.dt_bias = nn.Parameter(torch.ones(s.num_v_heads, dtype=torch.float32))
         self.norm = GatedRMSNorm(s.head_v_dim, eps)
-        self.out_proj = nn.Linear(s.value_dim, hidden_size, bias=False)
+        self.out_proj = RowParallelLinear(Block("out_proj", s.head_v_dim, v_split), hidden_size)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
@@ -65,37 +80,38 @@ class GatedDeltaNet(nn.Module):
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:
         """Checkpoint names: Qwen3.5 in_proj_{qkv,z,b,a}, Qwen3-Next in_proj_{qkvz,ba} (grouped per key
         head), conv1d.weight [C, 1, W], A_log, dt_bias, norm.weight, out_proj.weight."""
-        s = self.spec
-        w = self.in_proj.weight.data
-        qkv_end = s.conv_dim
-        z_end = qkv_end + s.value_dim
-        b_end = z_end + s.num_v_heads
-        rows = {"in_proj_qkv.weight": (0, qkv_end), "in_proj_z.weight": (qkv_end, z_end),
-                "in_proj_b.weight": (z_end, b_end), "in_proj_a.weight": (b_end, w.shape[0])}
-        if name in rows:
-            start, end = rows[name]
-            w[start:end].copy_(tensor)
-        elif name == "in_proj_qkvz.weight":
-            q, k, v, z = self._ungroup(tensor, [s.head_k_dim, s.head_k_dim, self._per_group(s.head_v_dim),
-                                                self._per_group(s.head_v_dim)])
-            w[:z_end].copy_(torch.cat([q, k, v, z]))
+        f = self.full
+        if name in ("in_proj_qkv.weight", "in_proj_qkvz.weight"):
+            if name == "in_proj_qkv.weight":
+                q, k, v = tensor.split([f.key_dim, f.key_dim, f.value_dim])
+            else:
+                q, k, v, z = self._ungroup(tensor, [f.head_k_dim, f.head_k_dim, self._per_group(f.head_v_dim),
+                                                    self._per_group(f.head_v_dim)])
+                self.in_proj.load("z", z)
+            for part, rows in zip("qkv", (q, k, v)):
+                self.in_proj.load(part, rows)
+        elif name in ("in_proj_z.weight", "in_proj_b.weight", "in_proj_a.weight"):
+            self.in_proj.load(name[len("in_proj_")], tensor)
         elif name == "in_proj_ba.weight":
             b, a = self._ungroup(tensor, [self._per_group(1), self._per_group(1)])
-            w[z_end:].copy_(torch.cat([b, a]))
+            self.in_proj.load("b", b)
+            self.in_proj.load("a", a)
         elif name == "conv1d.weight":
-            self.conv_weight.data.copy_(tensor.reshape(s.conv_dim, s.conv_kernel))
+            rows = tensor.reshape(f.conv_dim, f.conv_kernel).split([f.key_dim, f.key_dim, f.value_dim])
+            self.conv_weight.data.copy_(torch.cat([b.rows_of(r, self.tp.rank) for b, r in zip(self.conv_blocks, rows)]))
         elif name in ("A_log", "dt_bias"):
-            getattr(self, name).data.copy_(tensor)
-        elif name in ("norm.weight", "out_proj.weight"):
-            module, _, kind = name.partition(".")
-            getattr(getattr(self, module), kind).data.copy_(tensor)
+            getattr(self, name).data.copy_(self.head_block.rows_of(tensor, self.tp.rank))
+        elif name == "norm.weight":
+            self.norm.weight.data.copy_(tensor)
+        elif name == "out_proj.weight":
+            self.out_proj.load(tensor)
         else:
             raise KeyError(name)
 
     def _per_group(self, size: int) -> int:
-        return self.spec.num_v_heads // self.spec.num_k_heads * size
+        return self.full.num_v_heads // self.full.num_k_heads * size
 
     def _ungroup(self, tensor: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
-        """[Hk * sum(sizes), H] grouped by key head -> one [Hk * size, H] block per part."""
-        grouped = tensor.view(self.spec.num_k_heads, sum(sizes), tensor.shape[-1])
+        """[Hk * sum(sizes), H] grouped by key head (whole checkpoint) -> one [Hk * size, H] block per part."""
+        grouped = tensor.view(self.full.num_k_heads, sum(sizes), tensor.shape[-1])
         return [part.reshape(-1, tensor.shape[-1]) for part in grouped.split(sizes, dim=1)]

@@ -1,17 +1,24 @@
-"""Gated MLP: down(silu(gate x) * up x), with gate and up fused in one matmul."""
+"""Gated MLP: down(silu(gate x) * up x), with gate and up fused in one matmul.
+
+Tensor parallel: gate and up rows split over the ranks (column-parallel), down_proj's columns
+with them (row-parallel, one all-reduce)."""
 
 import torch
 from torch import nn
 
+from hybrid_sgl.distributed import current_tp
+from hybrid_sgl.distributed.sharding import split_heads
+from hybrid_sgl.layers.linear import Block, ColumnParallelLinear, RowParallelLinear
 from triton_kernels.norms import silu_and_mul, silu_and_mul_ref
 
 
 class GatedMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
-        self.intermediate_size = intermediate_size
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        split = split_heads(intermediate_size, current_tp().size, "intermediate_size")
+        self.gate_up_proj = ColumnParallelLinear(hidden_size, [Block("gate_proj", 1, split),
+                                                               Block("up_proj", 1, split)])
+        self.down_proj = RowParallelLinear(Block("down_proj", 1, split), hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
@@ -21,12 +28,9 @@ class GatedMLP(nn.Module):
 
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:
         """Checkpoint names: gate_proj.weight, up_proj.weight, down_proj.weight."""
-        n = self.intermediate_size
-        if name == "gate_proj.weight":
-            self.gate_up_proj.weight.data[:n].copy_(tensor)
-        elif name == "up_proj.weight":
-            self.gate_up_proj.weight.data[n:].copy_(tensor)
+        if name in ("gate_proj.weight", "up_proj.weight"):
+            self.gate_up_proj.load(name.removesuffix(".weight"), tensor)
         elif name == "down_proj.weight":
-            self.down_proj.weight.data.copy_(tensor)
+            self.down_proj.load(tensor)
         else:
             raise KeyError(name)

@@ -16,6 +16,7 @@ from torch import nn
 
 from hybrid_sgl.config import ModelConfig
 from hybrid_sgl.layers.backends import AttentionOps, LinearAttnOps, MoEOps, SSMOps
+from hybrid_sgl.layers.linear import ParallelLMHead, VocabParallelEmbedding
 from hybrid_sgl.runner.forward_batch import ForwardBatch
 
 _LAYER = re.compile(r"layers\.(\d+)\.(\w+)\.(.+)")
@@ -53,14 +54,21 @@ class HybridCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.backends = backends
-        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList()
         self.norm = final_norm
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
         self.embedding_scale = 1.0
         self.logits_scale = 1.0
+
+    @classmethod
+    def check_tensor_parallel(cls, config: ModelConfig, size: int) -> None:
+        """Raise ValueError, naming the cause, when this family cannot run with --tp-size `size` (> 1).
+        A family that splits its layers overrides this."""
+        raise ValueError(f"{config.architecture} does not support tensor parallelism yet (--tp-size {size}): "
+                         "serve it with --tp-size 1")
 
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Returns the final hidden states [T, H] (normalized)."""
@@ -72,7 +80,7 @@ class HybridCausalLM(nn.Module):
         return self.norm.add(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [N, H] -> logits [N, V] float32."""
+        """hidden: [N, H] -> logits [N, V] float32 (gathered from every rank under tensor parallelism)."""
         logits = self.lm_head(hidden).float()
         return logits * self.logits_scale if self.logits_scale != 1.0 else logits
 
@@ -96,7 +104,7 @@ class HybridCausalLM(nn.Module):
                 raise KeyError(f"unexpected checkpoint tensor {name!r}")
             if name == "lm_head.weight":
                 if not self.config.tie_word_embeddings:
-                    self.lm_head.weight.data.copy_(tensor)
+                    self.lm_head.load(tensor)
             else:
                 self.load_weight(name, tensor)
 
@@ -105,7 +113,7 @@ class HybridCausalLM(nn.Module):
         the final norm, or `layers.{i}.{part}.{rest}`, which goes to load_layer_weight."""
         try:
             if name == self.embed_name:
-                self.embed.weight.data.copy_(tensor)
+                self.embed.load(tensor)
             elif name in self.final_norm_names:
                 self.norm.weight.data.copy_(tensor)
             elif m := _LAYER.fullmatch(name):

@@ -3,6 +3,10 @@
 run(mode, items) builds a ForwardBatch, runs the model, computes logits only for the rows
 that need them (sampling rows and requested prompt-logprob rows), samples, and returns one
 ItemResult per item. It never changes request state: the scheduler applies the results.
+
+Under tensor parallelism this runner is rank 0's: every forward goes through `forward_step`, which
+first hands the step (a StepMessage) to `broadcast`, so the other ranks run the same forward on
+their shards (runner/tp_step.py).
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import torch
 
 from hybrid_sgl.config import ModelConfig
 from hybrid_sgl.constrained.bitmask import MaskBuffer
+from hybrid_sgl.distributed import SINGLE, TPGroup, building_with
+from hybrid_sgl.distributed.sharding import local_config
 from hybrid_sgl.layers.backends import resolve_backend
 from hybrid_sgl.memory.allocator import Allocator
 from hybrid_sgl.memory.kv_pool import KVPool
@@ -24,6 +30,7 @@ from hybrid_sgl.models.loader import build_model
 from hybrid_sgl.runner.cuda_graph import DecodeGraphs
 from hybrid_sgl.runner.forward_batch import ForwardBatch, ForwardMode
 from hybrid_sgl.runner.sampler import ids_logprobs, logprobs_of, sample
+from hybrid_sgl.runner.tp_step import step_message
 from hybrid_sgl.scheduler.request import Req
 from hybrid_sgl.server_args import ServerArgs
 
@@ -73,9 +80,14 @@ class PendingDecode:
 
 
 class ModelRunner:
-    def __init__(self, args: ServerArgs, config: ModelConfig):
+    def __init__(self, args: ServerArgs, config: ModelConfig, tp: TPGroup = SINGLE, broadcast=None,
+                 pool_classes: tuple[type, type] = (StatePool, KVPool)):
+        """tp: this process's tensor-parallel group; broadcast(StepMessage): sends each step to the other
+        ranks (rank 0 only); pool_classes: the (state, KV) pool classes (rank 0 records its copies)."""
         self.args = args
         self.config = config
+        self.tp, self.broadcast, self.pool_classes = tp, broadcast, pool_classes
+        self.local_config = local_config(config, tp.size)  # this rank's heads: what its pools hold
         self.device = torch.device(args.device)
         self.dtype = self._resolve_dtype(args.dtype, config)
         self.context_length = args.context_length or config.context_length
@@ -85,9 +97,10 @@ class ModelRunner:
         backends = self._resolve_backends(args, config)
         if args.random_seed is not None:
             torch.manual_seed(args.random_seed)
-        self.model = build_model(config, backends, dtype=self.dtype, device=self.device,
-                                 max_positions=self.context_length, load_format=args.load_format,
-                                 model_path=args.model_path, seed=args.random_seed)
+        with building_with(tp):
+            self.model = build_model(config, backends, dtype=self.dtype, device=self.device,
+                                     max_positions=self.context_length, load_format=args.load_format,
+                                     model_path=args.model_path, seed=args.random_seed)
         self.state_shapes = self._state_shapes()
         self.plan = self._plan_memory()
         self.context_length = self.plan.context_length  # one request alone always fits
@@ -124,7 +137,7 @@ class ModelRunner:
         return DTYPES[name]
 
     def _state_shapes(self) -> StateShapes | None:
-        shapes = self.config.recurrent_state_shapes()
+        shapes = self.local_config.recurrent_state_shapes()
         if shapes is None:
             return None
         conv_shape, ssm_shape = shapes
@@ -137,8 +150,10 @@ class ModelRunner:
             peak = self._profile_step_bytes()
             free, total = torch.cuda.mem_get_info(self.device)
             logger.info("profiled warm-up step: %.2f GiB of activations", peak / 2**30)
-            return int(free - total * (1 - frac) - peak)
-        return int(available_ram_bytes() * frac)
+            budget = int(free - total * (1 - frac) - peak)
+        else:
+            budget = int(available_ram_bytes() * frac)
+        return budget if self.tp.size == 1 else self.tp.min_int(budget)  # every rank plans the same pools
 
     @torch.inference_mode()
     def _profile_step_bytes(self) -> int:
@@ -168,7 +183,7 @@ class ModelRunner:
         return peak
 
     def _plan_memory(self) -> MemoryPlan:
-        return plan_memory(config=self.config, state=self.state_shapes, kv_dtype=self.dtype,
+        return plan_memory(config=self.local_config, state=self.state_shapes, kv_dtype=self.dtype,
                            budget_bytes=self._budget_bytes(), on_gpu=self.device.type == "cuda",
                            page_size=self.args.page_size, context_length=self.context_length,
                            max_running_requests=self.args.max_running_requests,
@@ -178,16 +193,17 @@ class ModelRunner:
                            max_mamba_cache_size=self.args.max_mamba_cache_size)
 
     def _make_pools(self, plan: MemoryPlan, context_length: int | None = None):
-        s, attn = self.state_shapes, self.config.attention
+        s, attn = self.state_shapes, self.local_config.attention
+        state_cls, kv_cls = self.pool_classes if context_length is None else (StatePool, KVPool)
         state_pool = None
         if s is not None:
-            state_pool = StatePool(num_layers=s.num_layers, num_slots=plan.max_running_requests,
+            state_pool = state_cls(num_layers=s.num_layers, num_slots=plan.max_running_requests,
                                    conv_shape=s.conv_shape, conv_dtype=s.conv_dtype, ssm_shape=s.ssm_shape,
                                    ssm_dtype=s.ssm_dtype, device=self.device, num_snapshots=plan.num_snapshots)
         n_attn = len(self.config.kv_layers)
         kv_pool = None
         if n_attn:
-            kv_pool = KVPool(num_layers=n_attn, num_pages=plan.num_pages, page_size=plan.page_size,
+            kv_pool = kv_cls(num_layers=n_attn, num_pages=plan.num_pages, page_size=plan.page_size,
                              num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim, dtype=self.dtype,
                              device=self.device)
         allocator = Allocator(num_slots=plan.max_running_requests, num_pages=plan.num_pages,
@@ -201,7 +217,7 @@ class ModelRunner:
         the Triton / vLLM kernels; the torch references sync)."""
         capturable = all(ops is None or ops.name != "torch" for ops in
                          (backends.attention, backends.linear_attention, backends.ssm, backends.moe))
-        if self.device.type != "cuda" or self.args.disable_cuda_graph or not capturable:
+        if self.device.type != "cuda" or self.args.disable_cuda_graph or not capturable or self.tp.size > 1:
             return None
         max_bs = min(self.args.cuda_graph_max_bs or 256, self.plan.max_running_requests)
         graphs = DecodeGraphs(model=self.model, allocator=self.allocator, kv_pool=self.kv_pool,
@@ -238,11 +254,7 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.fits(len(items)) and prev_fits:
             logits = self.graphs.run(tokens, positions, slots, prev_ids=prev_ids)
         else:
-            fb = ForwardBatch.build(mode=ForwardMode.DECODE, token_runs=[[t] for t in tokens], prefix_lens=positions,
-                                    slots=slots, page_table=self.allocator.page_table,
-                                    page_size=self.allocator.page_size, kv_pool=self.kv_pool,
-                                    state_pool=self.state_pool, device=self.device, prev_ids=prev_ids)
-            logits = self.model.compute_logits(self.model(fb))
+            logits = self.forward_step(ForwardMode.DECODE, [[t] for t in tokens], positions, slots, prev_ids=prev_ids)
         pending = PendingDecode(items=items, next_ids=None, host_ids=None, done=None, logits=logits)
         if prev is None or all(it.req.grammar is None for it in items):
             self.sample_pending(pending)
@@ -284,13 +296,9 @@ class ModelRunner:
             if rows != list(range(len(items))):  # every row; decode samples (almost) all of them
                 logits = logits[torch.tensor(rows, device=self.device, dtype=torch.long)]
         else:
-            fb = ForwardBatch.build(mode=mode, token_runs=[it.req.token_slice(it.start, it.end) for it in items],
-                                    prefix_lens=[it.start for it in items], slots=[it.req.slot for it in items],
-                                    page_table=self.allocator.page_table, page_size=self.allocator.page_size,
-                                    kv_pool=self.kv_pool, state_pool=self.state_pool, device=self.device,
-                                    snapshots=[it.snapshots for it in items])
-            hidden = self.model(fb)
-            logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device, dtype=torch.long)])
+            logits = self.forward_step(mode, [it.req.token_slice(it.start, it.end) for it in items],
+                                   [it.start for it in items], [it.req.slot for it in items],
+                                   snapshots=[it.snapshots for it in items], rows=rows)
         if not rows:
             return results
         if sample_rows:
@@ -298,6 +306,24 @@ class ModelRunner:
         if lp_rows:
             self._input_logprobs(logits, items, results, lp_rows)
         return results
+
+    def forward_step(self, mode: ForwardMode, token_runs: list[list[int]], prefix_lens: list[int], slots: list[int], *,
+                 prev_ids: torch.Tensor | None = None, snapshots: list | None = None,
+                 rows: list[int] | None = None) -> torch.Tensor | None:
+        """One eager forward: logits [len(rows), V] of the packed rows `rows` (None: every row; none
+        are computed when rows is empty). The other tensor-parallel ranks run it too (see tp.py)."""
+        if self.broadcast is not None:
+            self.broadcast(step_message(self, mode, token_runs, prefix_lens, slots, prev_ids, snapshots, rows))
+        fb = ForwardBatch.build(mode=mode, token_runs=token_runs, prefix_lens=prefix_lens, slots=slots,
+                                page_table=self.allocator.page_table, page_size=self.allocator.page_size,
+                                kv_pool=self.kv_pool, state_pool=self.state_pool, device=self.device,
+                                prev_ids=prev_ids, snapshots=snapshots)
+        hidden = self.model(fb)
+        if rows is None:
+            return self.model.compute_logits(hidden)
+        if not rows:
+            return None
+        return self.model.compute_logits(hidden[torch.tensor(rows, device=self.device, dtype=torch.long)])
 
     def _logit_rows(self, items: list[BatchItem]):
         """Rows of the packed batch that need logits. sample_rows: (item, logits row);

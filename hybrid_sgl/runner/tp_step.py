@@ -1,0 +1,89 @@
+"""What rank 0 sends the other tensor-parallel ranks each step, and how they replay it.
+
+Rank 0 runs the only scheduler (with the prefix cache and the grammars) and the only sampler.
+Before each forward it sends a StepMessage: the batch as ForwardBatch.build takes it, the
+page-table rows of the batch's slots, the logit rows, and the state-slot / KV-page copies the
+prefix cache made since the last step (its pools are the Recording* ones below). A rank replays
+the copies in order, writes the rows into its own page table and runs the same forward on its
+shards, so its pools hold exactly rank 0's pages and slots for its own heads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hybrid_sgl.memory.kv_pool import KVPool
+from hybrid_sgl.memory.state_pool import StatePool
+from hybrid_sgl.runner.forward_batch import ForwardMode
+
+
+@dataclass(frozen=True)
+class StepMessage:
+    mode: ForwardMode
+    token_runs: list[list[int]]  # new tokens per request; -(j + 1) = prev_ids[j]
+    prefix_lens: list[int]
+    slots: list[int]
+    table_rows: list[list[int]]  # [B, pages the batch reads] page-table rows of `slots`
+    prev_ids: list[int] | None  # tokens the previous step sampled (overlapped decode)
+    snapshots: list[list[tuple[int, int]]] | None
+    rows: list[int] | None  # packed rows that get logits; None = every row
+    state_copies: list[tuple[int, int]]  # (src, dst) state-pool indices, in order
+    kv_copies: list[tuple[int, int]]  # (src, dst) KV pages, in order
+
+
+class RecordingStatePool(StatePool):
+    """Rank 0's state pool: also notes each whole-slot copy for the other ranks."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.copies: list[tuple[int, int]] = []
+
+    def copy_slot(self, src: int, dst: int) -> None:
+        super().copy_slot(src, dst)
+        self.copies.append((src, dst))
+
+
+class RecordingKVPool(KVPool):
+    """Rank 0's KV pool: also notes each page copy for the other ranks."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.copies: list[tuple[int, int]] = []
+
+    def copy_page(self, src: int, dst: int) -> None:
+        super().copy_page(src, dst)
+        self.copies.append((src, dst))
+
+
+def _take(pool) -> list[tuple[int, int]]:
+    if pool is None:
+        return []
+    copies, pool.copies = pool.copies, []
+    return copies
+
+
+def step_message(runner, mode, token_runs, prefix_lens, slots, prev_ids, snapshots, rows) -> StepMessage:
+    """The step rank 0's `runner` is about to run, for the other ranks."""
+    page_size = runner.allocator.page_size
+    pages = -(-max(p + len(run) for p, run in zip(prefix_lens, token_runs)) // page_size)
+    table = runner.allocator.page_table[torch.tensor(slots, dtype=torch.long, device=runner.device), :pages]
+    return StepMessage(mode=mode, token_runs=token_runs, prefix_lens=prefix_lens, slots=slots,
+                       table_rows=table.tolist(), prev_ids=None if prev_ids is None else prev_ids.tolist(),
+                       snapshots=snapshots, rows=rows, state_copies=_take(runner.state_pool),
+                       kv_copies=_take(runner.kv_pool))
+
+
+def replay(runner, msg: StepMessage) -> None:
+    """Run rank 0's step on this rank's shards (its logits are dropped: rank 0 samples)."""
+    for src, dst in msg.state_copies:
+        runner.state_pool.copy_slot(src, dst)
+    for src, dst in msg.kv_copies:
+        runner.kv_pool.copy_page(src, dst)
+    table = torch.tensor(msg.table_rows, dtype=runner.allocator.page_table.dtype, device=runner.device)
+    slots = torch.tensor(msg.slots, dtype=torch.long, device=runner.device)
+    runner.allocator.page_table[slots, :table.shape[1]] = table
+    prev_ids = None if msg.prev_ids is None else torch.tensor(msg.prev_ids, dtype=torch.int64, device=runner.device)
+    runner.forward_step(msg.mode, msg.token_runs, msg.prefix_lens, msg.slots, prev_ids=prev_ids,
+                    snapshots=msg.snapshots, rows=msg.rows)

@@ -1,0 +1,100 @@
+"""Tensor parallelism on CPU (gloo): --tp-size 2 and 4 give the greedy tokens of tp 1 and logprobs
+within 1e-4, through chunked prefill, a batch that preempts, input logprobs and prefix-cache hits;
+configs that do not split are refused with their counts; a rank that dies ends the server."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from hybrid_sgl.engine import Engine
+from hybrid_sgl.server_args import ServerArgs
+
+# 8 pages of 16 tokens for 4 requests of ~70 tokens each: the batch preempts; chunks of 24 tokens
+ARGS = dict(device="cpu", dtype="float32", page_size=16, max_running_requests=4, chunked_prefill_size=24,
+            max_total_tokens=128, snapshot_interval=32, log_level="warning")
+TP4_DIMS = dict(linear_num_key_heads=4, linear_num_value_heads=8)  # KV heads (2) replicate at tp 4
+
+
+def _ids(seed: int, n: int) -> list[int]:
+    return torch.randint(3, 300, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _scenario(engine: Engine) -> dict:
+    greedy = {"max_new_tokens": 20, "temperature": 0, "ignore_eos": True}
+    batch = engine.generate(input_ids=[_ids(i, 45 + 3 * i) for i in range(4)], sampling_params=greedy,
+                            return_logprob=True, logprob_start_len=30)
+    system = _ids(10, 40)
+    first = engine.generate(input_ids=system + _ids(11, 9), sampling_params=greedy, return_logprob=True)
+    second = engine.generate(input_ids=system + _ids(12, 7), sampling_params=greedy, return_logprob=True)
+    engine.check_integrity()
+    return {"outputs": [*batch, first, second],
+            "preemptions": engine.run_on_engine(lambda s: s.num_preemptions)}
+
+
+def _logprobs(out: dict) -> list[float]:
+    meta = out["meta_info"]
+    return [lp for lp, *_ in meta["input_token_logprobs"] + meta["output_token_logprobs"] if lp is not None]
+
+
+def _run(path: str, tp: int) -> dict:
+    with Engine(model_path=path, tp_size=tp, **ARGS) as engine:
+        return _scenario(engine)
+
+
+def _assert_same(tp1: dict, tpn: dict) -> None:
+    assert tp1["preemptions"] > 0 and tpn["preemptions"] == tp1["preemptions"]
+    for a, b in zip(tp1["outputs"], tpn["outputs"], strict=True):
+        assert b["output_ids"] == a["output_ids"]
+        assert b["meta_info"]["cached_tokens"] == a["meta_info"]["cached_tokens"]
+        torch.testing.assert_close(torch.tensor(_logprobs(b)), torch.tensor(_logprobs(a)), rtol=0, atol=1e-4)
+    assert tp1["outputs"][-1]["meta_info"]["cached_tokens"] >= 32  # the second prompt hit the cache
+
+
+@pytest.mark.parametrize("tp, dims", [(2, {}), (4, TP4_DIMS)], ids=["tp2", "tp4"])
+def test_qwen3_5_matches_tp1(tiny_checkpoint, tp, dims):
+    path = tiny_checkpoint("qwen3_5", **dims)
+    _assert_same(_run(path, 1), _run(path, tp))
+
+
+@pytest.mark.parametrize("family, dims, tp, message", [
+    ("qwen3_5", {}, 3, "num_attention_heads is 4, which does not split over --tp-size 3"),
+    ("qwen3_5", {}, 4, "linear_num_key_heads is 2, which does not split over --tp-size 4"),
+    ("qwen3_5", dict(num_key_value_heads=4, num_attention_heads=8), 8, "linear_num_key_heads is 2"),
+    ("qwen3_5_moe", {}, 2, "MoE layers do not support tensor parallelism yet (--tp-size 2)"),
+    ("jamba", {}, 2, "does not support tensor parallelism yet (--tp-size 2)"),
+])
+def test_configs_that_do_not_split_are_refused(tiny_checkpoint, family, dims, tp, message):
+    path = tiny_checkpoint(family, **dims)
+    with pytest.raises(ValueError) as e:
+        ServerArgs(model_path=path, device="cpu", tp_size=tp).resolved()
+    assert message in str(e.value) and "--tp-size" in str(e.value)
+
+
+KILL_SCRIPT = """
+import sys, time
+sys.modules.setdefault("fla", None)
+from hybrid_sgl.engine import Engine
+if __name__ == "__main__":
+    engine = Engine(model_path=sys.argv[1], device="cpu", dtype="float32", tp_size=2, log_level="warning")
+    engine.generate(input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 2})
+    print(engine.tp_workers.procs[0].pid, flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_dead_rank_ends_the_server(tiny_checkpoint):
+    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, tiny_checkpoint("qwen3_5")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        pid = int(proc.stdout.readline())
+        killed = time.monotonic()
+        subprocess.run(["kill", "-9", str(pid)], check=True)
+        _, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and time.monotonic() - killed < 10
+    assert f"tensor-parallel rank 1 (pid {pid}) exited" in err
