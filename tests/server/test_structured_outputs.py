@@ -136,3 +136,22 @@ def test_token_ids_logprob(url, tokenizer):
     assert streamed == outputs
     r = generate(url, text="x", return_logprob=True, token_ids_logprob=[len(tokenizer) + 5])
     assert r.status_code == 400 and "outside the vocabulary" in r.json()["error"]["message"]
+
+
+def test_structural_tags(url):
+    """xgrammar's structural tag (a forced tag holding JSON) and SGLang's legacy form (free text until a
+    trigger, then the tagged JSON follows its schema)."""
+    schema = {"type": "object", "properties": {"n": {"enum": [1, 2]}}, "required": ["n"], "additionalProperties": False}
+    forced = {"type": "structural_tag", "format": {"type": "tag", "begin": "<call>", "end": "</call>",
+                                                   "content": {"type": "json_schema", "json_schema": schema}}}
+    for o in generate(url, text="Go:", sampling_params={"structural_tag": json.dumps(forced), "max_new_tokens": 40,
+                                                        "temperature": 1.0, "n": 2}).json():
+        body = re.fullmatch(r"<call>(.*)</call>", o["text"], re.DOTALL)
+        assert body and json.loads(body.group(1))["n"] in (1, 2), o["text"]
+    legacy = {"type": "structural_tag", "triggers": ["<call>"],
+              "structures": [{"begin": "<call>", "schema": schema, "end": "</call>"}]}
+    outs = generate(url, text="Go:", sampling_params={"structural_tag": json.dumps(legacy), "max_new_tokens": 20,
+                                                      "temperature": 1.0, "n": 2}).json()
+    assert all(o["meta_info"]["finish_reason"]["type"] in ("stop", "length") for o in outs)
+    r = generate(url, text="x", sampling_params={"structural_tag": '{"structures": [{"begin": "a"}], "triggers": []}'})
+    assert r.status_code == 400 and "invalid structural_tag" in r.json()["error"]["message"]
