@@ -31,6 +31,9 @@ def check_request(req: _OpenAISampling) -> None:
         raise ApiError("stream_options is only allowed when stream is true", param="stream_options")
     if req.return_hidden_states:
         raise ApiError("return_hidden_states is not supported yet", param="return_hidden_states")
+    if req.data_parallel_rank not in (None, 0):
+        raise ApiError(f"data_parallel_rank {req.data_parallel_rank}: this server has one data-parallel rank, 0",
+                       param="data_parallel_rank")
     if req.temperature is not None and not 0.0 <= req.temperature <= 2.0:
         raise ApiError(f"temperature must be between 0 and 2, got {req.temperature}", param="temperature")
     for key, bias in (req.logit_bias or {}).items():

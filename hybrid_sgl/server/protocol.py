@@ -53,12 +53,13 @@ class GenerateRequest(_Strict):
     # (this server serves one model), and request contents are never logged here (`no_logs`).
     model: str | None = None
     no_logs: bool = False
+    data_parallel_rank: int | None = None  # set by the router's --dp-aware mode; this server has rank 0 only
 
     NOT_SUPPORTED: ClassVar[dict[str, Any]] = {
         "image_data": [], "video_data": [], "audio_data": [], "input_embeds": [], "lora_path": "",
         "custom_logit_processor": "", "session_params": {},
         "return_hidden_states": False, "modalities": [], "background": False, "return_bytes": False,
-        "return_entropy": False}
+        "return_entropy": False, "data_parallel_rank": 0}
 
 
 class AbortRequest(_Strict):
@@ -102,6 +103,7 @@ class _OpenAISampling(_Strict):
     response_format: dict[str, Any] | None = None
     rid: str | None = None
     return_hidden_states: bool | None = False  # sent by sglang-router on every request; true is refused
+    data_parallel_rank: int | None = None  # set by the router's --dp-aware mode; only rank 0 exists here
 
 
 class CompletionRequest(_OpenAISampling):
