@@ -81,6 +81,9 @@ def render(result: dict) -> str:
 def _pools_free(state: dict) -> str:
     if not state:
         return "n/a"
+    cached = state.get("evictable_pages", 0)  # held only by the prefix cache, free to evict
     free = (state.get("num_running_reqs") == 0 and state.get("num_free_slots") == state.get("num_slots")
-            and state.get("num_free_pages") == state.get("num_pages"))
-    return "yes" if free else f"no: {state}"
+            and state.get("num_free_pages", 0) + cached == state.get("num_pages"))
+    if not free:
+        return f"no: {state}"
+    return f"yes ({cached} pages kept by the prefix cache)" if cached else "yes"
