@@ -181,6 +181,11 @@ def test_get_load_counts_a_running_request(workers):
 
 # ---- through the router ----------------------------------------------------------------------------
 def test_router_reaches_every_worker_endpoint(router, workers, model_path):
+    model_type = httpx.get(workers[0].url + "/model_info", timeout=30).json()["model_type"]
+    for listed in httpx.get(router + "/workers", timeout=30).json()["workers"]:  # from /server_info, /model_info
+        meta = listed["metadata"]
+        assert (meta["model_path"], meta["tp_size"], meta["dp_size"]) == (model_path, "1", "1"), listed
+        assert meta["model_type"] == model_type and listed["model_id"] == model_path, listed
     models = httpx.get(router + "/v1/models", timeout=30).json()
     assert models["data"][0]["id"] == model_path
     assert httpx.get(router + "/get_model_info", timeout=30).json()["model_path"] == model_path
