@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 
 import httpx
 import pytest
@@ -55,38 +56,36 @@ def workers(model_path, tmp_path_factory):
         list(pool.map(lambda s: s.stop(), started))
 
 
-@pytest.fixture(scope="module")
-def router(workers, tmp_path_factory):
+@dataclass
+class RouterProcess:
+    process: subprocess.Popen | None
+    url: str
+    log_path: str
+    unusable: str | None  # why the router cannot run here
+
+    def log_tail(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return "".join(f.readlines()[-30:])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def router_process(workers, tmp_path_factory):
+    """Started as soon as the workers answer, so that its start-up (mostly imports) overlaps the
+    worker-side tests; `router` waits for it."""
+    log_path = str(tmp_path_factory.mktemp("router-log") / "router.log")
     reason = _router_import_error()
     if reason is not None:
-        pytest.skip(reason)
+        yield RouterProcess(None, "", log_path, reason)
+        return
     port = free_port()
-    log_path = tmp_path_factory.mktemp("router-log") / "router.log"
     cmd = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *(w.url for w in workers),
            "--host", "127.0.0.1", "--port", str(port), "--policy", "cache_aware",
            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
            "--worker-startup-check-interval", "1", "--log-level", "warn"]
     with open(log_path, "w") as log:
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-
-    def log_tail() -> str:
-        return "".join(open(log_path, errors="replace").readlines()[-30:])
-
     try:
-        deadline = time.monotonic() + ROUTER_STARTUP_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                raise AssertionError(f"the router exited with {process.returncode}:\n{log_tail()}")
-            try:
-                listed = httpx.get(url + "/workers", timeout=2).json()["workers"]
-                if len(listed) == 2 and all(w["is_healthy"] for w in listed):
-                    break
-            except (httpx.HTTPError, ValueError, KeyError):
-                pass
-            assert time.monotonic() < deadline, f"the router did not register both workers:\n{log_tail()}"
-            time.sleep(0.2)
-        yield url
+        yield RouterProcess(process, f"http://127.0.0.1:{port}", log_path, None)
     finally:
         process.send_signal(signal.SIGINT)
         try:
@@ -94,6 +93,26 @@ def router(workers, tmp_path_factory):
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@pytest.fixture(scope="module")
+def router(router_process) -> str:
+    """The router's URL once it has registered both workers as healthy."""
+    rp = router_process
+    if rp.unusable is not None:
+        pytest.skip(rp.unusable)
+    deadline = time.monotonic() + ROUTER_STARTUP_TIMEOUT_S
+    while True:
+        if rp.process.poll() is not None:
+            raise AssertionError(f"the router exited with {rp.process.returncode}:\n{rp.log_tail()}")
+        try:
+            listed = httpx.get(rp.url + "/workers", timeout=2).json()["workers"]
+            if len(listed) == 2 and all(w["is_healthy"] for w in listed):
+                return rp.url
+        except (httpx.HTTPError, ValueError, KeyError):
+            pass
+        assert time.monotonic() < deadline, f"the router did not register both workers:\n{rp.log_tail()}"
+        time.sleep(0.2)
 
 
 def _counters(url: str) -> dict[str, float]:
