@@ -43,14 +43,12 @@ def workers(model_path, tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("router-logs")
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         futures = [pool.submit(launch, model_path, log_dir, name=f"worker{i}") for i in range(2)]
-        started = []
-        try:
-            for f in futures:
-                started.append(f.result())
-        finally:
-            if len(started) < 2:
-                for s in started:
-                    s.stop()
+    failed = [f.exception() for f in futures if f.exception() is not None]
+    started = [f.result() for f in futures if f.exception() is None]
+    if failed:  # stop the one that did start before reporting the other
+        for s in started:
+            s.stop()
+        raise failed[0]
     yield started
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda s: s.stop(), started))
