@@ -75,7 +75,21 @@ def _structural_tag(spec: str):
         items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"])
                  for s in tag["structures"]]
         return xgr.StructuralTag.from_legacy_structural_tag(items, tag["triggers"])
-    return spec
+    _bound_whitespace(tag)
+    return json.dumps(tag)
+
+
+def _bound_whitespace(node) -> None:
+    """JSON inside a structural tag gets the same whitespace bound as a json_schema request, unless
+    the tag sets its own."""
+    if isinstance(node, dict):
+        if node.get("type") == "json_schema" and node.get("max_whitespace_cnt") is None:
+            node["max_whitespace_cnt"] = MAX_JSON_WHITESPACE
+        for value in node.values():
+            _bound_whitespace(value)
+    elif isinstance(node, list):
+        for value in node:
+            _bound_whitespace(value)
 
 
 def _without_raw_control_chars(grammar: xgr.Grammar) -> str:

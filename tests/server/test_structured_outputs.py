@@ -144,7 +144,7 @@ def test_structural_tags(url):
     schema = {"type": "object", "properties": {"n": {"enum": [1, 2]}}, "required": ["n"], "additionalProperties": False}
     forced = {"type": "structural_tag", "format": {"type": "tag", "begin": "<call>", "end": "</call>",
                                                    "content": {"type": "json_schema", "json_schema": schema}}}
-    for o in generate(url, text="Go:", sampling_params={"structural_tag": json.dumps(forced), "max_new_tokens": 40,
+    for o in generate(url, text="Go:", sampling_params={"structural_tag": json.dumps(forced), "max_new_tokens": 60,
                                                         "temperature": 1.0, "n": 2}).json():
         body = re.fullmatch(r"<call>(.*)</call>", o["text"], re.DOTALL)
         assert body and json.loads(body.group(1))["n"] in (1, 2), o["text"]
