@@ -145,3 +145,17 @@ def test_overlap_gives_the_tokens_of_the_plain_scheduler(tiny_checkpoint):
             assert eng.scheduler.num_overlapped_steps > 0
         eng.shutdown()
     assert runs[0] == runs[1]
+
+
+def test_grammar_backend_none_refuses_constraints(tiny_checkpoint):
+    from hybrid_sgl import Engine
+
+    eng = Engine(model_path=tiny_checkpoint("qwen3_5"), dtype="float32", device="cpu", log_level="warning",
+                 grammar_backend="none")
+    try:
+        assert eng.scheduler.grammars is None
+        reason = eng.generate("Hi", {"regex": "a+", "max_new_tokens": 3})["meta_info"]["finish_reason"]
+        assert reason["status_code"] == 400 and "--grammar-backend none" in reason["message"]
+        assert eng.generate("Hi", {"max_new_tokens": 3, "ignore_eos": True})["meta_info"]["completion_tokens"] == 3
+    finally:
+        eng.shutdown()
