@@ -1,7 +1,14 @@
 """Tensor parallelism on CPU (gloo): --tp-size 2 and 4 give the greedy tokens of tp 1 and logprobs
-within 1e-4, through chunked prefill, a batch that preempts, input logprobs and prefix-cache hits;
-configs that do not split are refused with their counts; a rank that dies ends the server."""
+within 1e-4 for each family that splits, through chunked prefill, a batch that preempts, input
+logprobs and prefix-cache hits; configs that do not split are refused with their counts; a rank
+that dies ends the server.
 
+The cases cover every split: Qwen3.5 (GDN, gated attention, dense MLP), Qwen3.5-MoE at tp 4 (KV
+heads replicated, MoE experts and shared expert), Nemotron-H (Mamba2 groups split, relu2 MLP,
+sigmoid-routed MoE), Bamba with one Mamba2 group (replicated: the gated norm spans both ranks),
+Falcon-H1 (parallel attention + Mamba2 with folded multipliers), Jamba (Mamba-1 channels, MoE)."""
+
+import json
 import subprocess
 import sys
 import time
@@ -11,11 +18,12 @@ import torch
 
 from hybrid_sgl.engine import Engine
 from hybrid_sgl.server_args import ServerArgs
+from hybrid_sgl.testing.tiny_composed import tiny_config
 
 # 8 pages of 16 tokens for 4 requests of ~70 tokens each: the batch preempts; chunks of 24 tokens
 ARGS = dict(device="cpu", dtype="float32", page_size=16, max_running_requests=4, chunked_prefill_size=24,
             max_total_tokens=128, snapshot_interval=32, log_level="warning")
-TP4_DIMS = dict(linear_num_key_heads=4, linear_num_value_heads=8)  # KV heads (2) replicate at tp 4
+TP4_GDN = dict(linear_num_key_heads=4, linear_num_value_heads=8)  # KV heads (2) replicate at tp 4
 
 
 def _ids(seed: int, n: int) -> list[int]:
@@ -23,7 +31,7 @@ def _ids(seed: int, n: int) -> list[int]:
 
 
 def _scenario(engine: Engine) -> dict:
-    greedy = {"max_new_tokens": 20, "temperature": 0, "ignore_eos": True}
+    greedy = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
     batch = engine.generate(input_ids=[_ids(i, 45 + 3 * i) for i in range(4)], sampling_params=greedy,
                             return_logprob=True, logprob_start_len=30)
     system = _ids(10, 40)
@@ -53,9 +61,13 @@ def _assert_same(tp1: dict, tpn: dict) -> None:
     assert tp1["outputs"][-1]["meta_info"]["cached_tokens"] >= 32  # the second prompt hit the cache
 
 
-@pytest.mark.parametrize("tp, dims", [(2, {}), (4, TP4_DIMS)], ids=["tp2", "tp4"])
-def test_qwen3_5_matches_tp1(tiny_checkpoint, tp, dims):
-    path = tiny_checkpoint("qwen3_5", **dims)
+CASES = [("qwen3_5", 2, {}), ("qwen3_5_moe", 4, TP4_GDN), ("nemotron_h", 2, {}), ("bamba", 2, dict(mamba_n_groups=1)),
+         ("falcon_h1", 2, {}), ("jamba", 2, {})]
+
+
+@pytest.mark.parametrize("family, tp, dims", CASES, ids=[f"{f}-tp{tp}" for f, tp, _ in CASES])
+def test_matches_tp1(tiny_checkpoint, family, tp, dims):
+    path = tiny_checkpoint(family, **dims)
     _assert_same(_run(path, 1), _run(path, tp))
 
 
@@ -63,14 +75,22 @@ def test_qwen3_5_matches_tp1(tiny_checkpoint, tp, dims):
     ("qwen3_5", {}, 3, "num_attention_heads is 4, which does not split over --tp-size 3"),
     ("qwen3_5", {}, 4, "linear_num_key_heads is 2, which does not split over --tp-size 4"),
     ("qwen3_5", dict(num_key_value_heads=4, num_attention_heads=8), 8, "linear_num_key_heads is 2"),
-    ("qwen3_5_moe", {}, 2, "MoE layers do not support tensor parallelism yet (--tp-size 2)"),
-    ("jamba", {}, 2, "does not support tensor parallelism yet (--tp-size 2)"),
+    ("bamba", dict(mamba_n_heads=2), 4, "mamba num_heads is 2, which does not split over --tp-size 4"),
+    ("qwen3_5_moe", dict(moe_intermediate_size=30), 4, "moe_intermediate_size is 30, which does not split over "
+                                                       "--tp-size 4"),
 ])
 def test_configs_that_do_not_split_are_refused(tiny_checkpoint, family, dims, tp, message):
     path = tiny_checkpoint(family, **dims)
     with pytest.raises(ValueError) as e:
         ServerArgs(model_path=path, device="cpu", tp_size=tp).resolved()
     assert message in str(e.value) and "--tp-size" in str(e.value)
+
+
+def test_families_that_do_not_split_yet_are_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(tiny_config()))
+    with pytest.raises(ValueError, match=r"HybridSGLForCausalLM does not support tensor parallelism yet "
+                                         r"\(--tp-size 2\): serve it with --tp-size 1"):
+        ServerArgs(model_path=str(tmp_path), device="cpu", tp_size=2, load_format="dummy").resolved()
 
 
 KILL_SCRIPT = """

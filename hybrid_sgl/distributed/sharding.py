@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from hybrid_sgl.config import AttentionSpec, GDNSpec, ModelConfig
+from hybrid_sgl.config import AttentionSpec, GDNSpec, Mamba2Spec, ModelConfig
 
 
 @dataclass(frozen=True)
@@ -61,19 +61,41 @@ def gdn_splits(spec: GDNSpec, size: int) -> tuple[HeadSplit, HeadSplit]:
             split_heads(spec.num_v_heads, size, "linear_num_value_heads"))
 
 
+def mamba2_splits(spec: Mamba2Spec, size: int) -> tuple[HeadSplit, HeadSplit]:
+    """(heads, B / C groups) of Mamba2: heads split; groups split, or replicated when fewer than the ranks."""
+    heads = split_heads(spec.num_heads, size, "mamba num_heads")
+    groups = split_heads(spec.n_groups, size, "mamba n_groups", replicate=True)
+    return heads, groups
+
+
 def vocab_split(vocab_size: int, size: int) -> int:
     """Rows of the embedding / LM head per rank (the last rank's tail past vocab_size is padding)."""
     return -(-vocab_size // size)
 
 
 def local_config(config: ModelConfig, size: int) -> ModelConfig:
-    """The config one rank serves: its own attention, GDN heads (what its KV pages and state slots hold)."""
+    """The config one rank serves: its own attention, GDN and Mamba2 heads and Mamba-1 channels (what its
+    KV pages and state slots hold). Raises when any count, the FFNs' included, does not split."""
     if size == 1:
         return config
+    if any(ffn == "mlp" for _, ffn in config.layer_plan):
+        split_heads(config.intermediate_size, size, "intermediate_size")
+    if config.moe is not None:
+        split_heads(config.moe.intermediate_size, size, "moe_intermediate_size")
+        if config.moe.shared_expert_intermediate_size:
+            split_heads(config.moe.shared_expert_intermediate_size, size, "shared_expert_intermediate_size")
     q, kv = attention_splits(config.attention, size)
     attention = dataclasses.replace(config.attention, num_heads=q.local, num_kv_heads=kv.local)
     gdn = config.gdn
     if gdn is not None:
         k, v = gdn_splits(gdn, size)
         gdn = dataclasses.replace(gdn, num_k_heads=k.local, num_v_heads=v.local)
-    return dataclasses.replace(config, attention=attention, gdn=gdn)
+    mamba2 = config.mamba2
+    if mamba2 is not None:
+        heads, groups = mamba2_splits(mamba2, size)
+        mamba2 = dataclasses.replace(mamba2, num_heads=heads.local, n_groups=groups.local)
+    mamba = config.mamba
+    if mamba is not None:
+        inner = split_heads(mamba.intermediate_size, size, "mamba intermediate_size (mamba_expand x hidden)")
+        mamba = dataclasses.replace(mamba, intermediate_size=inner.local)
+    return dataclasses.replace(config, attention=attention, gdn=gdn, mamba2=mamba2, mamba=mamba)

@@ -70,16 +70,21 @@ class ColumnParallelLinear(nn.Linear):
 class RowParallelLinear(nn.Linear):
     """x [T, local input columns] -> [T, out], summed over the ranks."""
 
-    def __init__(self, block: Block, out_features: int, bias: bool = False):
+    def __init__(self, block: Block, out_features: int, bias: bool = False, reduce: bool = True):
+        """reduce=False: return this rank's partial sum (the caller sums it with others in one all-reduce;
+        a bias is then added by rank 0 only)."""
         super().__init__(block.local_rows, out_features, bias=bias)
         self.tp = current_tp()
         self.block = block
+        self.reduce = reduce
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
             return super().forward(x)
-        y = self.tp.all_reduce(F.linear(x, self.weight))
-        return y + self.bias if self.bias is not None else y
+        y = F.linear(x, self.weight)
+        if self.reduce:
+            y = self.tp.all_reduce(y)
+        return y + self.bias if self.bias is not None and (self.reduce or self.tp.rank == 0) else y
 
     def load(self, tensor: torch.Tensor, kind: str = "weight") -> None:
         """tensor: the checkpoint's whole weight [out, in] (columns sliced) or bias [out]."""

@@ -13,12 +13,14 @@ from triton_kernels.norms import silu_and_mul, silu_and_mul_ref
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int):
+    def __init__(self, hidden_size: int, intermediate_size: int, reduce: bool = True):
+        """reduce=False: under tensor parallelism return this rank's partial output (an MoE's shared expert,
+        summed with the routed experts' in one all-reduce)."""
         super().__init__()
         split = split_heads(intermediate_size, current_tp().size, "intermediate_size")
         self.gate_up_proj = ColumnParallelLinear(hidden_size, [Block("gate_proj", 1, split),
                                                                Block("up_proj", 1, split)])
-        self.down_proj = RowParallelLinear(Block("down_proj", 1, split), hidden_size)
+        self.down_proj = RowParallelLinear(Block("down_proj", 1, split), hidden_size, reduce=reduce)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""

@@ -3,7 +3,11 @@ and an optional shared expert scaled by sigmoid(shared_expert_gate x).
 
 The shared expert's gate is one more row of the float32 router matrix, so one matmul gives the
 expert logits and the gate logit; the fused MoE kernel sums the k expert rows and the gated
-shared expert in one pass."""
+shared expert in one pass.
+
+Tensor parallel: every expert's intermediate dimension splits over the ranks (w13 rows, w2
+columns), the shared expert's too; the router stays whole; one all-reduce sums the ranks' partial
+outputs (routed and shared together)."""
 
 import re
 
@@ -12,7 +16,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybrid_sgl.config import MoESpec
+from hybrid_sgl.distributed import current_tp
+from hybrid_sgl.distributed.sharding import split_heads
 from hybrid_sgl.layers.backends import MoEOps
+from hybrid_sgl.layers.linear import Block
 from hybrid_sgl.layers.mlp import GatedMLP
 
 _EXPERT = re.compile(r"experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
@@ -23,8 +30,10 @@ class SparseMoE(nn.Module):
         super().__init__()
         self.spec = spec
         self.ops = ops
-        e, i = spec.num_experts, spec.intermediate_size
-        self.shared = GatedMLP(hidden_size, spec.shared_expert_intermediate_size) \
+        self.tp = current_tp()
+        self.block = Block("experts", 1, split_heads(spec.intermediate_size, self.tp.size, "moe_intermediate_size"))
+        e, i = spec.num_experts, self.block.local_rows
+        self.shared = GatedMLP(hidden_size, spec.shared_expert_intermediate_size, reduce=False) \
             if spec.shared_expert_intermediate_size else None
         self.has_shared_gate = self.shared is not None and spec.shared_expert_gate
         # [E experts | shared expert gate, H]
@@ -43,25 +52,27 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
         weights, ids, gate = self.route(x)
-        return self.ops.fused_moe(x=x, w13=self.w13, w2=self.w2, topk_weights=weights, topk_ids=ids,
-                                  shared=None if self.shared is None else self.shared(x), shared_gate=gate)
+        out = self.ops.fused_moe(x=x, w13=self.w13, w2=self.w2, topk_weights=weights, topk_ids=ids,
+                                 shared=None if self.shared is None else self.shared(x), shared_gate=gate)
+        return out if self.tp.size == 1 else self.tp.all_reduce(out)
 
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:
         """Checkpoint names: gate.weight, experts.{e}.{gate,up,down}_proj.weight or stacked
         experts.gate_up_proj [E, 2I, H] / experts.down_proj [E, H, I], shared_expert.*,
         shared_expert_gate.weight."""
-        i = self.spec.intermediate_size
+        i, rank, rows_of = self.block.local_rows, self.tp.rank, self.block.rows_of
         if name == "gate.weight":
             self.router.data[: self.spec.num_experts].copy_(tensor)
         elif m := _EXPERT.fullmatch(name):
             e, proj = int(m.group(1)), m.group(2)
             target = {"gate_proj": self.w13.data[e, :i], "up_proj": self.w13.data[e, i:],
                       "down_proj": self.w2.data[e]}[proj]
-            target.copy_(tensor)
-        elif name == "experts.gate_up_proj":
-            self.w13.data.copy_(tensor)
-        elif name == "experts.down_proj":
-            self.w2.data.copy_(tensor)
+            target.copy_(rows_of(tensor, rank, dim=1 if proj == "down_proj" else 0))
+        elif name == "experts.gate_up_proj":  # [E, 2I, H]
+            gate, up = tensor.chunk(2, dim=1)
+            self.w13.data.copy_(torch.cat([rows_of(gate, rank, dim=1), rows_of(up, rank, dim=1)], dim=1))
+        elif name == "experts.down_proj":  # [E, H, I]
+            self.w2.data.copy_(rows_of(tensor, rank, dim=2))
         elif name.startswith("shared_expert.") and self.shared is not None:
             self.shared.load_weight(name.removeprefix("shared_expert."), tensor)
         elif name == "shared_expert_gate.weight" and self.has_shared_gate:

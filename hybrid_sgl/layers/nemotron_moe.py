@@ -2,7 +2,11 @@
 and first keeps the best `topk_group` of `n_group` expert groups (a group scores the sum of its two
 best experts); the chosen experts are weighted by their uncorrected scores, optionally renormalized,
 times `routed_scaling_factor`. Experts are non-gated relu2 MLPs, optionally run in a smaller latent
-space (`moe_latent_size`); an ungated relu2 shared expert sees the block input."""
+space (`moe_latent_size`); an ungated relu2 shared expert sees the block input.
+
+Tensor parallel: every expert's intermediate dimension splits over the ranks; the routed experts'
+partial outputs are all-reduced before the latent projection back (which, like the router and
+the projection into the latent space, stays whole); the shared expert reduces its own."""
 
 import re
 
@@ -11,7 +15,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybrid_sgl.config import MoESpec
+from hybrid_sgl.distributed import current_tp
+from hybrid_sgl.distributed.sharding import split_heads
 from hybrid_sgl.layers.backends import MoEOps
+from hybrid_sgl.layers.linear import Block
 from hybrid_sgl.layers.relu2_mlp import Relu2MLP
 
 _EXPERT = re.compile(r"experts\.(\d+)\.(up_proj|down_proj)\.weight")
@@ -24,7 +31,9 @@ class NemotronMoE(nn.Module):
             raise ValueError(f"{spec.num_experts} experts cannot form {spec.n_group} groups of at least 2")
         self.spec = spec
         self.ops = ops
-        e, i, d = spec.num_experts, spec.intermediate_size, latent_size or hidden_size
+        self.tp = current_tp()
+        self.block = Block("experts", 1, split_heads(spec.intermediate_size, self.tp.size, "moe_intermediate_size"))
+        e, i, d = spec.num_experts, self.block.local_rows, latent_size or hidden_size
         self.router = nn.Parameter(torch.empty(e, hidden_size, dtype=torch.float32))
         self.correction_bias = nn.Parameter(torch.empty(e, dtype=torch.float32))
         self.w_up = nn.Parameter(torch.empty(e, i, d))  # [E, I, D], D = latent or hidden size
@@ -57,6 +66,8 @@ class NemotronMoE(nn.Module):
         h = x if self.to_latent is None else self.to_latent(x)
         out = self.ops.fused_moe(x=h, w13=self.w_up, w2=self.w_down, topk_weights=weights, topk_ids=ids,
                                  activation="relu2")
+        if self.tp.size > 1:
+            out = self.tp.all_reduce(out)
         if self.from_latent is not None:
             out = self.from_latent(out)
         return out if self.shared is None else out + self.shared(x)
@@ -71,10 +82,12 @@ class NemotronMoE(nn.Module):
         elif name == "gate.e_score_correction_bias":
             self.correction_bias.data.copy_(tensor)
         elif m := _EXPERT.fullmatch(name):
-            target = self.w_up if m.group(2) == "up_proj" else self.w_down
-            target.data[int(m.group(1))].copy_(tensor)
-        elif name in ("experts.up_proj", "experts.down_proj"):
-            (self.w_up if name == "experts.up_proj" else self.w_down).data.copy_(tensor)
+            up = m.group(2) == "up_proj"
+            (self.w_up if up else self.w_down).data[int(m.group(1))].copy_(
+                self.block.rows_of(tensor, self.tp.rank, dim=0 if up else 1))
+        elif name in ("experts.up_proj", "experts.down_proj"):  # [E, I, D] / [E, D, I]
+            up = name == "experts.up_proj"
+            (self.w_up if up else self.w_down).data.copy_(self.block.rows_of(tensor, self.tp.rank, dim=1 if up else 2))
         elif module == "shared_experts" and self.shared is not None:
             self.shared.load_weight(rest, tensor)
         elif module in ("fc1_latent_proj", "fc2_latent_proj") and self.to_latent is not None:

@@ -1,16 +1,23 @@
-"""Non-gated MLP with a squared-ReLU activation (Nemotron-H): down(relu(up x) ** 2)."""
+"""Non-gated MLP with a squared-ReLU activation (Nemotron-H): down(relu(up x) ** 2).
+
+Tensor parallel: up rows split over the ranks (column-parallel), down_proj's columns with them
+(row-parallel, one all-reduce)."""
 
 import torch
 from torch import nn
 
+from hybrid_sgl.distributed import current_tp
+from hybrid_sgl.distributed.sharding import split_heads
+from hybrid_sgl.layers.linear import Block, ColumnParallelLinear, RowParallelLinear
 from triton_kernels.norms import relu2, relu2_ref
 
 
 class Relu2MLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
         super().__init__()
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        split = split_heads(intermediate_size, current_tp().size, "intermediate_size")
+        self.up_proj = ColumnParallelLinear(hidden_size, [Block("up_proj", 1, split)], bias=bias)
+        self.down_proj = RowParallelLinear(Block("down_proj", 1, split), hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
@@ -20,7 +27,10 @@ class Relu2MLP(nn.Module):
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:
         """Checkpoint names: up_proj.{weight,bias}, down_proj.{weight,bias}."""
         module, _, kind = name.partition(".")
-        param = getattr(getattr(self, module), kind, None) if module in ("up_proj", "down_proj") else None
-        if not isinstance(param, nn.Parameter):
+        if module not in ("up_proj", "down_proj") or not isinstance(getattr(getattr(self, module), kind, None),
+                                                                      nn.Parameter):
             raise KeyError(name)
-        param.data.copy_(tensor)
+        if module == "up_proj":
+            self.up_proj.load("up_proj", tensor, kind)
+        else:
+            self.down_proj.load(tensor, kind)

@@ -154,6 +154,7 @@ _GRANITE_MOE_NAMES = {
 class BambaForCausalLM(HybridCausalLM):
     """Serves BambaForCausalLM and GraniteMoeHybridForCausalLM checkpoints."""
 
+    tensor_parallel = True
     final_norm_names = ("norm.weight", "final_layernorm.weight")
 
     def __init__(self, config: ModelConfig, backends: Backends, max_positions: int):

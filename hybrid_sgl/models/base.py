@@ -47,6 +47,7 @@ class HybridCausalLM(nn.Module):
     embedding and the final norm, and `skipped_prefixes`."""
 
     skipped_prefixes: tuple[str, ...] = ()
+    tensor_parallel = False  # True once every layer the family builds splits over ranks (layers/linear.py)
     embed_name = "embed_tokens.weight"
     final_norm_names: tuple[str, ...] = ("norm.weight",)
 
@@ -65,10 +66,10 @@ class HybridCausalLM(nn.Module):
 
     @classmethod
     def check_tensor_parallel(cls, config: ModelConfig, size: int) -> None:
-        """Raise ValueError, naming the cause, when this family cannot run with --tp-size `size` (> 1).
-        A family that splits its layers overrides this."""
-        raise ValueError(f"{config.architecture} does not support tensor parallelism yet (--tp-size {size}): "
-                         "serve it with --tp-size 1")
+        """Raise ValueError, naming the cause, when this family cannot run with --tp-size `size` (> 1)."""
+        if not cls.tensor_parallel:
+            raise ValueError(f"{config.architecture} does not support tensor parallelism yet (--tp-size {size}): "
+                             "serve it with --tp-size 1")
 
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Returns the final hidden states [T, H] (normalized)."""

@@ -151,6 +151,7 @@ class FalconH1Layer(nn.Module):
 
 
 class FalconH1ForCausalLM(HybridCausalLM):
+    tensor_parallel = True
     final_norm_names = ("final_layernorm.weight",)
 
     def __init__(self, config: ModelConfig, backends: Backends, max_positions: int):

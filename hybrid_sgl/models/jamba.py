@@ -83,6 +83,7 @@ def parse_config(hf: dict, gen_eos: list[int]) -> ModelConfig:
 
 
 class JambaForCausalLM(HybridCausalLM):
+    tensor_parallel = True
     final_norm_names = ("final_layernorm.weight",)
 
     def __init__(self, config: ModelConfig, backends: Backends, max_positions: int):

@@ -126,6 +126,7 @@ class NemotronHBlock(nn.Module):
 
 
 class NemotronHForCausalLM(HybridCausalLM):
+    tensor_parallel = True
     skipped_prefixes = ("mtp.", "backbone.mtp.")  # multi-token-prediction head
     embed_name = "embeddings.weight"
     final_norm_names = ("norm_f.weight",)

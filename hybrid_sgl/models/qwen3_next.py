@@ -20,6 +20,7 @@ _SKIPPED = ("model.visual.", "visual.", "mtp.", "model.mtp.")
 
 
 class Qwen3NextForCausalLM(HybridCausalLM):
+    tensor_parallel = True
     skipped_prefixes = _SKIPPED
 
     def __init__(self, config: ModelConfig, backends: Backends, max_positions: int):
@@ -43,13 +44,6 @@ class Qwen3NextForCausalLM(HybridCausalLM):
             else:
                 ffn = GatedMLP(c.hidden_size, c.intermediate_size)
             self.layers.append(DecoderLayer(mixer, ffn, c.hidden_size, c.rms_norm_eps, c.norm_offset))
-
-    @classmethod
-    def check_tensor_parallel(cls, config: ModelConfig, size: int) -> None:
-        """Attention, Gated DeltaNet and dense MLP layers split; MoE layers do not yet."""
-        if any(ffn == "moe" for _, ffn in config.layer_plan):
-            raise ValueError(f"{config.architecture}: MoE layers do not support tensor parallelism yet "
-                             f"(--tp-size {size}): serve it with --tp-size 1")
 
     def load_layer_weight(self, layer: DecoderLayer, part: str, rest: str, tensor: torch.Tensor) -> None:
         layer.load_weight(part, rest, tensor, _NAMES)

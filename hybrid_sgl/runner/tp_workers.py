@@ -63,6 +63,8 @@ class TPWorkers:
             self.conns.append(ours)
         self._closing = threading.Event()
         threading.Thread(target=self._watch, name="tp-watch", daemon=True).start()
+        self._threads = torch.get_num_threads()
+        _share_cpu(args)
         self.group: TPGroup = init_tp(0, size, init_method, torch.device(args.device))
         self.pool_classes = (RecordingStatePool, RecordingKVPool)
 
@@ -81,6 +83,7 @@ class TPWorkers:
             if proc.is_alive():
                 proc.kill()
         destroy_tp(self.group)
+        torch.set_num_threads(self._threads)
 
     def _watch(self) -> None:
         """Exit the server when a rank exits: rank 0 would wait for it in its next collective."""
@@ -106,6 +109,7 @@ def worker_main(args: ServerArgs, rank: int, init_method: str, conn) -> None:
     logging.basicConfig(format=f"[%(asctime)s tp{rank} %(name)s] %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("hybrid_sgl").setLevel("WARNING")
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    _share_cpu(args)
     tp = init_tp(rank, args.tp_size, init_method, torch.device(args.device))
     runner = ModelRunner(args, ModelConfig.from_hf(args.model_path), tp)
     with torch.inference_mode():
@@ -118,6 +122,12 @@ def worker_main(args: ServerArgs, rank: int, init_method: str, conn) -> None:
                 break
             replay(runner, msg)
     destroy_tp(tp)
+
+
+def _share_cpu(args: ServerArgs) -> None:
+    """On CPU the ranks share the cores: each takes its part for its own kernels' threads."""
+    if args.device == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.tp_size))
 
 
 def _exit_with_parent(parent: int) -> None:
