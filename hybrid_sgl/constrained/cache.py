@@ -88,7 +88,8 @@ def ready_matcher(cache: GrammarCache | None, key: GrammarKey, future: Future, s
     """Without waiting: a matcher if the compile is done, None while it runs; GrammarError when it
     failed or has run longer than timeout since `since` (time.monotonic())."""
     if future.done():
-        return cache.backend.matcher(GrammarCache.compiled(future, key))
+        compiled = GrammarCache.compiled(future, key)  # raises for a failed compile (or no backend)
+        return cache.backend.matcher(compiled)
     if time.monotonic() - since > timeout:
         raise GrammarError(_too_slow(key, timeout))
     return None
