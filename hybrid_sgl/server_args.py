@@ -67,8 +67,7 @@ class ServerArgs:
     load_format: str = _f("auto", "auto/safetensors: read the checkpoint; dummy: random weights of the "
                           "real shapes from config.json alone.", ["auto", "safetensors", "dummy"])
     tp_size: int = _f(1, "Tensor-parallel size: ranks (one process and one GPU each) that split every layer's "
-                      "heads. Every family but the composed hybrid (refused at start-up, as are head counts "
-                      "that do not divide).")
+                      "heads; head counts that do not divide are refused at start-up.")
     dp_size: int = _f(1, "Data-parallel replicas; only 1 is supported (run one server per GPU behind a load "
                       "balancer).")
     quantization: str | None = _f(None, "Weight quantization method. Not supported yet: leave unset to serve the "

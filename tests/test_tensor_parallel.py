@@ -1,24 +1,20 @@
 """Tensor parallelism on CPU (gloo): --tp-size 2 and 4 give the greedy tokens of tp 1 and logprobs
 within 1e-4 for each family that splits, through chunked prefill, a batch that preempts, input
-logprobs and prefix-cache hits; configs that do not split are refused with their counts; a rank
-that dies ends the server.
+logprobs and prefix-cache hits; configs that do not split are refused with their counts (a rank
+that dies: test_tensor_parallel_server.py).
 
 The cases cover every split: Qwen3.5 (GDN, gated attention, dense MLP), Qwen3.5-MoE at tp 4 (KV
 heads replicated, MoE experts and shared expert), Nemotron-H (Mamba2 groups split, relu2 MLP,
 sigmoid-routed MoE), Bamba with one Mamba2 group (replicated: the gated norm spans both ranks),
-Falcon-H1 (parallel attention + Mamba2 with folded multipliers), Jamba (Mamba-1 channels, MoE)."""
-
-import json
-import subprocess
-import sys
-import time
+Falcon-H1 (parallel attention + Mamba2 with folded multipliers), Jamba (Mamba-1 channels, MoE), and
+the composed hybrid (every mixer kind, packed state slots)."""
 
 import pytest
 import torch
 
 from hybrid_sgl.engine import Engine
 from hybrid_sgl.server_args import ServerArgs
-from hybrid_sgl.testing.tiny_composed import tiny_config
+from hybrid_sgl.testing.tiny_composed import make_composed_checkpoint
 
 # 8 pages of 16 tokens for 4 requests of ~70 tokens each: the batch preempts; chunks of 24 tokens
 ARGS = dict(device="cpu", dtype="float32", page_size=16, max_running_requests=4, chunked_prefill_size=24,
@@ -86,35 +82,9 @@ def test_configs_that_do_not_split_are_refused(tiny_checkpoint, family, dims, tp
     assert message in str(e.value) and "--tp-size" in str(e.value)
 
 
-def test_families_that_do_not_split_yet_are_refused(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps(tiny_config()))
-    with pytest.raises(ValueError, match=r"HybridSGLForCausalLM does not support tensor parallelism yet "
-                                         r"\(--tp-size 2\): serve it with --tp-size 1"):
-        ServerArgs(model_path=str(tmp_path), device="cpu", tp_size=2, load_format="dummy").resolved()
-
-
-KILL_SCRIPT = """
-import sys, time
-sys.modules.setdefault("fla", None)
-from hybrid_sgl.engine import Engine
-if __name__ == "__main__":
-    engine = Engine(model_path=sys.argv[1], device="cpu", dtype="float32", tp_size=2, log_level="warning")
-    engine.generate(input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 2})
-    print(engine.tp_workers.procs[0].pid, flush=True)
-    time.sleep(120)
-"""
-
-
-def test_a_dead_rank_ends_the_server(tiny_checkpoint):
-    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, tiny_checkpoint("qwen3_5")], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        pid = int(proc.stdout.readline())
-        killed = time.monotonic()
-        subprocess.run(["kill", "-9", str(pid)], check=True)
-        _, err = proc.communicate(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode != 0 and time.monotonic() - killed < 10
-    assert f"tensor-parallel rank 1 (pid {pid}) exited" in err
+def test_composed_hybrid_matches_tp1(tmp_path):
+    """Every mixer kind in one model (packed state slots, per rank) and MoE; a count it cannot split is refused."""
+    path = make_composed_checkpoint(str(tmp_path / "composed"))
+    _assert_same(_run(path, 1), _run(path, 2))
+    with pytest.raises(ValueError, match="which does not split over --tp-size 3"):
+        ServerArgs(model_path=path, device="cpu", tp_size=3).resolved()

@@ -33,6 +33,14 @@ class TPGroup:
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=-1)
 
+    def check_same(self, what: str, values: tuple[int, ...]) -> None:
+        """Raise unless every rank holds the same `values` (e.g. the memory plan's slot and page counts)."""
+        t = torch.tensor([values], dtype=torch.int64, device=_collective_device(self.group))
+        ranks = self.all_gather(t).view(self.size, len(values)).tolist()
+        if any(r != ranks[0] for r in ranks):
+            raise RuntimeError(f"the tensor-parallel ranks disagree on {what}: {ranks} (one row per rank); "
+                               "they must build identical pools")
+
     def min_int(self, value: int) -> int:
         """The smallest of an int over the ranks (memory budgets, so the plans agree)."""
         t = torch.tensor([value], dtype=torch.int64, device=_collective_device(self.group))

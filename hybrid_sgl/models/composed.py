@@ -38,6 +38,8 @@ import weakref
 import torch
 from torch import nn
 
+from hybrid_sgl.distributed import current_tp
+from hybrid_sgl.distributed.sharding import local_config
 from hybrid_sgl.layers.attention import GatedAttention
 from hybrid_sgl.layers.gdn import GatedDeltaNet
 from hybrid_sgl.layers.mamba import MambaMixer
@@ -135,6 +137,7 @@ def _add_norm(norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None):
 
 
 class HybridSGLForCausalLM(HybridCausalLM):
+    tensor_parallel = True
     def __init__(self, config: ComposedConfig, backends: Backends, max_positions: int):
         c = config
         super().__init__(config, backends, RMSNorm(c.hidden_size, c.rms_norm_eps, 1.0))
@@ -143,7 +146,8 @@ class HybridSGLForCausalLM(HybridCausalLM):
         if c.kv_layers and a.rotary_dim:
             self.rotary = RotaryEmbedding(head_dim=a.head_dim, rotary_dim=a.rotary_dim, base=a.rope_theta,
                                           max_positions=max_positions)
-        self.state_shapes = [c.state_shapes_of(c.layer_plan[i][0]) for i in c.state_layers]
+        local = local_config(c, current_tp().size)  # this rank's heads: what its packed slots hold
+        self.state_shapes = [local.state_shapes_of(c.layer_plan[i][0]) for i in c.state_layers]
         self._packed: weakref.WeakKeyDictionary[StatePool, PackedStates] = weakref.WeakKeyDictionary()
         kv_index, state_index = 0, 0
         for mixer_kind, ffn_kind in c.layer_plan:

@@ -103,6 +103,10 @@ class ModelRunner:
                                      model_path=args.model_path, seed=args.random_seed)
         self.state_shapes = self._state_shapes()
         self.plan = self._plan_memory()
+        if tp.size > 1:
+            p = self.plan
+            tp.check_same("the memory plan (slots, pages, snapshots, context length)",
+                          (p.max_running_requests, p.num_pages, p.num_snapshots, p.context_length))
         self.context_length = self.plan.context_length  # one request alone always fits
         self.state_pool, self.kv_pool, self.allocator = self._make_pools(self.plan)
         self.graphs = self._capture_decode_graphs(backends)
