@@ -50,8 +50,12 @@ class Engine:
         if args.tp_size > 1:  # ranks 1..N-1 in their own processes; this one is rank 0
             check_tensor_parallel(self.model_config, args.tp_size)
             self.tp_workers = TPWorkers(args)
-            self.runner = ModelRunner(args, self.model_config, self.tp_workers.group, self.tp_workers.send,
-                                      self.tp_workers.pool_classes)
+            try:
+                self.runner = ModelRunner(args, self.model_config, self.tp_workers.group, self.tp_workers.send,
+                                          self.tp_workers.pool_classes)
+            except BaseException:  # the other ranks failed the same way, or wait for this one: stop them
+                self.tp_workers.shutdown(timeout=2.0)
+                raise
         else:
             self.runner = ModelRunner(args, self.model_config)
         self.scheduler = Scheduler(self.runner, chunked_prefill_size=args.chunked_prefill_size,
