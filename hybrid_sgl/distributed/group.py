@@ -71,8 +71,8 @@ def init_tp(rank: int, size: int, init_method: str, device: torch.device) -> TPG
     if size == 1:
         return SINGLE
     backend = "nccl" if device.type == "cuda" else "gloo"
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    if device.type == "cuda":  # one host: rank r drives GPU r ("cuda" then means that GPU in this process)
+        torch.cuda.set_device(rank)
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
                             timeout=datetime.timedelta(minutes=30))
     return TPGroup(rank=rank, size=size, group=dist.group.WORLD)
