@@ -49,8 +49,10 @@ def test_help_lists_every_flag():
 
 
 def test_bad_flag_value_is_a_clear_error(model_path):
-    out, seconds = run_launcher("--model-path", model_path, "--tp-size", "2")
-    assert out.returncode == 2 and "with --tp-size 1" in out.stderr and seconds < FAIL_FAST_S
+    out, seconds = run_launcher("--model-path", model_path, "--tp-size", "3")  # 4 attention heads
+    assert out.returncode == 2 and "does not split over --tp-size 3" in out.stderr and seconds < FAIL_FAST_S
+    out, seconds = run_launcher("--model-path", model_path, "--dp-size", "2")
+    assert out.returncode == 2 and "use --dp-size 1" in out.stderr and seconds < FAIL_FAST_S
 
 
 def test_sglang_docs_command_serves(model_path, tmp_path):
