@@ -34,7 +34,8 @@ disable_created_metrics()  # no *_created series: SGLang's exposition has none e
 def engine_stats(scheduler) -> dict:
     """Run on the engine thread (engine.loop.call): the scheduler's and the pools' current state."""
     a = scheduler.allocator
-    return {"num_running_reqs": len(scheduler.running), "num_waiting_reqs": len(scheduler.waiting),
+    waiting = len(scheduler.waiting) + len(scheduler.compiling)  # a grammar still compiling counts as waiting
+    return {"num_running_reqs": len(scheduler.running), "num_waiting_reqs": waiting,
             "num_free_slots": a.num_free_slots, "num_slots": a.num_slots,
             "num_free_pages": a.num_free_pages, "num_pages": a.num_pages, "page_size": a.page_size,
             "num_preemptions": scheduler.num_preemptions,
