@@ -13,27 +13,25 @@ token or string, abort) wastes its row of step N+1, which is discarded; its slot
 after that step. Anything else (prompt work, new arrivals, memory pressure, logprobs) first
 waits for the step in flight and then runs synchronously.
 
-A constrained request (regex, JSON schema, EBNF) waits in `compiling` until its grammar has
-compiled (on the grammar cache's threads, never this one; the server usually waited for it
-already), then queues like any other; an invalid or too slow grammar finishes it with a 400. Each
-sampled token advances its matcher; the grammar's end finishes it with "stop". Overlapped steps
-with grammars sample late: see ModelRunner.launch_decode.
+A constrained request (regex, JSON schema, EBNF) waits in `compiling` (grammar_queue.py) until its
+grammar has compiled, then queues like any other. Each sampled token advances its matcher; the
+grammar's end finishes it with "stop". Overlapped steps with grammars sample late: see
+ModelRunner.launch_decode.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, wait
 
-from hybrid_sgl.constrained import GrammarCache, GrammarError, ready_matcher, start_compile
+from hybrid_sgl.constrained import GrammarCache
 from hybrid_sgl.constrained.stop_regex import find_stop_regex
 from hybrid_sgl.memory.allocator import Allocator
 from hybrid_sgl.runner.forward_batch import ForwardMode
 from hybrid_sgl.runner.model_runner import BatchItem, ItemResult, ModelRunner, PendingDecode
+from hybrid_sgl.scheduler.grammar_queue import CompilingQueue
 from hybrid_sgl.scheduler.prefix_sharing import PrefixSharing
 from hybrid_sgl.scheduler.request import Req, ReqStatus
 
@@ -66,7 +64,7 @@ class Scheduler:
         self.grammars = grammars
         self.sharing = sharing  # the prefix cache's use; None with --disable-radix-cache
         self.computed_prompt_tokens = 0  # tokens run through extend steps (prompts and recomputes)
-        self.compiling: list[tuple[Req, float]] = []  # (request, time.monotonic() when it came)
+        self.compiling = CompilingQueue(grammars)
 
     # ---- requests in / out -----------------------------------------------------------------------
     def validate(self, prompt_ids: list[int], max_new_tokens: int) -> None:
@@ -94,17 +92,15 @@ class Scheduler:
         else:
             req.input_logprob_pos = req.logprob_start_len
         if req.params.grammar_key is not None and req.grammar is None:
-            req.grammar_future = start_compile(self.grammars, req.params.grammar_key)
-            self.compiling.append((req, time.monotonic()))
+            self.compiling.add(req)
             return
         self.waiting.append(req)
 
     def abort(self, rid: str) -> Req | None:
-        for i, (req, _) in enumerate(self.compiling):
-            if req.rid == rid:
-                del self.compiling[i]
-                req.finish({"type": "abort", "message": "aborted", "status_code": None, "err_type": None})
-                return req
+        req = self.compiling.remove(rid)
+        if req is not None:
+            req.finish({"type": "abort", "message": "aborted", "status_code": None, "err_type": None})
+            return req
         for req in list(self.waiting) + self.running:
             if req.rid == rid:
                 self._release(req, cache=False)  # its slot may be in the step in flight: cache nothing
@@ -145,28 +141,11 @@ class Scheduler:
     # ---- one step --------------------------------------------------------------------------------
     def step(self) -> list[Req]:
         """Run one batch. Returns the requests that got a token or finished."""
-        failed = self._admit_compiled() if self.compiling else []
+        failed = []
+        if self.compiling:
+            ready, failed = self.compiling.take_ready(idle=not (self.waiting or self.running or self._pending))
+            self.waiting.extend(ready)
         return failed + self._step()
-
-    def _admit_compiled(self) -> list[Req]:
-        """Queue the requests whose grammar compiled; finish (400) those whose grammar is invalid or
-        compiled too slowly. With nothing else to run, waits up to 10 ms for a compile to end."""
-        if not (self.waiting or self.running or self._pending):
-            wait([r.grammar_future for r, _ in self.compiling], timeout=0.01, return_when=FIRST_COMPLETED)
-        failed, still = [], []
-        for req, since in self.compiling:
-            try:
-                req.grammar = ready_matcher(self.grammars, req.params.grammar_key, req.grammar_future, since)
-            except GrammarError as e:
-                req.finish({"type": "abort", "message": str(e), "status_code": 400, "err_type": "BadRequest"})
-                failed.append(req)
-                continue
-            if req.grammar is None:
-                still.append((req, since))
-            else:
-                self.waiting.append(req)
-        self.compiling = still
-        return failed
 
     def _step(self) -> list[Req]:
         if self._pending is not None:
