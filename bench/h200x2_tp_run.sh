@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Tensor parallelism on two H200s (the nvidia-h200-x2 kind) in one call: CUDA parity of --tp-size 2
+# against tp 1, decode tok/s at tp 1 and 2 in the same run, and a 256-request serving run at tp 2.
+# Run from the repo root with the wheel folder carried (WHEELS, default .whl_srv; bench/device_wheels.sh
+# fills it). Logs go to $OUT. On one GPU, `TP=1 bash bench/h200x2_tp_run.sh offline` runs the tp 1 half.
+#   bash bench/h200x2_tp_run.sh [tests|offline|serving ...]   (default: all three)
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/hybrid_sgl_bench}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site ${WHEELS:-.whl_srv}/*.whl
+export PYTHONPATH=$PWD:/tmp/site
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+TPS=${TP:-"1 2"}
+quiet() { grep -v "^\[transformers\]\|loading weights: \|layer  *[0-9]*:"; }
+
+for part in ${*:-tests offline serving}; do
+  case $part in
+    tests)
+      timeout 400 python3 -m pytest -q -rf -p no:cacheprovider tests/gpu/test_tensor_parallel_cuda.py 2>&1 \
+        | tee "$OUT/tests_tp_gpu.log" | tail -8 ;;
+    offline)  # decode at batch 1, 32 and 128 (prompt 512, 128 out) at each tp, same run
+      for c in qwen3_5-9b-text qwen3_5-35b-a3b-text qwen3_next-80b-a3b; do
+        for tp in $TPS; do
+          [ "$c" = qwen3_next-80b-a3b ] && [ "$tp" = 1 ] && continue  # 159 GB of bf16 weights: two GPUs only
+          timeout 300 python3 bench/offline.py --config "configs/$c" --batch 1,32,128 --prompt 512 --output 128 \
+            --skip-hf --engine-arg tp_size=$tp --out "$OUT/offline_tp${tp}_$c.json" 2>&1 | quiet \
+            | tee "$OUT/offline_tp${tp}_$c.md" | sed -n '/## Decode$/,/## End/p'
+        done
+      done ;;
+    serving)  # 256 concurrent random 1k-in / 256-out requests over HTTP at tp 2; pools free afterwards
+      timeout 500 python3 bench/serving.py --launch "--model-path configs/qwen3_5-9b-text --load-format dummy \
+          --skip-tokenizer-init --context-length 2048 --tp-size 2" --launch-log "$OUT/server_tp2.log" \
+        --num-prompts 256 --random-input-len 1024 --random-output-len 256 --request-rate inf --warmup-requests 16 \
+        --out "$OUT/serving_tp2.json" 2>&1 | tee "$OUT/serving_tp2.txt" | tail -30 ;;
+  esac
+done

@@ -1,0 +1,28 @@
+"""Tensor parallelism on CUDA (NCCL): the scenario of tests/test_tensor_parallel.py (chunked
+prefill, a batch that preempts, input logprobs, prefix-cache hits) at --tp-size 2 against tp 1 on
+the same machine, every family, through the Triton kernels; tp 1 with and without decode CUDA
+graphs. Skipped without two GPUs."""
+
+import pytest
+import torch
+
+from hybrid_sgl.engine import Engine
+from tests.test_tensor_parallel import ARGS, CASES, _assert_same, _scenario
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")]
+CUDA = {**ARGS, "device": "cuda", "attention_backend": "triton", "linear_attn_backend": "triton",
+        "moe_runner_backend": "triton", "cuda_graph_max_bs": 8}
+
+
+def _run(path: str, tp: int, graphs: bool) -> dict:
+    with Engine(model_path=path, tp_size=tp, disable_cuda_graph=not graphs, **CUDA) as engine:
+        return _scenario(engine)
+
+
+@pytest.mark.parametrize("family, tp, dims", [c for c in CASES if c[1] == 2], ids=lambda c: str(c))
+def test_tp2_matches_tp1_on_cuda(tiny_checkpoint, family, tp, dims):
+    path = tiny_checkpoint(family, **dims)
+    tp1_graphs, tp1_eager = _run(path, 1, True), _run(path, 1, False)
+    _assert_same(tp1_eager, tp1_graphs)
+    _assert_same(tp1_graphs, _run(path, tp, True))
