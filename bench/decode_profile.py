@@ -33,10 +33,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=32, help="decode steps profiled")
     p.add_argument("--graphs", action="store_true", help="keep decode CUDA graphs")
     p.add_argument("--top", type=int, default=30)
+    p.add_argument("--tp-size", type=int, default=1, help="rank 0's kernels, all-reduces included")
     a = p.parse_args()
     engine = Engine(model_path=a.config, load_format="dummy", skip_tokenizer_init=True, random_seed=0,
                     context_length=a.prompt + a.steps + 8, max_running_requests=a.batch,
-                    disable_cuda_graph=not a.graphs, log_level="warning")
+                    disable_cuda_graph=not a.graphs, log_level="warning", tp_size=a.tp_size)
     vocab = engine.model_config.vocab_size
     prompts = [[(7 * i + j) % (vocab - 1) + 1 for j in range(a.prompt)] for i in range(a.batch)]
     params = {"max_new_tokens": a.steps, "temperature": 0, "ignore_eos": True}

@@ -3,7 +3,7 @@
 # against tp 1, decode tok/s at tp 1 and 2 in the same run, and a 256-request serving run at tp 2.
 # Run from the repo root with the wheel folder carried (WHEELS, default .whl_srv; bench/device_wheels.sh
 # fills it). Logs go to $OUT. On one GPU, `TP=1 bash bench/h200x2_tp_run.sh offline` runs the tp 1 half.
-#   bash bench/h200x2_tp_run.sh [tests|offline|serving ...]   (default: all three)
+#   bash bench/h200x2_tp_run.sh [tests|offline|profile|serving ...]   (default: all four)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/hybrid_sgl_bench}
@@ -14,7 +14,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.t
 TPS=${TP:-"1 2"}
 quiet() { grep -v "^\[transformers\]\|loading weights: \|layer  *[0-9]*:"; }
 
-for part in ${*:-tests offline serving}; do
+for part in ${*:-tests offline profile serving}; do
   case $part in
     tests)
       timeout 400 python3 -m pytest -q -rf -p no:cacheprovider tests/gpu/test_tensor_parallel_cuda.py 2>&1 \
@@ -27,6 +27,11 @@ for part in ${*:-tests offline serving}; do
             --skip-hf --engine-arg tp_size=$tp --out "$OUT/offline_tp${tp}_$c.json" 2>&1 | quiet \
             | tee "$OUT/offline_tp${tp}_$c.md" | sed -n '/## Decode$/,/## End/p'
         done
+      done ;;
+    profile)  # rank 0's decode kernels at tp 2, batch 1 and 32: the all-reduces' share of a step
+      for b in 1 32; do
+        timeout 200 python3 bench/decode_profile.py --config configs/qwen3_5-9b-text --batch $b --tp-size 2 --top 30 \
+          2>&1 | quiet | tee "$OUT/profile_tp2_b$b.md" | grep -iE "^# |allreduce|all_reduce|nccl" | head -8
       done ;;
     serving)  # 256 concurrent random 1k-in / 256-out requests over HTTP at tp 2; pools free afterwards
       timeout 500 python3 bench/serving.py --launch "--model-path configs/qwen3_5-9b-text --load-format dummy \
