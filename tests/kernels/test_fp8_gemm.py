@@ -1,0 +1,58 @@
+"""Block-scaled FP8 GEMM vs its reference (interpreter on CPU, float32 activations, tiny shapes whose K
+and N are not multiples of the 128 block), and the quantizer's round trip against the e4m3 format."""
+
+import pytest
+import torch
+
+from triton_kernels.fp8_gemm import FP8_DTYPE, dequantize_fp8, fp8_gemm, fp8_gemm_ref, quantize_fp8
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _weight(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) / k**0.5
+    w[: n // 2] *= 30.0  # blocks of very different magnitudes, so a wrong block's scale shows
+    q, s = quantize_fp8(w)
+    return q.to(DEVICE), s.to(DEVICE)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 130, 200), (5, 257, 129), (17, 33, 260), (3, 128, 128)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_matches_reference(m, n, k, with_bias):
+    q, s = _weight(n, k)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(m, k, generator=g).to(DEVICE)
+    bias = torch.randn(n, generator=g).to(DEVICE) if with_bias else None
+    kw = dict(x=x, weight=q, weight_scale_inv=s, bias=bias)
+    y = fp8_gemm(**kw)
+    assert y.shape == (m, n) and y.dtype == x.dtype
+    torch.testing.assert_close(y, fp8_gemm_ref(**kw), rtol=1e-5, atol=1e-4)
+
+
+def test_each_block_uses_its_own_scale():
+    """Scaling one block's scale by 2 doubles exactly that block's contribution."""
+    q, s = _weight(200, 300)
+    x = torch.randn(4, 300, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    s2 = s.clone()
+    s2[1, 2] *= 2.0  # rows 128..199, columns 256..299
+    delta = fp8_gemm(x=x, weight=q, weight_scale_inv=s2) - fp8_gemm(x=x, weight=q, weight_scale_inv=s)
+    block = dequantize_fp8(q, s)[128:, 256:]
+    expected = torch.zeros_like(delta)
+    expected[:, 128:] = x[:, 256:] @ block.T
+    torch.testing.assert_close(delta, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_quantize_round_trip_is_within_e4m3_rounding():
+    """e4m3 keeps 3 mantissa bits: a normal value rounds within 2**-4 of itself; each block's largest
+    magnitude maps to 448 exactly, so the scales are amax / 448."""
+    w = torch.randn(150, 260, generator=torch.Generator().manual_seed(3))
+    q, s = quantize_fp8(w)
+    assert q.dtype == FP8_DTYPE and s.shape == (2, 3) and s.dtype == torch.float32
+    assert q.float().abs().amax() == 448.0
+    back = dequantize_fp8(q, s)
+    smallest_normal = 2.0**-6 * s.repeat_interleave(128, 0)[:150].repeat_interleave(128, 1)[:, :260]
+    err = (back - w).abs()
+    assert (err <= 2.0**-4 * w.abs() + smallest_normal).all()
+    assert err.max() > 0  # quantization happened
+    assert s[0, 0] == w[:128, :128].abs().amax() / 448.0
