@@ -4,19 +4,190 @@ Order: grammar mask (when given) -> logit bias -> penalties -> min_new_tokens ma
 temperature -> softmax -> top-k -> top-p -> min-p -> draw. Draws use the exponential race
 (argmax p / E, E ~ Exp(1)), which samples from p and lets each seeded request use its own
 generator. Logprobs are always of the model's raw distribution (log_softmax of the logits).
+
+`sample_ref` is the plain definition: it sorts the whole vocabulary. `sample` keeps the same
+support without that sort. Top-k and top-p keep a prefix of the tokens ordered by probability (ties
+by lower token id, as a stable sort), so the kept set is "every token above a boundary value, and
+the first `need` tokens equal to it"; `sample` finds that boundary among the `torch.topk` candidates
+(k = the largest top_k, or CANDIDATES when a row asks for top_p without top_k) and sorts the full
+vocabulary only for a top_p row whose kept mass reaches past its candidates. Min-p is a threshold
+on the probability itself and needs no order. Both draw the same Exp(1) noise from the same
+generators in the same order, so a seed gives the same tokens through either function (up to a
+float near-tie between two tokens' p / E, or a token whose preceding mass is within rounding of
+top_p times the total, where the two sum in a different order).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from hybrid_sgl.scheduler.request import Req
 
+CANDIDATES = 1024  # tokens searched for a top_p boundary before a row falls back to the full sort
 
-def sample(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, ...],
-           mask: torch.Tensor | None = None) -> torch.Tensor:
+
+@dataclass
+class BatchParams:
+    """One batch's sampling parameters as device tensors, built once while its requests stay the same.
+    n = number of sampled (non-greedy) rows; tensors are over those rows."""
+
+    reqs: list[Req]  # the batch these were built for (compared by identity)
+    sampled: list[int]  # rows that sample, in batch order
+    rows: torch.Tensor | None  # [n] int64 sampled rows, or None when every row samples
+    temperature: torch.Tensor  # [n, 1] float32
+    top_k: torch.Tensor  # [n, 1] int64; the vocabulary size where top_k is off
+    top_p: torch.Tensor  # [n, 1] float32; +inf where top_p is off (1.0)
+    min_p: torch.Tensor  # [n, 1] float32
+    no_k_or_p: torch.Tensor  # [n, 1] bool: neither top_k nor top_p
+    top_p_only: torch.Tensor  # [n] bool: top_p without top_k (its boundary may lie past the candidates)
+    max_top_k: int  # largest top_k of a sampled row (0: none)
+    any_top_p_only: bool
+    any_top_p: bool
+    any_min_p: bool
+    adjusts: bool  # some request has logit bias, penalties or min_new_tokens (see _adjust)
+    unseeded: torch.Tensor | None  # [u] int64 rows (of the n) without a generator; None when all or none
+    all_unseeded: bool
+    seeded: list[tuple[int, torch.Generator]]  # (row of the n, its generator), in row order
+
+    @staticmethod
+    def build(reqs: list[Req], vocab: int, device: torch.device) -> BatchParams:
+        sampled = [i for i, r in enumerate(reqs) if not r.params.greedy]
+        ps = [reqs[i].params for i in sampled]
+        top_k = [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in ps]
+        has_k = [p.top_k > 0 for p in ps]
+        has_p = [p.top_p < 1.0 for p in ps]
+        seeded = [(j, reqs[i].generator) for j, i in enumerate(sampled) if reqs[i].generator is not None]
+        unseeded = [j for j, i in enumerate(sampled) if reqs[i].generator is None]
+
+        def col(values, dtype):
+            return torch.tensor(values, dtype=dtype, device=device).view(-1, 1)
+
+        return BatchParams(
+            reqs=list(reqs), sampled=sampled,
+            rows=None if len(sampled) == len(reqs) else torch.tensor(sampled, dtype=torch.int64, device=device),
+            temperature=col([p.temperature for p in ps], torch.float32),
+            top_k=col(top_k, torch.int64),
+            top_p=col([p.top_p if p.top_p < 1.0 else float("inf") for p in ps], torch.float32),
+            min_p=col([p.min_p for p in ps], torch.float32),
+            no_k_or_p=col([not (k or q) for k, q in zip(has_k, has_p)], torch.bool),
+            top_p_only=torch.tensor([q and not k for k, q in zip(has_k, has_p)], dtype=torch.bool, device=device),
+            max_top_k=max((k for k, on in zip(top_k, has_k) if on), default=0),
+            any_top_p_only=any(q and not k for k, q in zip(has_k, has_p)), any_top_p=any(has_p),
+            any_min_p=any(p.min_p > 0 for p in ps),
+            adjusts=any(r.params.logit_bias or r.params.uses_penalties or r.params.min_new_tokens > 0 for r in reqs),
+            unseeded=torch.tensor(unseeded, dtype=torch.int64, device=device) if seeded and unseeded else None,
+            all_unseeded=not seeded, seeded=seeded)
+
+    def fits(self, reqs: list[Req]) -> bool:
+        return len(reqs) == len(self.reqs) and all(a is b for a, b in zip(reqs, self.reqs))
+
+
+class Sampler:
+    """`sample` with the batch's BatchParams kept while the batch holds the same requests (a request's
+    params and generator do not change after it is made)."""
+
+    def __init__(self, candidates: int = CANDIDATES):
+        self.candidates = candidates
+        self._params: BatchParams | None = None
+
+    def __call__(self, logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, ...],
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
+        if self._params is None or not self._params.fits(reqs) or self._params.top_k.device != logits.device:
+            self._params = BatchParams.build(reqs, logits.shape[-1], logits.device)
+        return sample(logits, reqs, eos_ids, mask, params=self._params, candidates=self.candidates)
+
+
+def sample(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, ...], mask: torch.Tensor | None = None, *,
+           params: BatchParams | None = None, candidates: int = CANDIDATES) -> torch.Tensor:
     """logits: [N, V] float32 (not modified); mask: [N, ceil(V / 32)] int32 token bitmask on logits'
-    device (constrained/bitmask.py), or None. Returns next token ids [N] int64 on logits' device."""
+    device (constrained/bitmask.py), or None; params: BatchParams.build(reqs, V, device) when the caller
+    keeps it (Sampler). Returns next token ids [N] int64 on logits' device, drawn as sample_ref draws."""
+    if params is None:
+        params = BatchParams.build(reqs, logits.shape[-1], logits.device)
+    assert len(params.reqs) == len(reqs) == logits.shape[0], f"{len(reqs)} requests for logits {tuple(logits.shape)}"
+    if mask is not None:
+        logits = apply_token_bitmask(logits, mask)
+    if params.adjusts:
+        logits = _adjust(logits, reqs, eos_ids)
+    if not params.sampled:
+        return logits.argmax(dim=-1)
+    sub = logits if params.rows is None else logits[params.rows]  # [n, V]
+    scores = _kept_probs(sub, reqs, params, candidates)
+    drawn = (scores / _noise(scores, params)).argmax(dim=-1)
+    if params.rows is None:
+        return drawn
+    out = logits.argmax(dim=-1)
+    out[params.rows] = drawn
+    return out
+
+
+def _kept_probs(sub: torch.Tensor, reqs: list[Req], params: BatchParams, candidates: int) -> torch.Tensor:
+    """sub: [n, V] logits of the sampled rows. [n, V] probabilities after temperature with zeros outside
+    top-k / top-p / min-p: sample_ref's filtered distribution, not renormalized (the draw does not need it)."""
+    probs = (sub / params.temperature).softmax(dim=-1)
+    keep, fallback = _keep(probs, params, candidates)
+    if keep is None:
+        return probs
+    probs = probs.masked_fill_(~keep, 0.0)
+    if fallback:  # top_p rows whose boundary lies past the candidates: the full sort, as sample_ref
+        idx = torch.tensor(fallback, dtype=torch.int64, device=sub.device)
+        probs[idx] = _filtered_probs(sub[idx], [reqs[params.sampled[j]] for j in fallback])
+    return probs
+
+
+def _keep(probs: torch.Tensor, params: BatchParams, candidates: int) -> tuple[torch.Tensor | None, list[int]]:
+    """probs: [n, V]. (keep [n, V] bool, or None to keep all; rows j that need the full sort)."""
+    n, vocab = probs.shape
+    keep = None
+    if params.any_min_p:
+        # sample_ref compares with the largest probability, which top-k and top-p always keep
+        threshold = params.min_p * probs.amax(dim=-1, keepdim=True)  # [n, 1]
+        keep = probs >= threshold
+    if not (params.max_top_k or params.any_top_p):
+        return keep, []
+    k = min(vocab, max(params.max_top_k, candidates if params.any_top_p_only else 0))
+    vals = probs.topk(k, dim=-1).values  # [n, k], descending: the first k of sample_ref's sorted row
+    in_k = torch.arange(k, device=probs.device) < params.top_k  # [n, k]
+    kept_p = vals.masked_fill(~in_k, 0.0)
+    total = kept_p.sum(dim=-1, keepdim=True)  # a top_k row's kept mass
+    if params.any_top_p_only and k < vocab:  # without top_k the total is the whole row's
+        total = torch.where(params.top_p_only[:, None], probs.sum(dim=-1, keepdim=True), total)
+    before = kept_p.cumsum(dim=-1) - kept_p  # mass strictly before each candidate
+    prefix = in_k & (before <= params.top_p * total)  # [n, k], a prefix of each row (rank 0 always)
+    m = prefix.sum(dim=-1, keepdim=True)  # [n, 1] tokens kept by top-k and top-p
+    bound = vals.gather(1, m - 1)  # [n, 1] the smallest kept probability
+    need = m - (vals > bound).sum(dim=-1, keepdim=True)  # how many tokens equal to bound are kept
+    bound = bound.masked_fill(params.no_k_or_p, -1.0)  # rows without top-k/top-p keep every token
+    at = probs == bound
+    prefix_keep = (probs > bound) | (at & (at.cumsum(dim=-1) <= need))
+    keep = prefix_keep if keep is None else keep & prefix_keep
+    fallback: list[int] = []
+    if params.any_top_p_only and k < vocab:
+        past = params.top_p_only & (m[:, 0] == k)  # every candidate kept: the boundary may lie beyond
+        if params.any_min_p:
+            past &= vals[:, -1] >= threshold[:, 0]  # unless min-p already stops inside the candidates
+        fallback = past.nonzero().flatten().tolist()  # the only host sync, and only with such rows
+    return keep, fallback
+
+
+def _noise(probs: torch.Tensor, params: BatchParams) -> torch.Tensor:
+    """Exp(1) noise [n, V]: unseeded rows from the default generator in one draw, then each seeded
+    row from its own generator (sample_ref's order, so both consume the generators alike)."""
+    if params.all_unseeded:
+        return torch.empty_like(probs).exponential_()
+    noise = torch.empty_like(probs)
+    if params.unseeded is not None:
+        noise[params.unseeded] = probs.new_empty((params.unseeded.numel(), probs.shape[-1])).exponential_()
+    for j, gen in params.seeded:
+        noise[j].exponential_(generator=gen)
+    return noise
+
+
+def sample_ref(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, ...],
+               mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Reference of `sample` (same arguments): sorts the whole vocabulary of every sampled row."""
     if mask is not None:
         logits = apply_token_bitmask(logits, mask)
     logits = _adjust(logits, reqs, eos_ids)
@@ -86,12 +257,13 @@ def _filtered_probs(logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
     dev = logits.device
     temp = torch.tensor([r.params.temperature for r in reqs], device=dev)[:, None]
     probs = (logits / temp).softmax(dim=-1)
-    sorted_p, order = probs.sort(dim=-1, descending=True)
+    sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)  # ties: lower id first
     vocab = probs.shape[-1]
     top_k = torch.tensor([min(r.params.top_k, vocab) if r.params.top_k > 0 else vocab for r in reqs], device=dev)
     rank = torch.arange(vocab, device=dev)[None, :]
     sorted_p = sorted_p.masked_fill(rank >= top_k[:, None], 0.0)
-    top_p = torch.tensor([r.params.top_p for r in reqs], device=dev)[:, None]
+    # top_p = 1 keeps every token: the rounding of cumsum against sum must not drop the tail
+    top_p = torch.tensor([r.params.top_p if r.params.top_p < 1.0 else float("inf") for r in reqs], device=dev)[:, None]
     before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly before each token
     sorted_p = sorted_p.masked_fill(before > top_p * sorted_p.sum(-1, keepdim=True), 0.0)
     min_p = torch.tensor([r.params.min_p for r in reqs], device=dev)[:, None]
