@@ -29,8 +29,9 @@ from hybrid_sgl.models.base import Backends
 from hybrid_sgl.models.loader import build_model
 from hybrid_sgl.runner.cuda_graph import DecodeGraphs
 from hybrid_sgl.runner.forward_batch import ForwardBatch, ForwardMode
-from hybrid_sgl.runner.sampler import ids_logprobs, logprobs_of, sample
+from hybrid_sgl.runner.sampler import Sampler, ids_logprobs, logprobs_of
 from hybrid_sgl.runner.tp_step import step_message
+from hybrid_sgl.sampling_params import SamplingParams
 from hybrid_sgl.scheduler.request import Req
 from hybrid_sgl.server_args import ServerArgs
 
@@ -114,6 +115,9 @@ class ModelRunner:
         self._host_ids = [torch.empty(rows, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
         self._host_turn = 0
         self._masks: MaskBuffer | None = None  # token bitmasks of constrained requests, made on first use
+        self.sampler = Sampler()
+        if self.device.type == "cuda":
+            self._warm_up_sampler()
         for line in self.model.dispatch_plan():
             logger.info(line)
         logger.info(self.plan.describe())
@@ -230,6 +234,23 @@ class ModelRunner:
         graphs.capture()
         return graphs
 
+    @torch.inference_mode()
+    def _warm_up_sampler(self) -> None:
+        """Sample once at the largest batch the memory profile allowed for, with every filter, a seeded
+        and a greedy row: the first sampled steps would otherwise load the kernels (topk, scan, RNG and
+        the fallback sort) and grow the caching allocator by the [rows, V] temporaries. The default
+        generator is left as it was."""
+        rows = min(self.plan.max_running_requests, self.args.max_running_requests or 256)
+        knobs = [SamplingParams(temperature=0.7), SamplingParams(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05),
+                 SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=0)]
+        reqs = [Req(rid=f"warm-up-{i}", prompt_ids=[0], params=knobs[i] if i < len(knobs) else knobs[0])
+                for i in range(rows)]
+        reqs[min(2, rows - 1)].generator = torch.Generator(device=self.device).manual_seed(0)
+        logits = torch.zeros(rows, self.config.vocab_size, device=self.device)  # flat: top_p needs the full sort
+        with torch.random.fork_rng(devices=[self.device]):
+            Sampler()(logits, reqs, self.config.eos_token_ids)
+        torch.cuda.synchronize(self.device)
+
     # ---- one step --------------------------------------------------------------------------------
     @staticmethod
     def can_overlap(items: list[BatchItem]) -> bool:
@@ -269,7 +290,7 @@ class ModelRunner:
         """Sample a launched step (masks from the matchers as they are now) and start copying its tokens."""
         reqs = [it.req for it in pending.items]
         logits, pending.logits = pending.logits, None
-        next_ids = sample(logits, reqs, self.config.eos_token_ids, self._grammar_mask(reqs, logits.shape[-1]))
+        next_ids = self.sampler(logits, reqs, self.config.eos_token_ids, self._grammar_mask(reqs, logits.shape[-1]))
         on_gpu = self.device.type == "cuda"
         # two host buffers in turn: at most two steps are alive (one launched, one being read)
         self._host_turn ^= 1
@@ -354,7 +375,7 @@ class ModelRunner:
         idx = torch.tensor([r for _, r in sample_rows], device=self.device)
         reqs = [items[i].req for i, _ in sample_rows]
         chosen = logits[idx]
-        next_ids = sample(chosen, reqs, self.config.eos_token_ids, self._grammar_mask(reqs, chosen.shape[-1]))
+        next_ids = self.sampler(chosen, reqs, self.config.eos_token_ids, self._grammar_mask(reqs, chosen.shape[-1]))
         want = [r.return_logprob for r in reqs]
         top_k = max([r.top_logprobs_num for r in reqs if r.return_logprob], default=0)
         lps, tops = logprobs_of(chosen, next_ids, top_k) if any(want) else (None, None)

@@ -161,7 +161,7 @@ def _keep(probs: torch.Tensor, params: BatchParams, candidates: int) -> tuple[to
     need = m - (vals > bound).sum(dim=-1, keepdim=True)  # how many tokens equal to bound are kept
     bound = bound.masked_fill(params.no_k_or_p, -1.0)  # rows without top-k/top-p keep every token
     at = probs == bound
-    prefix_keep = (probs > bound) | (at & (at.cumsum(dim=-1) <= need))
+    prefix_keep = (probs > bound) | (at & (at.cumsum(dim=-1, dtype=torch.int32) <= need))
     keep = prefix_keep if keep is None else keep & prefix_keep
     fallback: list[int] = []
     if params.any_top_p_only and k < vocab:
