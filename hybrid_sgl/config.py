@@ -8,6 +8,7 @@ modules at run time.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -146,6 +147,7 @@ class ModelConfig:
     mamba: MambaSpec | None = None
     weight_prefix: str = "model."  # where the text model's weights live in the checkpoint
     hf_text_config: dict = field(default_factory=dict, compare=False, repr=False)
+    quantization_config: dict | None = field(default=None, compare=False, repr=False)  # as config.json has it
 
     def __post_init__(self):
         for i, (mixer, ffn) in enumerate(self.layer_plan):
@@ -215,7 +217,9 @@ class ModelConfig:
             raise ValueError(
                 f"unsupported model: model_type={model_type!r} ({arch}); supported model types: {supported}"
             )
-        return parser(hf, _generation_eos(path))
+        config = parser(hf, _generation_eos(path))
+        quant = hf.get("quantization_config") or (hf.get("text_config") or {}).get("quantization_config")
+        return dataclasses.replace(config, quantization_config=quant) if quant else config
 
 
 def _generation_eos(path: str) -> list[int]:

@@ -70,8 +70,10 @@ class ServerArgs:
                       "heads; head counts that do not divide are refused at start-up.")
     dp_size: int = _f(1, "Data-parallel replicas; only 1 is supported (run one server per GPU behind a load "
                       "balancer).")
-    quantization: str | None = _f(None, "Weight quantization method. Not supported yet: leave unset to serve the "
-                                  "weights in --dtype.")
+    quantization: str | None = _f(None, "Weight quantization. fp8: quantize an unquantized checkpoint's linear "
+                                  "layers to e4m3 with 128x128 block scales at load. Unset: as the checkpoint "
+                                  "stores them (FP8 checkpoints in the DeepSeek/Qwen block layout are read "
+                                  "as such).")
     kv_cache_dtype: str = _f("auto", "KV-cache dtype. Only auto yet: the KV cache is kept in the model dtype.")
     max_prefill_tokens: int | None = _f(None, "Most prompt tokens computed in one step over all requests. One "
                                         "budget serves this and --chunked-prefill-size here: the smaller wins.")
@@ -147,9 +149,10 @@ class ServerArgs:
         if self.dp_size != 1:
             raise ValueError(f"--dp-size {self.dp_size}: data parallelism is not supported; use --dp-size 1 and run "
                              "one server per GPU (CUDA_VISIBLE_DEVICES, its own --port) behind a load balancer")
-        if self.quantization is not None:
-            raise ValueError(f"--quantization {self.quantization}: quantized weights are not supported yet; serve "
-                             "the unquantized checkpoint without --quantization, with --dtype bfloat16")
+        if self.quantization not in (None, "fp8"):
+            raise ValueError(f"--quantization {self.quantization}: only fp8 is supported (e4m3 weights, 128x128 block "
+                             "scales); use --quantization fp8, or serve the unquantized checkpoint without "
+                             "--quantization")
         if self.kv_cache_dtype != "auto":
             raise ValueError(f"--kv-cache-dtype {self.kv_cache_dtype}: the KV cache is kept in the model dtype; use "
                              "--kv-cache-dtype auto (a bfloat16 / float16 --dtype gives a 2-byte cache)")
@@ -218,8 +221,12 @@ def _check_checkpoint(model_path: str, load_format: str) -> None:
         hf = json.load(f)
     quant = hf.get("quantization_config") or (hf.get("text_config") or {}).get("quantization_config")
     if quant:
-        raise ValueError(f"{model_path} holds quantized weights ({quant.get('quant_method', '?')}), which are not "
-                         "supported yet: serve the model's unquantized (bf16) release")
+        from hybrid_sgl.layers.quantization import check_quantization_config
+
+        try:
+            check_quantization_config(quant)
+        except ValueError as e:
+            raise ValueError(f"{model_path} holds quantized weights ({quant.get('quant_method', '?')}): {e}") from None
     if load_format != "dummy":
         from hybrid_sgl.models.loader import checkpoint_files
 

@@ -81,7 +81,7 @@ def test_model_alias_and_max_prefill_tokens():
     ("--tp 8", "--tp-size 1"),
     ("--tensor-parallel-size 3", "--tp-size 1"),
     ("--dp-size 2", "--dp-size 1"),
-    ("--quantization fp8", "without --quantization"),
+    ("--quantization awq", "use --quantization fp8"),
     ("--kv-cache-dtype fp8_e4m3", "--kv-cache-dtype auto"),
     ("--max-total-tokens 8", "--max-total-tokens 16 or more"),
     ("--max-total-tokens 40 --page-size 64", "--max-total-tokens 64 or more"),
@@ -114,10 +114,17 @@ def test_missing_shard_is_named(tmp_path):
     assert "model-00001.safetensors" in refusal("--model-path", path, error=FileNotFoundError)
 
 
-def test_quantized_checkpoint_is_refused(tmp_path):
-    path = config_only(tmp_path, quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]})
+def test_unsupported_quantized_checkpoint_is_refused(tmp_path):
+    path = config_only(tmp_path, quantization_config={"quant_method": "gptq", "bits": 4})
     message = refusal("--model-path", path, "--load-format", "dummy")
-    assert "quantized weights (fp8)" in message and "unquantized (bf16) release" in message
+    assert "quantized weights (gptq)" in message and "quant_method 'gptq'" in message
+    assert "unquantized (bf16) release" in message
+
+
+def test_block_fp8_checkpoint_is_accepted(tmp_path):
+    fp8 = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
+    path = config_only(tmp_path, quantization_config=fp8)
+    assert resolve("--model-path", path, "--load-format", "dummy").model_path == path
 
 
 def test_hub_id_is_not_downloaded():

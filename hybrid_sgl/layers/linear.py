@@ -12,6 +12,10 @@ order. `load(block, tensor)` takes the block's full checkpoint tensor and copies
   all-gathered.
 
 At tp size 1 every block is whole and these are plain nn.Linear / nn.Embedding.
+
+Column and row linears may hold FP8 weights (layers/quantization.py): `to_fp8()` after loading makes
+the weight e4m3 [out, in] with `weight_scale_inv` [ceil(out/128), ceil(in/128)], and the layer's
+matmul becomes the block-scaled FP8 GEMM. The families never see the difference.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from torch import nn
 
 from hybrid_sgl.distributed import current_tp
 from hybrid_sgl.distributed.sharding import HeadSplit, replicated, vocab_split
+from hybrid_sgl.layers.quantization import came_from_fp8, fp8_linear
+from triton_kernels.fp8_gemm import quantize_fp8
 
 
 @dataclass(frozen=True)
@@ -50,7 +56,35 @@ def whole(name: str, rows: int, size: int) -> Block:
     return Block(name, rows, replicated(size))
 
 
-class ColumnParallelLinear(nn.Linear):
+class QuantizableLinear(nn.Linear):
+    """nn.Linear whose weight may turn FP8 after loading. `loaded_fp8`: one entry per weight piece
+    loaded, True where it came dequantized from an FP8 checkpoint tensor."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool):
+        super().__init__(in_features, out_features, bias=bias)
+        self.register_buffer("weight_scale_inv", None)  # [ceil(out/128), ceil(in/128)] float32 once FP8
+        self.loaded_fp8: list[bool] = []
+
+    def note_loaded(self, tensor: torch.Tensor, kind: str) -> None:
+        if kind == "weight":
+            self.loaded_fp8.append(came_from_fp8(tensor))
+
+    def to_fp8(self) -> None:
+        """Quantize the loaded weight in 128 x 128 blocks of this rank's rows and columns."""
+        weight, scale = quantize_fp8(self.weight.data)
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.weight_scale_inv = scale
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.weight_scale_inv is None:
+            return F.linear(x, self.weight, bias)
+        return fp8_linear(x, self.weight, self.weight_scale_inv, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul(x, self.bias)
+
+
+class ColumnParallelLinear(QuantizableLinear):
     """x [T, in] -> [T, sum of the blocks' local rows]."""
 
     def __init__(self, in_features: int, blocks: list[Block], bias: bool = False):
@@ -64,10 +98,11 @@ class ColumnParallelLinear(nn.Linear):
     def load(self, name: str, tensor: torch.Tensor, kind: str = "weight") -> None:
         """tensor: the checkpoint's rows of block `name` ([rows, in] weight or [rows] bias)."""
         block, offset = self.blocks[name]
+        self.note_loaded(tensor, kind)
         getattr(self, kind).data[offset:offset + block.local_rows].copy_(block.rows_of(tensor, self.tp.rank))
 
 
-class RowParallelLinear(nn.Linear):
+class RowParallelLinear(QuantizableLinear):
     """x [T, local input columns] -> [T, out], summed over the ranks."""
 
     def __init__(self, block: Block, out_features: int, bias: bool = False, reduce: bool = True):
@@ -80,8 +115,8 @@ class RowParallelLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return super().forward(x)
-        y = F.linear(x, self.weight)
+            return self.matmul(x, self.bias)
+        y = self.matmul(x, None)
         if self.reduce:
             y = self.tp.all_reduce(y)
         return y + self.bias if self.bias is not None and (self.reduce or self.tp.rank == 0) else y
@@ -89,6 +124,7 @@ class RowParallelLinear(nn.Linear):
     def load(self, tensor: torch.Tensor, kind: str = "weight") -> None:
         """tensor: the checkpoint's whole weight [out, in] (columns sliced) or bias [out]."""
         part = self.block.rows_of(tensor, self.tp.rank, dim=1) if kind == "weight" else tensor
+        self.note_loaded(tensor, kind)
         getattr(self, kind).data.copy_(part)
 
 

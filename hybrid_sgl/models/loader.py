@@ -15,6 +15,7 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from hybrid_sgl.config import ModelConfig
+from hybrid_sgl.layers.quantization import Fp8Config, dequantized_weights, quantize_linears
 from hybrid_sgl.memory.memory_plan import available_ram_bytes
 from hybrid_sgl.models.registry import model_class
 
@@ -62,7 +63,10 @@ def iter_checkpoint(path: str, progress: bool = True) -> Iterator[tuple[str, tor
 
 
 def build_model(config: ModelConfig, backends, *, dtype: torch.dtype, device: torch.device, max_positions: int,
-                load_format: str, model_path: str, seed: int | None) -> torch.nn.Module:
+                load_format: str, model_path: str, seed: int | None,
+                quantization: Fp8Config | None = None) -> torch.nn.Module:
+    """quantization: FP8 weights from the checkpoint (its FP8 tensors are dequantized on the way in and the
+    linear layers they fill re-quantized), or every linear layer quantized at load; None: as stored."""
     cls = model_class(config)
     num_params, num_bytes = _size_on_meta(cls, config, backends, dtype, max_positions)
     available = available_bytes(device)
@@ -80,11 +84,19 @@ def build_model(config: ModelConfig, backends, *, dtype: torch.dtype, device: to
         else:
             for p in model.parameters():
                 p.fill_(float("nan"))  # anything the checkpoint does not fill stays NaN and is caught below
-            model.load_weights(iter_checkpoint(model_path))
+            weights = iter_checkpoint(model_path)
+            if quantization is not None and quantization.from_checkpoint:
+                weights = dequantized_weights(weights)
+            model.load_weights(weights)
             missing = [n for n, p in model.named_parameters() if torch.isnan(p).any()]
             if missing:
                 raise ValueError(f"checkpoint {model_path} did not provide: {', '.join(missing[:8])}"
                                  + (" ..." if len(missing) > 8 else ""))
+        if quantization is not None:
+            only_loaded = quantization.from_checkpoint and load_format != "dummy"
+            turned = quantize_linears(model, only_fp8_loaded=only_loaded)
+            logger.info("FP8 weights (e4m3, 128x128 block scales) in %d linear layers (%s)", turned,
+                        "as the checkpoint stores them" if only_loaded else "quantized at load")
     return model.eval()
 
 

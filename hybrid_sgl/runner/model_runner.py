@@ -21,6 +21,7 @@ from hybrid_sgl.constrained.bitmask import MaskBuffer
 from hybrid_sgl.distributed import SINGLE, TPGroup, building_with
 from hybrid_sgl.distributed.sharding import local_config
 from hybrid_sgl.layers.backends import resolve_backend
+from hybrid_sgl.layers.quantization import fp8_config
 from hybrid_sgl.memory.allocator import Allocator
 from hybrid_sgl.memory.kv_pool import KVPool
 from hybrid_sgl.memory.memory_plan import MemoryPlan, StateShapes, available_ram_bytes, plan_memory
@@ -101,7 +102,8 @@ class ModelRunner:
         with building_with(tp):
             self.model = build_model(config, backends, dtype=self.dtype, device=self.device,
                                      max_positions=self.context_length, load_format=args.load_format,
-                                     model_path=args.model_path, seed=args.random_seed)
+                                     model_path=args.model_path, seed=args.random_seed,
+                                     quantization=fp8_config(config.quantization_config, args.quantization))
         self.state_shapes = self._state_shapes()
         self.plan = self._plan_memory()
         if tp.size > 1:

@@ -1,0 +1,148 @@
+"""FP8 weights: which checkpoints and flags are supported, how an FP8 checkpoint's tensors reach the
+linear layers, and the GEMM a quantized linear layer calls.
+
+Supported: the published block layout (DeepSeek-V3, Qwen3 FP8): `quantization_config` with
+quant_method "fp8", fmt "e4m3", weight_block_size [128, 128], activation_scheme "dynamic"; each
+quantized `X.weight` is float8_e4m3fn [N, K] with `X.weight_scale_inv` [ceil(N/128), ceil(K/128)]
+beside it. `--quantization fp8` quantizes an unquantized checkpoint the same way at load.
+
+Loading: the family code splits, fuses and shards checkpoint rows its own way, so an FP8 tensor
+reaches it dequantized (float32, marked as `DequantizedFp8`, a mark that views and splits keep).
+A linear layer notes whether every piece of its weight came marked; once all weights are in,
+`quantize_linears` turns those layers (every one, for --quantization fp8) into e4m3 weights with
+128 x 128 block scales over their own rows. Where a layer's blocks line up with the checkpoint's
+(row offsets of fused parts and of tensor-parallel slices that are multiples of 128), this gives back
+the checkpoint's e4m3 values; elsewhere it re-rounds once in e4m3.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from triton_kernels.fp8_gemm import FP8_BLOCK, FP8_DTYPE, dequantize_fp8, fp8_gemm, fp8_gemm_ref
+
+logger = logging.getLogger(__name__)
+SUPPORTED = ("quant_method 'fp8', fmt 'e4m3', weight_block_size [128, 128], activation_scheme 'dynamic'")
+
+
+@dataclass(frozen=True)
+class Fp8Config:
+    """from_checkpoint: the checkpoint holds FP8 weights (else every linear layer is quantized at load)."""
+
+    from_checkpoint: bool
+
+
+def check_quantization_config(quant: dict) -> None:
+    """Raise ValueError naming the field when a checkpoint's quantization_config is not one we serve."""
+    method = quant.get("quant_method")
+    unsupported = None
+    if method != "fp8":
+        unsupported = f"quant_method {method!r}"
+    elif quant.get("fmt", "e4m3") != "e4m3":
+        unsupported = f"fmt {quant.get('fmt')!r}"
+    elif quant.get("activation_scheme", "dynamic") != "dynamic":
+        unsupported = f"activation_scheme {quant.get('activation_scheme')!r} (static activation scales)"
+    elif quant.get("weight_block_size") is None:
+        unsupported = "no weight_block_size (per-tensor FP8 scales)"
+    elif list(quant["weight_block_size"]) != [FP8_BLOCK, FP8_BLOCK]:
+        unsupported = f"weight_block_size {quant['weight_block_size']}"
+    if unsupported:
+        raise ValueError(f"quantization_config has {unsupported}, which is not supported; supported: {SUPPORTED}. "
+                         "Serve the model's unquantized (bf16) release, optionally with --quantization fp8")
+
+
+def fp8_config(quant: dict | None, flag: str | None) -> Fp8Config | None:
+    """The FP8 setting from the checkpoint's quantization_config and --quantization (None: unquantized)."""
+    if flag not in (None, "fp8"):
+        raise ValueError(f"--quantization {flag}: only fp8 is supported (e4m3 weights, 128x128 block scales); "
+                         "use --quantization fp8 or leave it unset")
+    if quant:
+        check_quantization_config(quant)
+        return Fp8Config(from_checkpoint=True)
+    return Fp8Config(from_checkpoint=False) if flag == "fp8" else None
+
+
+class DequantizedFp8(torch.Tensor):
+    """A float32 tensor dequantized from the checkpoint's FP8 weight; views and splits stay marked."""
+
+
+def came_from_fp8(tensor: torch.Tensor) -> bool:
+    return isinstance(tensor, DequantizedFp8)
+
+
+def dequantized_weights(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Pair each e4m3 `X.weight` with its `X.weight_scale_inv` (in either order, in any shard) and yield
+    `X.weight` dequantized [N, K] float32 and marked; every other tensor passes through."""
+    weights_waiting: dict[str, torch.Tensor] = {}
+    scales_waiting: dict[str, torch.Tensor] = {}
+    for name, tensor in weights:
+        if name.endswith((".weight_scale", ".input_scale")):
+            raise ValueError(f"{name}: per-tensor or static FP8 scales are not supported; supported: {SUPPORTED}")
+        if name.endswith(".weight_scale_inv"):
+            _refuse_experts(name)
+            base = name.removesuffix("_scale_inv")
+            if base in weights_waiting:
+                yield base, _dequantized(base, weights_waiting.pop(base), tensor)
+            else:
+                scales_waiting[base] = tensor
+        elif tensor.dtype == FP8_DTYPE:
+            _refuse_experts(name)
+            if name in scales_waiting:
+                yield name, _dequantized(name, tensor, scales_waiting.pop(name))
+            else:
+                weights_waiting[name] = tensor
+        else:
+            yield name, tensor
+    if weights_waiting or scales_waiting:
+        name = next(iter(weights_waiting or scales_waiting))
+        raise ValueError(f"{name} is float8 without its weight_scale_inv (or the other way round): the checkpoint is "
+                         "incomplete; download it again")
+
+
+def _refuse_experts(name: str) -> None:
+    if ".experts." in name:
+        raise ValueError(f"{name}: FP8 MoE experts are not supported yet; serve the model's bf16 release (optionally "
+                         "with --quantization fp8, which quantizes the dense layers and keeps experts in --dtype)")
+
+
+def _dequantized(name: str, weight: torch.Tensor, scale: torch.Tensor) -> DequantizedFp8:
+    n, k = weight.shape
+    expected = (-(-n // FP8_BLOCK), -(-k // FP8_BLOCK))
+    if tuple(scale.shape) != expected:
+        raise ValueError(f"{name}_scale_inv has shape {tuple(scale.shape)}; a [{n}, {k}] weight in 128x128 blocks "
+                         f"needs {expected}")
+    return dequantize_fp8(weight, scale.float()).as_subclass(DequantizedFp8)
+
+
+def quantize_linears(model: nn.Module, only_fp8_loaded: bool) -> int:
+    """Turn the model's linear layers to FP8: those whose weight came all from FP8 checkpoint tensors
+    (only_fp8_loaded), or every one (online quantization, dummy weights); returns how many were turned."""
+    from hybrid_sgl.layers.linear import QuantizableLinear
+
+    turned = mixed = 0
+    for layer in model.modules():
+        if not isinstance(layer, QuantizableLinear):
+            continue
+        pieces = layer.loaded_fp8
+        if not only_fp8_loaded or (pieces and all(pieces)):
+            layer.to_fp8()
+            turned += 1
+        elif any(pieces):
+            mixed += 1
+    if mixed:
+        logger.warning("%d linear layer(s) fuse FP8 and unquantized checkpoint tensors; they stay in the model dtype",
+                       mixed)
+    return turned
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
+               bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., K] -> [..., N]: the Triton GEMM on CUDA, the reference elsewhere."""
+    op = fp8_gemm if x.is_cuda else fp8_gemm_ref
+    y = op(x=x.reshape(-1, x.shape[-1]), weight=weight, weight_scale_inv=weight_scale_inv, bias=bias)
+    return y.view(*x.shape[:-1], weight.shape[0])

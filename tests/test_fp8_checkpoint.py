@@ -1,0 +1,153 @@
+"""FP8 checkpoints in the published block layout (written by tools/fp8_checkpoint.py) and online FP8
+(--quantization fp8), on CPU in float32 through the reference GEMM.
+
+The served model of an FP8 checkpoint must be the checkpoint's dequantized model: its e4m3 bytes are the
+checkpoint's wherever the layer's 128-row blocks line up with the checkpoint's (every projection of the
+128-wide fixture; the GDN b and a rows share one block and are given the same largest magnitude, so
+the re-computed scale is theirs too). The scales are recomputed as amax / 448, within 2 ulp of the
+stored ones, so logits agree to float32 accumulation noise."""
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from hybrid_sgl.engine import Engine
+from tools.fp8_checkpoint import convert
+from triton_kernels.fp8_gemm import FP8_DTYPE, dequantize_fp8
+
+ARGS = dict(device="cpu", dtype="float32", page_size=16, max_running_requests=4, log_level="warning")
+ALIGNED = dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=2, head_dim=64, linear_key_head_dim=64,
+               linear_num_key_heads=2, linear_value_head_dim=32, linear_num_value_heads=4, intermediate_size=256)
+PROMPTS = [[5, 17, 99, 3, 240, 18, 7, 64, 33, 120, 8, 9], [41, 42, 300, 11, 2, 250, 77]]
+
+
+def _same_block_max(path: str) -> None:
+    """Give each layer's in_proj_b and in_proj_a the same largest magnitude (they share a 128-row block)."""
+    file = os.path.join(path, "model.safetensors")
+    tensors = load_file(file)
+    for name in [n for n in tensors if n.endswith("in_proj_b.weight")]:
+        a, b = tensors[name.replace("in_proj_b", "in_proj_a")], tensors[name]
+        a[0, 0] = b[0, 0] = 2 * max(a.abs().max(), b.abs().max())
+    save_file(tensors, file, metadata={"format": "pt"})
+
+
+def _dequantized_copy(fp8: str, dst: str) -> str:
+    """The FP8 checkpoint's dequantized model as an unquantized float32 checkpoint."""
+    os.makedirs(dst)
+    tensors = load_file(os.path.join(fp8, "model.safetensors"))
+    out = {n: dequantize_fp8(t, tensors[n + "_scale_inv"]) if t.dtype == FP8_DTYPE else t
+           for n, t in tensors.items() if not n.endswith("_scale_inv")}
+    save_file(out, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    for entry in os.listdir(fp8):
+        if entry.endswith((".json", ".jinja")):
+            with open(os.path.join(fp8, entry)) as f:
+                text = json.load(f) if entry == "config.json" else f.read()
+            if entry == "config.json":
+                text.pop("quantization_config")
+                text = json.dumps(text)
+            with open(os.path.join(dst, entry), "w") as f:
+                f.write(text)
+    return dst
+
+
+def _run(path: str, **flags) -> tuple[list, list[list[float]], torch.nn.Module]:
+    greedy = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+    with Engine(model_path=path, **ARGS, **flags) as engine:
+        outs = engine.generate(input_ids=PROMPTS, sampling_params=greedy, return_logprob=True, logprob_start_len=0)
+        model = engine.run_on_engine(lambda s: s.runner.model)
+    logprobs = [[lp for lp, *_ in o["meta_info"]["input_token_logprobs"] + o["meta_info"]["output_token_logprobs"]
+                 if lp is not None] for o in outs]
+    return [o["output_ids"] for o in outs], logprobs, model
+
+
+@pytest.fixture(scope="module")
+def fp8_checkpoint(tiny_checkpoint, tmp_path_factory):
+    src = tiny_checkpoint("qwen3_5", **ALIGNED)
+    staged = str(tmp_path_factory.mktemp("aligned"))
+    for entry in os.listdir(src):
+        with open(os.path.join(src, entry), "rb") as f, open(os.path.join(staged, entry), "wb") as g:
+            g.write(f.read())
+    _same_block_max(staged)
+    return convert(staged, str(tmp_path_factory.mktemp("fp8")))
+
+
+def test_tool_writes_the_published_layout(fp8_checkpoint):
+    with open(os.path.join(fp8_checkpoint, "config.json")) as f:
+        quant = json.load(f)["quantization_config"]
+    assert quant["quant_method"] == "fp8" and quant["weight_block_size"] == [128, 128]
+    assert quant["activation_scheme"] == "dynamic" and "model.embed_tokens" in quant["modules_to_not_convert"]
+    with safe_open(os.path.join(fp8_checkpoint, "model.safetensors"), framework="pt") as f:
+        names = set(f.keys())
+        w = f.get_tensor("model.layers.0.linear_attn.in_proj_qkv.weight")
+        s = f.get_tensor("model.layers.0.linear_attn.in_proj_qkv.weight_scale_inv")
+        assert w.dtype == FP8_DTYPE and w.shape == (384, 128) and s.shape == (3, 1) and s.dtype == torch.float32
+        assert f.get_tensor("model.embed_tokens.weight").dtype == torch.float32
+    assert not any(n.endswith("norm.weight_scale_inv") for n in names)
+    assert "model.layers.0.mlp.down_proj.weight_scale_inv" in names
+
+
+def test_fp8_checkpoint_serves_its_dequantized_model(fp8_checkpoint, tmp_path):
+    ids, logprobs, model = _run(fp8_checkpoint)
+    ref_ids, ref_logprobs, _ = _run(_dequantized_copy(fp8_checkpoint, str(tmp_path / "deq")))
+    linears = [m for m in model.modules() if getattr(m, "weight_scale_inv", None) is not None]
+    assert len(linears) == 4 * 4  # per layer: the mixer's in and out (or qkv and o), the MLP's gate_up and down
+    assert all(m.weight.dtype == FP8_DTYPE for m in linears)
+    tensors = load_file(os.path.join(fp8_checkpoint, "model.safetensors"))
+    assert torch.equal(model.layers[0].ffn.down_proj.weight.view(torch.uint8),
+                       tensors["model.layers.0.mlp.down_proj.weight"].view(torch.uint8))
+    in_proj = model.layers[0].mixer.in_proj.weight.view(torch.uint8)
+    parts = ("qkv", "z", "b", "a")
+    stored = [tensors[f"model.layers.0.linear_attn.in_proj_{p}.weight"].view(torch.uint8) for p in parts]
+    assert torch.equal(in_proj, torch.cat(stored))
+    assert ids == ref_ids
+    for a, b in zip(logprobs, ref_logprobs, strict=True):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=0, atol=1e-4)
+
+
+def test_online_fp8_stays_close_to_the_unquantized_model(tiny_checkpoint):
+    """Every weight moves by at most one e4m3 rounding (2**-4 relative, ~2**-6 on average): the prompt's
+    log-probabilities (teacher-forced, ~6 nats on this random model) move by a few percent of that."""
+    path = tiny_checkpoint("qwen3_5")
+    _, logprobs, model = _run(path, quantization="fp8")
+    _, ref_logprobs, _ = _run(path)
+    assert sum(m.weight.dtype == FP8_DTYPE for m in model.modules() if hasattr(m, "weight_scale_inv")) == 4 * 4
+    n = [len(p) - 1 for p in PROMPTS]  # the prompt's logprobs; the continuations may differ
+    got = torch.cat([torch.tensor(a[:k]) for a, k in zip(logprobs, n)])
+    ref = torch.cat([torch.tensor(b[:k]) for b, k in zip(ref_logprobs, n)])
+    rel = (got - ref).abs() / ref.abs()
+    assert 0 < rel.max() < 0.08 and rel.mean() < 0.02, (rel.max(), rel.mean())
+
+
+@pytest.mark.parametrize("change, cause", [
+    (dict(weight_block_size=[64, 64]), "weight_block_size [64, 64]"),
+    (dict(activation_scheme="static"), "activation_scheme 'static'"),
+    (dict(weight_block_size=None), "per-tensor FP8 scales"),
+    (dict(quant_method="awq"), "quant_method 'awq'"),
+])
+def test_bad_quantization_config_is_refused_with_its_cause(fp8_checkpoint, tmp_path, change, cause):
+    with open(os.path.join(fp8_checkpoint, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"].update(change)
+    for entry in os.listdir(fp8_checkpoint):
+        os.symlink(os.path.join(fp8_checkpoint, entry), tmp_path / entry)
+    os.unlink(tmp_path / "config.json")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="not supported") as info:
+        Engine(model_path=str(tmp_path), **ARGS)
+    assert cause in str(info.value)
+
+
+def test_scale_without_weight_and_fp8_experts_are_refused():
+    from hybrid_sgl.layers.quantization import dequantized_weights
+
+    q = torch.zeros(4, 4, dtype=FP8_DTYPE)
+    with pytest.raises(ValueError, match="without its weight_scale_inv"):
+        list(dequantized_weights(iter([("x.weight", q)])))
+    with pytest.raises(ValueError, match="FP8 MoE experts are not supported yet"):
+        list(dequantized_weights(iter([("layers.0.mlp.experts.3.up_proj.weight", q)])))
+    with pytest.raises(ValueError, match=r"needs \(1, 1\)"):
+        list(dequantized_weights(iter([("x.weight", q), ("x.weight_scale_inv", torch.ones(2, 1))])))
