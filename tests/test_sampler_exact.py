@@ -83,7 +83,7 @@ def test_filtered_distribution_equals_the_reference():
     rng = random.Random(0)
     torch.manual_seed(0)
     fallbacks = 0
-    for _ in range(150):
+    for _ in range(100):
         vocab = rng.choice([7, 16, 50, 300])
         logits, reqs = random_batch(rng, vocab, rng.randint(1, 8))
         sampled = [i for i, r in enumerate(reqs) if not r.params.greedy]
@@ -159,9 +159,21 @@ def test_sampler_keeps_params_for_the_same_requests_only():
     logits = LOGITS.repeat(2000, 1)
     narrow = reqs_of({"top_k": 2}, 2000, seed=1)
     assert set(sampler(logits, narrow, ()).tolist()) == {0, 1}
-    built = sampler._params
-    sampler(logits, narrow, ())
-    assert sampler._params is built  # same requests: nothing rebuilt
+    built = sampler.params_for(narrow, logits)
+    assert sampler.params_for(list(narrow), logits) is built  # same requests: nothing rebuilt
     wide = reqs_of({"top_k": 6}, 2000, seed=1)  # same rids, new requests
     assert set(sampler(logits, wide, ()).tolist()) == set(range(6))
-    assert sampler._params is not built
+    assert sampler.params_for(wide, logits) is not built
+    assert sampler.params_for(narrow, logits) is built  # the two most recent batches are kept
+    assert sampler.params_for(narrow[:-1], logits) is not built
+    assert sampler.params_for(wide, logits) is not sampler.params_for(narrow, logits)
+
+
+def test_warm_up_leaves_the_default_generator_alone(tiny_checkpoint):
+    from tests.test_hf_parity import make_scheduler  # builds a runner on the CPU (warm-up runs on CUDA only)
+
+    runner = make_scheduler(tiny_checkpoint(), max_running_requests=6).runner
+    torch.manual_seed(11)
+    before = torch.get_rng_state()
+    runner._warm_up_sampler()
+    assert torch.equal(torch.get_rng_state(), before)

@@ -118,7 +118,7 @@ class ModelRunner:
         self._host_turn = 0
         self._masks: MaskBuffer | None = None  # token bitmasks of constrained requests, made on first use
         self.sampler = Sampler()
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and tp.rank == 0:  # rank 0 samples for every rank
             self._warm_up_sampler()
         for line in self.model.dispatch_plan():
             logger.info(line)
@@ -249,9 +249,10 @@ class ModelRunner:
                 for i in range(rows)]
         reqs[min(2, rows - 1)].generator = torch.Generator(device=self.device).manual_seed(0)
         logits = torch.zeros(rows, self.config.vocab_size, device=self.device)  # flat: top_p needs the full sort
-        with torch.random.fork_rng(devices=[self.device]):
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             Sampler()(logits, reqs, self.config.eos_token_ids)
-        torch.cuda.synchronize(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     # ---- one step --------------------------------------------------------------------------------
     @staticmethod

@@ -85,18 +85,28 @@ class BatchParams:
 
 
 class Sampler:
-    """`sample` with the batch's BatchParams kept while the batch holds the same requests (a request's
-    params and generator do not change after it is made)."""
+    """`sample` with the BatchParams of the last KEEP batches kept while a batch holds the same requests
+    (a request's params and generator do not change after it is made). Two, so that a decode batch and
+    the prefill batches between its steps do not rebuild each other's."""
+
+    KEEP = 2
 
     def __init__(self, candidates: int = CANDIDATES):
         self.candidates = candidates
-        self._params: BatchParams | None = None
+        self._kept: list[BatchParams] = []  # most recent first
 
     def __call__(self, logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, ...],
                  mask: torch.Tensor | None = None) -> torch.Tensor:
-        if self._params is None or not self._params.fits(reqs) or self._params.top_k.device != logits.device:
-            self._params = BatchParams.build(reqs, logits.shape[-1], logits.device)
-        return sample(logits, reqs, eos_ids, mask, params=self._params, candidates=self.candidates)
+        return sample(logits, reqs, eos_ids, mask, params=self.params_for(reqs, logits), candidates=self.candidates)
+
+    def params_for(self, reqs: list[Req], logits: torch.Tensor) -> BatchParams:
+        for i, params in enumerate(self._kept):
+            if params.fits(reqs) and params.top_k.device == logits.device:
+                self._kept.insert(0, self._kept.pop(i))
+                return params
+        params = BatchParams.build(reqs, logits.shape[-1], logits.device)
+        self._kept = [params] + self._kept[: self.KEEP - 1]
+        return params
 
 
 def sample(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, ...], mask: torch.Tensor | None = None, *,
