@@ -177,3 +177,29 @@ def test_warm_up_leaves_the_default_generator_alone(tiny_checkpoint):
     before = torch.get_rng_state()
     runner._warm_up_sampler()
     assert torch.equal(torch.get_rng_state(), before)
+
+
+if __name__ == "__main__":  # time sample against sample_ref at the 9B vocabulary (any device)
+    import sys
+    import time
+
+    device = sys.argv[1] if len(sys.argv) > 1 else "cpu"
+    vocab = 248_320
+    for batch in (1, 8, 32, 64):
+        logits = torch.randn(batch, vocab, device=device) * 3  # a peaked row: top_p's mass within the candidates
+        for knobs in ({"temperature": 0.7}, {"temperature": 0.7, "top_k": 50}, {"temperature": 0.7, "top_p": 0.9},
+                      {"temperature": 0.7, "top_k": 50, "top_p": 0.9, "min_p": 0.05}):
+            reqs = reqs_of(knobs, batch)
+            sampler = Sampler()
+            times = {}
+            for name, fn in (("sample", sampler), ("sample_ref", sample_ref)):
+                fn(logits, reqs, ())
+                if device != "cpu":
+                    torch.cuda.synchronize()
+                start, steps = time.perf_counter(), 5 if device == "cpu" else 50
+                for _ in range(steps):
+                    fn(logits, reqs, ())
+                if device != "cpu":
+                    torch.cuda.synchronize()
+                times[name] = (time.perf_counter() - start) / steps * 1e3
+            print(f"batch {batch:3d} {knobs}: sample {times['sample']:.2f} ms, sample_ref {times['sample_ref']:.2f} ms")

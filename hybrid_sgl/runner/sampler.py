@@ -10,7 +10,8 @@ support without that sort. Top-k and top-p keep a prefix of the tokens ordered b
 by lower token id, as a stable sort), so the kept set is "every token above a boundary value, and
 the first `need` tokens equal to it"; `sample` finds that boundary among the `torch.topk` candidates
 (k = the largest top_k, or CANDIDATES when a row asks for top_p without top_k) and sorts the full
-vocabulary only for a top_p row whose kept mass reaches past its candidates. Min-p is a threshold
+vocabulary only for a top_p row whose kept mass reaches past its candidates (finding those rows is the
+one read back to the host, only in a batch with a top_p row without top_k). Min-p is a threshold
 on the probability itself and needs no order. Both draw the same Exp(1) noise from the same
 generators in the same order, so a seed gives the same tokens through either function (up to a
 float near-tie between two tokens' p / E, or a token whose preceding mass is within rounding of
