@@ -158,12 +158,11 @@ class PrefixSharing:
             self.cache.release(old)
 
     # ---- release -----------------------------------------------------------------------------------
-    def release(self, req: Req, num_tokens: int | None) -> None:
-        """req gives up its slot; with num_tokens, the state in the slot is after fill_ids[:num_tokens]
-        and that prefix goes into the cache first."""
+    def cache_sequence(self, req: Req, num_tokens: int | None) -> None:
+        """req is about to give up its slot, whose state is after fill_ids[:num_tokens]: that prefix goes
+        into the cache (the caller has dropped req's lock already, see drop_lock)."""
         if num_tokens is not None and num_tokens > 0 and req.slot is not None:
             self.cache.insert(req.fill_ids[:num_tokens], self.allocator.slot_pages[req.slot], req.slot, keep=False)
-        self.drop_lock(req)
 
     def drop_lock(self, req: Req) -> None:
         if req.cache_node is not None:

@@ -285,6 +285,8 @@ class Scheduler:
     def _admit_waiting(self, budget: int, items: list[BatchItem]) -> None:
         """Admit waiting requests while the budget, slots and pages allow; with the prefix cache each
         starts from its longest cached prefix (or waits for a running request computing it)."""
+        if budget == 0 or self.allocator.num_free_slots == 0 or not self.waiting:
+            return  # nothing can be admitted: spare the lookups of the ordering
         sharing = self.sharing
         prefilling = [r for r in self.running if not r.is_decoding]
         for req in (sharing.order(self.waiting) if sharing is not None else list(self.waiting)):
@@ -354,7 +356,7 @@ class Scheduler:
         """Free req's slot; with `cached`, the slot's state is after fill_ids[:cached] and that prefix
         goes into the prefix cache first."""
         if self.sharing is not None and cached is not None and req.slot is not None:
-            self.sharing.release(req, cached)
+            self.sharing.cache_sequence(req, cached)
         self.allocator.free_slot(req.slot)
         req.slot = None
 
