@@ -8,13 +8,7 @@
 # Default: tests offline prefill. Each offline config takes about a minute (batch 1 and 32,
 # prompt 512, 128 output tokens); OFFLINE_ARGS replaces that case list, SERVING_ARGS is appended,
 # PROFILE_BATCH (default 1) and PROFILE_CONFIGS (default: 9B and Nemotron-H) set what is profiled.
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/hybrid_sgl_bench}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site ${WHEELS:-.whl_srv}/*.whl
-export PYTHONPATH=$PWD:/tmp/site
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+. "$(dirname "$0")/device_env.sh"
 DENSE="qwen3_5-9b-text nemotron_h-8b"
 OFF=${OFFLINE_ARGS:-"--batch 1,32 --prompt 512 --output 128 --skip-hf"}
 

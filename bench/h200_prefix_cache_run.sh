@@ -3,14 +3,7 @@
 # bench/prefix_cache.py with the cache on and off in the same run. Run from the repo root with the
 # wheel folder carried (WHEELS, default .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
 #   bash bench/h200_prefix_cache_run.sh [tests|offline|mamba|multiturn ...]   (default: all four)
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/hybrid_sgl_bench}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site ${WHEELS:-.whl_srv}/*.whl
-export PYTHONPATH=$PWD:/tmp/site
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-quiet() { grep -v "^\[transformers\]\|loading weights: \|layer  *[0-9]*:"; }
+. "$(dirname "$0")/device_env.sh"
 
 for part in ${*:-tests offline mamba multiturn}; do
   case $part in

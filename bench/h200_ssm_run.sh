@@ -3,13 +3,7 @@
 # Triton kernels (same run), then the SSD/step kernel GPU tests and the Mamba-family models on
 # CUDA through the Triton kernels vs HF float32. Run from the repo root with .whl/ carried
 # (mamba_ssm, einops and transformers wheels). Logs go to $OUT.
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/hybrid_sgl_bench}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site ${WHEELS:-.whl}/*.whl
-export PYTHONPATH=$PWD:/tmp/site
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+DEFAULT_WHEELS=.whl . "$(dirname "$0")/device_env.sh"
 timeout 100 python3 bench/ssd_bench.py 2>&1 | tee "$OUT/ssd_bench.md" | tail -25
 timeout 45 python3 bench/ssm_step_bench.py --no-tune 2>&1 | tee "$OUT/ssm_step_bench.md" | tail -20
 timeout 60 python3 -m pytest -q -rf -p no:cacheprovider tests/gpu/test_ssd_chunk_cuda.py tests/gpu/test_ssm_step_cuda.py \

@@ -4,15 +4,8 @@
 # Run from the repo root with the wheel folder carried (WHEELS, default .whl_srv; bench/device_wheels.sh
 # fills it). Logs go to $OUT. On one GPU, `TP=1 bash bench/h200x2_tp_run.sh offline` runs the tp 1 half.
 #   bash bench/h200x2_tp_run.sh [tests|offline|profile|serving ...]   (default: all four)
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/hybrid_sgl_bench}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site ${WHEELS:-.whl_srv}/*.whl
-export PYTHONPATH=$PWD:/tmp/site
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+. "$(dirname "$0")/device_env.sh"
 TPS=${TP:-"1 2"}
-quiet() { grep -v "^\[transformers\]\|loading weights: \|layer  *[0-9]*:"; }
 
 for part in ${*:-tests offline profile serving}; do
   case $part in

@@ -1,0 +1,13 @@
+# Sourced by the bench/h200*_run.sh scripts on the GPU machine: strict mode, $OUT for the logs
+# (default /tmp/hybrid_sgl_bench), the carried wheels (WHEELS, default: the folder given to
+# `device_env` or .whl_srv) installed into /tmp/site and put on PYTHONPATH with the repository, the
+# GPUs named in $OUT/gpu.txt, and `quiet`, a filter for load progress and per-layer log lines.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/hybrid_sgl_bench}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+  "${WHEELS:-${DEFAULT_WHEELS:-.whl_srv}}"/*.whl
+export PYTHONPATH=$PWD:/tmp/site
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+quiet() { grep -v "^\[transformers\]\|loading weights: \|layer  *[0-9]*:"; }
