@@ -6,14 +6,12 @@ import pytest
 import torch
 
 from hybrid_sgl.testing.tiny_composed import make_composed_checkpoint
+from tests.gpu.test_model_cuda import BACKENDS, run_staggered_float32
 from tests.test_composed_parity import check_against_reference, reference_logprobs
 from tests.test_hf_parity import dense, full_request, make_scheduler, prompt_of, run_to_end
 
 pytestmark = pytest.mark.gpu
 
-BACKENDS = {"torch": dict(attention_backend="torch", linear_attn_backend="torch", moe_runner_backend="torch"),
-            "triton": dict(attention_backend="triton", linear_attn_backend="triton", moe_runner_backend="triton",
-                           cuda_graph_max_bs=8)}
 
 
 @pytest.fixture(scope="module")
@@ -23,12 +21,7 @@ def composed(tmp_path_factory) -> str:
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
 def test_cuda_float32_matches_reference(composed, backend):
-    s = make_scheduler(composed, device="cuda", chunked_prefill_size=16, page_size=16, **BACKENDS[backend])
-    assert (s.runner.graphs is not None) == (backend == "triton")
-    vocab = s.vocab_size
-    reqs = [full_request(f"r{i}", prompt_of(n, i, vocab), vocab, max_new=m)
-            for i, (n, m) in enumerate([(67, 9), (5, 4), (130, 6)])]
-    run_to_end(s, {0: [reqs[0]], 2: [reqs[1], reqs[2]]})
+    reqs, vocab = run_staggered_float32(composed, backend)
     for req in reqs:
         check_against_reference(composed, req, vocab)
 

@@ -16,16 +16,23 @@ BACKENDS = {"torch": dict(attention_backend="torch", linear_attn_backend="torch"
                            cuda_graph_max_bs=8)}
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("backend", sorted(BACKENDS))
-def test_cuda_float32_matches_hf(tiny_checkpoint, family, backend):
-    path = tiny_checkpoint(family)
+def run_staggered_float32(path: str, backend: str) -> tuple[list, int]:
+    """Three requests (one arriving two steps later) on CUDA in float32 through `backend`, decode graphs
+    on exactly with Triton; returns (the finished requests, vocab size)."""
     s = make_scheduler(path, device="cuda", chunked_prefill_size=16, page_size=16, **BACKENDS[backend])
     assert (s.runner.graphs is not None) == (backend == "triton")
     vocab = s.vocab_size
     reqs = [full_request(f"r{i}", prompt_of(n, i, vocab), vocab, max_new=m)
             for i, (n, m) in enumerate([(67, 9), (5, 4), (130, 6)])]
     run_to_end(s, {0: [reqs[0]], 2: [reqs[1], reqs[2]]})
+    return reqs, vocab
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_cuda_float32_matches_hf(tiny_checkpoint, family, backend):
+    path = tiny_checkpoint(family)
+    reqs, vocab = run_staggered_float32(path, backend)
     for req in reqs:
         check_against_hf(path, req, vocab)
 
