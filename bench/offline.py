@@ -3,7 +3,8 @@ the ceilings measured in the same run and HF transformers `generate` on the same
 
     PYTHONPATH=$PWD python bench/offline.py --config configs/qwen3_5-9b-text --out offline.json
 
-Cases: every batch x prompt length, each request generating --output tokens (ignore_eos, greedy).
+Cases: every batch x prompt length, each request generating --output tokens (ignore_eos; greedy unless
+--sampling says otherwise).
 A case the engine's memory plan cannot hold without preemption is skipped and reported. Every
 scheduler step is timed from outside the runtime (bench/step_timing.py), so prefill and decode are
 measured on their own steps:
@@ -54,6 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--chunked-prefill-size", type=int, default=8192)
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="any other Engine / ServerArgs field, e.g. disable_cuda_graph=true (repeatable)")
+    p.add_argument("--sampling", action="append", default=[], metavar="KEY=VALUE",
+                   help="sampling parameter of every request, e.g. temperature=0.7 (repeatable; default greedy)")
     p.add_argument("--skip-hf", action="store_true", help="do not run the HF transformers anchor")
     p.add_argument("--hf-batches", default="1,32", help="batch sizes the HF anchor runs")
     p.add_argument("--hf-decode-tokens", type=int, default=32, help="tokens HF generates to time decode")
@@ -80,15 +83,18 @@ def make_prompts(vocab: int):
     return prompts
 
 
+def _pair(item: str) -> tuple[str, object]:
+    key, _, value = item.partition("=")
+    return key.strip(), _literal(value.strip())
+
+
 def engine_kwargs(a: argparse.Namespace, device: str, dtype: str, context_length: int) -> dict:
     kw = dict(model_path=a.config, load_format="dummy", skip_tokenizer_init=True, device=device, dtype=dtype,
               context_length=context_length, chunked_prefill_size=a.chunked_prefill_size, random_seed=0,
               log_level="warning", max_running_requests=a.max_running_requests or max(_ints(a.batch)))
     if a.mem_fraction_static is not None:
         kw["mem_fraction_static"] = a.mem_fraction_static
-    for item in a.engine_arg:
-        key, _, value = item.partition("=")
-        kw[key.strip()] = _literal(value.strip())
+    kw.update(_pair(item) for item in a.engine_arg)
     return kw
 
 
@@ -136,8 +142,9 @@ def prefill_summary(records, cost, ceilings, start: float) -> dict:
             "mfu": flops / wall / ceilings.matmul_flops_per_s, "all_first_tokens_s": steps[-1].end - start}
 
 
-def run_case(engine, timer, cost, ceilings, prompts, batch: int, prompt: int, output: int) -> dict:
-    params = {"max_new_tokens": output, "ignore_eos": True, "temperature": 0}
+def run_case(engine, timer, cost, ceilings, prompts, batch: int, prompt: int, output: int,
+             sampling: dict | None = None) -> dict:
+    params = {"max_new_tokens": output, "ignore_eos": True, "temperature": 0, **(sampling or {})}
     # Warm-up: the prefill chunks of this case (Triton compiles kernel variants on first use, e.g.
     # per number of sequences in a chunk) with two full chunks of these prompts.
     chunk = engine.server_args.chunked_prefill_size
@@ -194,7 +201,8 @@ def run_ours(a: argparse.Namespace, device: torch.device, dtype: str, context_le
                         out["cases"][key] = {"status": "skipped", "reason": reason}
                         continue
                     try:
-                        case = run_case(engine, timer, cost, ceilings, prompts, batch, prompt, a.output)
+                        case = run_case(engine, timer, cost, ceilings, prompts, batch, prompt, a.output,
+                                        dict(_pair(kv) for kv in a.sampling))
                     except Exception as e:  # reported with the case; the others still run
                         case = {"status": "error", "reason": f"{type(e).__name__}: {e}"}
                     out["cases"][key] = case

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
+# in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
+# .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
+#   bash bench/h200_round_run.sh [tests|structured|composed|sampling|fp8|moe|tp1 ...]
+. "$(dirname "$0")/device_env.sh"
+offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
+  local name=$1 config=$2; shift 2
+  timeout 300 python3 bench/offline.py --config "configs/$config" --skip-hf --out "$OUT/offline_$name.json" "$@" \
+    2>&1 | quiet | tee "$OUT/offline_$name.md" | sed -n '/## Decode$/,/## End/p' | head -12
+}
+
+for part in ${*:-tests}; do
+  case $part in
+    tests)  # every CUDA test: kernels, model parity, graphs, overlap, prefix cache, TP at 1 GPU, composed
+      timeout ${TESTS_TIMEOUT:-400} python3 -m pytest -q -rfE -p no:cacheprovider --durations=15 tests/gpu tests/kernels \
+        tests/test_composed_gpu.py tests/test_fp8_checkpoint.py 2>&1 | tee "$OUT/tests_gpu.log" | tail -40 ;;
+    structured)  # 10-field JSON schema at batch 32 against the same batch free, overlap on and off
+      for ov in false true; do
+        timeout 200 python3 bench/structured.py --batch 32 --output 128 \
+          --engine-arg disable_overlap_schedule=$ov 2>&1 | quiet | tee "$OUT/structured_overlap_off_$ov.log" | tail -12
+      done ;;
+    composed)  # the 8B composed hybrid under decode CUDA graphs against its roofline
+      offline composed_8b hybrid-sgl-8b --batch 1,32 --prompt 512 --output 128 ;;
+    sampling)  # 9B decode greedy vs temperature 0.7 (+ top_p 0.9), batch 1 / 32 / 64, same run
+      offline greedy_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128
+      offline t07_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 --sampling temperature=0.7
+      offline t07p09_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 --sampling temperature=0.7 \
+        --sampling top_p=0.9 --sampling top_k=50 ;;
+    fp8)  # 9B bf16 vs online FP8: batch-1 decode and an 8192-token prefill, same run
+      offline bf16_9b qwen3_5-9b-text --batch 1,32 --prompt 8192 --output 64
+      offline fp8_9b qwen3_5-9b-text --batch 1,32 --prompt 8192 --output 64 --engine-arg quantization=fp8 ;;
+    moe)  # fused MoE kernels at the 35B-A3B shape, then its batch-1 decode
+      timeout 200 python3 bench/moe_kernels.py --no-tune --tokens 1 8 16 64 2>&1 | tee "$OUT/moe_kernels.md" | tail -30
+      offline bf16_35b qwen3_5-35b-a3b-text --batch 1,32 --prompt 512 --output 128 ;;
+    tp1)  # tp 1 before (884e704, archived into .before/ and carried) and after the tensor-parallel rewrite
+      for i in 1 2; do  # twice each, interleaved, so drift shows
+        offline head_9b_$i qwen3_5-9b-text --batch 1,32 --prompt 512 --output 128
+        timeout 300 python3 .before/bench/offline.py --config configs/qwen3_5-9b-text --skip-hf --batch 1,32 \
+          --prompt 512 --output 128 --out "$OUT/offline_before_9b_$i.json" 2>&1 | quiet \
+          | tee "$OUT/offline_before_9b_$i.md" | sed -n '/## Decode$/,/## End/p' | head -12
+      done ;;
+  esac
+done
+# Only 8 files come back from a call: everything under $OUT travels as one archive.
+(cd "$OUT" && tar czf /tmp/results.tgz . && find . -mindepth 1 -delete && mv /tmp/results.tgz results.tgz)
