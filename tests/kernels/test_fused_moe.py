@@ -146,6 +146,7 @@ def test_bf16_combine_rounds_where_eager_rounds():
     total = experts[:, 0]
     for j in range(1, k):  # the kernel's order of float32 additions
         total = total + experts[:, j]
+    assert torch.equal(_combine(rows, t, k, None, None), total.bfloat16())
+    assert torch.equal(_combine(rows, t, k, shared, None), total.bfloat16() + shared)
     expected = total.bfloat16() + torch.sigmoid(gate.bfloat16())[:, None] * shared
     assert torch.equal(_combine(rows, t, k, shared, gate), expected)
-    assert torch.equal(_combine(rows, t, k, shared, None), total.bfloat16() + shared)
