@@ -1,11 +1,12 @@
 """FP8 checkpoints in the published block layout (written by tools/fp8_checkpoint.py) and online FP8
 (--quantization fp8), on CPU in float32 through the reference GEMM.
 
-The served model of an FP8 checkpoint must be the checkpoint's dequantized model: its e4m3 bytes are the
+The served model of an FP8 checkpoint must be the checkpoint's dequantized model with its activations
+quantized per token and 128-column group ("dynamic" activation scales): its e4m3 bytes are the
 checkpoint's wherever the layer's 128-row blocks line up with the checkpoint's (every projection of the
 128-wide fixture; the GDN b and a rows share one block and are given the same largest magnitude, so
 the re-computed scale is theirs too). The scales are recomputed as amax / 448, within 2 ulp of the
-stored ones, so logits agree to float32 accumulation noise."""
+stored ones."""
 
 import json
 import os
@@ -103,23 +104,28 @@ def test_fp8_checkpoint_serves_its_dequantized_model(fp8_checkpoint, tmp_path):
     parts = ("qkv", "z", "b", "a")
     stored = [tensors[f"model.layers.0.linear_attn.in_proj_{p}.weight"].view(torch.uint8) for p in parts]
     assert torch.equal(in_proj, torch.cat(stored))
-    assert ids == ref_ids
-    for a, b in zip(logprobs, ref_logprobs, strict=True):
-        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=0, atol=1e-4)
+    # the dequantized copy runs its activations unquantized: they alone differ
+    _assert_within_e4m3_roundings(logprobs, ref_logprobs)
 
 
-def test_online_fp8_stays_close_to_the_unquantized_model(tiny_checkpoint):
-    """Every weight moves by at most one e4m3 rounding (2**-4 relative, ~2**-6 on average): the prompt's
-    log-probabilities (teacher-forced, ~6 nats on this random model) move by a few percent of that."""
-    path = tiny_checkpoint("qwen3_5")
-    _, logprobs, model = _run(path, quantization="fp8")
-    _, ref_logprobs, _ = _run(path)
-    assert sum(m.weight.dtype == FP8_DTYPE for m in model.modules() if hasattr(m, "weight_scale_inv")) == 4 * 4
+def _assert_within_e4m3_roundings(logprobs: list[list[float]], ref_logprobs: list[list[float]]) -> None:
+    """The prompts' teacher-forced log-probabilities (~6 nats on this random model) of two runs whose
+    linear layers differ by one e4m3 rounding (2**-4 relative at most, ~2**-6 on average) of their
+    weights, their activations, or both: they move by a few percent."""
     n = [len(p) - 1 for p in PROMPTS]  # the prompt's logprobs; the continuations may differ
     got = torch.cat([torch.tensor(a[:k]) for a, k in zip(logprobs, n)])
     ref = torch.cat([torch.tensor(b[:k]) for b, k in zip(ref_logprobs, n)])
     rel = (got - ref).abs() / ref.abs()
-    assert 0 < rel.max() < 0.08 and rel.mean() < 0.02, (rel.max(), rel.mean())
+    assert 0 < rel.max() < 0.15 and rel.mean() < 0.05, (rel.max(), rel.mean())
+
+
+def test_online_fp8_stays_close_to_the_unquantized_model(tiny_checkpoint):
+    """Weights and activations each move by one e4m3 rounding at most."""
+    path = tiny_checkpoint("qwen3_5")
+    _, logprobs, model = _run(path, quantization="fp8")
+    _, ref_logprobs, _ = _run(path)
+    assert sum(m.weight.dtype == FP8_DTYPE for m in model.modules() if hasattr(m, "weight_scale_inv")) == 4 * 4
+    _assert_within_e4m3_roundings(logprobs, ref_logprobs)
 
 
 @pytest.mark.parametrize("change, cause", [
@@ -158,8 +164,4 @@ def test_fp8_checkpoint_under_tensor_parallel(fp8_checkpoint):
     the logprobs move by at most what one more e4m3 rounding of those rows allows, as online FP8."""
     _, logprobs, _ = _run(fp8_checkpoint)
     _, tp_logprobs, _ = _run(fp8_checkpoint, tp_size=2)
-    n = [len(p) - 1 for p in PROMPTS]
-    got = torch.cat([torch.tensor(a[:k]) for a, k in zip(tp_logprobs, n)])
-    ref = torch.cat([torch.tensor(b[:k]) for b, k in zip(logprobs, n)])
-    rel = (got - ref).abs() / ref.abs()
-    assert rel.max() < 0.08 and rel.mean() < 0.02, (rel.max(), rel.mean())
+    _assert_within_e4m3_roundings(tp_logprobs, logprobs)

@@ -1,10 +1,18 @@
 """Block-scaled FP8 GEMM vs its reference (interpreter on CPU, float32 activations, tiny shapes whose K
-and N are not multiples of the 128 block), and the quantizer's round trip against the e4m3 format."""
+and N are not multiples of the 128 block), the activations' group quantization, and the weight
+quantizer's round trip against the e4m3 format."""
 
 import pytest
 import torch
 
-from triton_kernels.fp8_gemm import FP8_DTYPE, dequantize_fp8, fp8_gemm, fp8_gemm_ref, quantize_fp8
+from triton_kernels.fp8_gemm import (
+    FP8_DTYPE,
+    dequantize_fp8,
+    fp8_gemm,
+    fp8_gemm_ref,
+    quantize_activations_ref,
+    quantize_fp8,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -39,7 +47,7 @@ def test_each_block_uses_its_own_scale():
     delta = fp8_gemm(x=x, weight=q, weight_scale_inv=s2) - fp8_gemm(x=x, weight=q, weight_scale_inv=s)
     block = dequantize_fp8(q, s)[128:, 256:]
     expected = torch.zeros_like(delta)
-    expected[:, 128:] = x[:, 256:] @ block.T
+    expected[:, 128:] = quantize_activations_ref(x)[:, 256:] @ block.T
     torch.testing.assert_close(delta, expected, rtol=1e-4, atol=1e-4)
 
 
@@ -56,3 +64,25 @@ def test_quantize_round_trip_is_within_e4m3_rounding():
     assert (err <= 2.0**-4 * w.abs() + smallest_normal).all()
     assert err.max() > 0  # quantization happened
     assert s[0, 0] == w[:128, :128].abs().amax() / 448.0
+
+
+def test_activation_groups_are_quantized_per_token():
+    """Each token's 128-column group maps its largest magnitude to 448 and rounds to e4m3 (within 2**-4
+    of each value, relative to the group's scale), an all-zero group stays zero, and a token's result
+    does not depend on the other rows of its batch."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 300, generator=g)
+    x[1, 128:256] = 0.0
+    x[2] *= 1000.0
+    q = quantize_activations_ref(x)
+    assert torch.equal(q[1, 128:256], torch.zeros(128))
+    for row in range(3):
+        for k0 in range(0, 300, 128):
+            group, back = x[row, k0:k0 + 128], q[row, k0:k0 + 128]
+            scale = group.abs().amax() / 448.0
+            assert ((back - group).abs() <= 2.0**-4 * group.abs() + 2.0**-6 * scale + 1e-30).all()
+    torch.testing.assert_close(quantize_activations_ref(x[:1]), q[:1], rtol=0, atol=0)
+    w, s = _weight(64, 300)
+    alone = fp8_gemm(x=x[:1].to(DEVICE), weight=w, weight_scale_inv=s)
+    torch.testing.assert_close(alone, fp8_gemm(x=x.to(DEVICE), weight=w, weight_scale_inv=s)[:1],
+                               rtol=1e-6, atol=1e-6)
