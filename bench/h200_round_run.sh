@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [tests|structured|composed|sampling|fp8|moe|tp1 ...]
+#   bash bench/h200_round_run.sh [tests|verify|structured|composed|sampling|fp8|fp8kernels|moe|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -30,9 +30,18 @@ for part in ${*:-tests}; do
     fp8)  # 9B bf16 vs online FP8: batch-1 decode and an 8192-token prefill, same run
       offline bf16_9b qwen3_5-9b-text --batch 1,32 --prompt 8192 --output 64
       offline fp8_9b qwen3_5-9b-text --batch 1,32 --prompt 8192 --output 64 --engine-arg quantization=fp8 ;;
-    moe)  # fused MoE kernels at the 35B-A3B shape, then its batch-1 decode
-      timeout 200 python3 bench/moe_kernels.py --no-tune --tokens 1 8 16 64 2>&1 | tee "$OUT/moe_kernels.md" | tail -30
-      offline bf16_35b qwen3_5-35b-a3b-text --batch 1,32 --prompt 512 --output 128 ;;
+    verify)  # the FP8 GEMM, the small-T MoE path and the combine on CUDA, and the families through them
+      timeout 300 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_fp8_gemm.py \
+        tests/kernels/test_fused_moe.py tests/gpu/test_fused_moe_cuda.py tests/gpu/test_fp8_cuda.py \
+        tests/gpu/test_model_cuda.py -k "not torch" 2>&1 | tee "$OUT/tests_verify.log" | tail -25 ;;
+    moe)  # fused MoE kernels at the 35B-A3B shape, its decode, and where a batch-1 step's time goes
+      timeout 200 python3 bench/moe_kernels.py --no-tune --tokens 1 2 4 8 16 64 2>&1 | tee "$OUT/moe_kernels.md" \
+        | grep "^|"
+      offline bf16_35b qwen3_5-35b-a3b-text --batch 1,32 --prompt 512 --output 128
+      timeout 150 python3 bench/decode_profile.py --config configs/qwen3_5-35b-a3b-text --batch 1 --graphs --top 25 \
+        2>&1 | quiet | tee "$OUT/profile_35b_b1.md" | tail -32 ;;
+    fp8kernels)  # the FP8 GEMM against bf16 cuBLAS on the 9B linear shapes
+      timeout 200 python3 bench/fp8_kernels.py 2>&1 | tee "$OUT/fp8_kernels.md" | grep -E "^\||copy" ;;
     tp1)  # tp 1 before (884e704, archived into .before/ and carried) and after the tensor-parallel rewrite
       for i in 1 2; do  # twice each, interleaved, so drift shows
         offline head_9b_$i qwen3_5-9b-text --batch 1,32 --prompt 512 --output 128

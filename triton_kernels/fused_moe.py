@@ -11,6 +11,9 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from triton_kernels.moe_gemv import MAX_ROWS as GEMV_MAX_ROWS
+from triton_kernels.moe_gemv import moe_gemv
+
 
 def fused_moe_ref(
     *,
@@ -322,7 +325,7 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
                    topk_ids: torch.Tensor, activation: str, up_config: dict | None = None,
                    down_config: dict | None = None, shared: torch.Tensor | None = None,
                    shared_gate: torch.Tensor | None = None) -> torch.Tensor:
-    """fused_moe with explicit launch configs (for tuning)."""
+    """fused_moe; explicit launch configs (for tuning) force the sorted path."""
     if activation not in ("silu", "relu2"):
         raise ValueError(f"unsupported MoE activation {activation!r}; expected 'silu' or 'relu2'")
     gated = activation == "silu"
@@ -338,6 +341,9 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     rows = t * k
     if rows == 0:  # no tokens
         return torch.zeros_like(x)
+    if up_config is None and down_config is None and rows <= GEMV_MAX_ROWS:  # a few tokens: no sort
+        out_rows = moe_gemv(x, w13, w2, topk_weights, topk_ids, gated)
+        return out_rows if k == 1 and shared is None else _combine(out_rows, t, k, shared, shared_gate)
     sorted_assign, expert_offsets = sort_by_expert(topk_ids=topk_ids, num_experts=e)
     default_up, default_down = _gemm_configs(rows, e, x.dtype, x.device)
     up, down = up_config or default_up, down_config or default_down

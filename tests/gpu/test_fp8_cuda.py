@@ -1,0 +1,32 @@
+"""FP8 checkpoints on CUDA: the tiny FP8 checkpoint of tests/test_fp8_checkpoint.py through the Triton
+FP8 GEMM (autotuned, e4m3 x e4m3 tensor cores) and the Triton kernels with decode CUDA graphs, against
+the same checkpoint on CPU through the reference GEMM; float32 activations, so the two differ by
+accumulation order (and an activation rounding flipped by it now and then). Skipped without CUDA."""
+
+import pytest
+import torch
+
+from hybrid_sgl.engine import Engine
+from tests.gpu.test_model_cuda import BACKENDS
+from tests.test_fp8_checkpoint import PROMPTS, fp8_checkpoint  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.gpu
+
+
+def _prompt_logprobs(path: str, **args) -> torch.Tensor:
+    greedy = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+    with Engine(model_path=path, dtype="float32", page_size=16, max_running_requests=4, log_level="warning",
+                **args) as engine:
+        outs = engine.generate(input_ids=PROMPTS, sampling_params=greedy, return_logprob=True, logprob_start_len=0)
+        if args["device"] == "cuda":
+            assert engine.run_on_engine(lambda s: s.runner.graphs is not None)
+    return torch.cat([torch.tensor([lp for lp, *_ in o["meta_info"]["input_token_logprobs"] if lp is not None])
+                      for o in outs])
+
+
+@pytest.mark.parametrize("quantization", [None, "fp8"])
+def test_cuda_fp8_matches_the_cpu_reference(fp8_checkpoint, quantization):  # noqa: F811
+    """An FP8 checkpoint, and --quantization fp8 on top of it (the same weights re-blocked)."""
+    ours = _prompt_logprobs(fp8_checkpoint, device="cuda", quantization=quantization, **BACKENDS["triton"])
+    ref = _prompt_logprobs(fp8_checkpoint, device="cpu", quantization=quantization)
+    torch.testing.assert_close(ours, ref, rtol=0, atol=2e-3)
