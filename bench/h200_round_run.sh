@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [tests|verify|structured|composed|sampling|fp8|fp8kernels|moe|tp1 ...]
+#   bash bench/h200_round_run.sh [tests|verify|final|structured|composed|sampling|fp8|fp8kernels|moe|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -40,6 +40,18 @@ for part in ${*:-tests}; do
       offline bf16_35b qwen3_5-35b-a3b-text --batch 1,32 --prompt 512 --output 128
       timeout 150 python3 bench/decode_profile.py --config configs/qwen3_5-35b-a3b-text --batch 1 --graphs --top 25 \
         2>&1 | quiet | tee "$OUT/profile_35b_b1.md" | tail -32 ;;
+    final)  # the last pass: the changed kernels' tests, MoE at small T, FP8 kernels, 35B and 9B FP8 decode
+      timeout 200 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_fp8_gemm.py \
+        tests/kernels/test_fused_moe.py tests/gpu/test_fused_moe_cuda.py tests/gpu/test_fp8_cuda.py \
+        tests/gpu/test_model_cuda.py -k "not torch and not bfloat16 and (moe or next or granite or jamba or nemotron \
+        or fp8 or fused or Fp8 or combine or reference or block or quantize or activation or tokens or skewed \
+        or routing or relu or silu or tight or graph or real)" 2>&1 | tee "$OUT/tests_final.log" | tail -12
+      timeout 100 python3 bench/moe_kernels.py --no-tune --no-profile --tokens 1 2 4 8 2>&1 \
+        | tee "$OUT/moe_kernels_final.md" | grep "^|"
+      timeout 150 python3 bench/fp8_kernels.py 2>&1 | tee "$OUT/fp8_kernels.md" | grep -E "^\||copy"
+      offline bf16_35b_final qwen3_5-35b-a3b-text --batch 1 --prompt 512 --output 128
+      offline bf16_9b_final qwen3_5-9b-text --batch 1,32 --prompt 8192 --output 64
+      offline fp8_9b_final qwen3_5-9b-text --batch 1,32 --prompt 8192 --output 64 --engine-arg quantization=fp8 ;;
     fp8kernels)  # the FP8 GEMM against bf16 cuBLAS on the 9B linear shapes
       timeout 200 python3 bench/fp8_kernels.py 2>&1 | tee "$OUT/fp8_kernels.md" | grep -E "^\||copy" ;;
     tp1)  # tp 1 before (884e704, archived into .before/ and carried) and after the tensor-parallel rewrite

@@ -11,9 +11,6 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from triton_kernels.moe_gemv import MAX_ROWS as GEMV_MAX_ROWS
-from triton_kernels.moe_gemv import moe_gemv
-
 
 def fused_moe_ref(
     *,
@@ -57,7 +54,9 @@ def fused_moe_ref(
 # the rows of each expert are contiguous: sorted_assign [T*k], expert_offsets [E + 1]. The two
 # grouped GEMMs walk BLOCK_M-row blocks of those rows; every program finds its block's expert from
 # expert_offsets, so the grids have a fixed worst-case size (no host sync, CUDA-graph safe) and
-# programs past the last block return at once.
+# programs past the last block return at once. Up to UNSORTED_MAX_ROWS assignments (decode at small
+# batch) skip the sort: each assignment is a row block of its own, its expert read from topk_ids; so
+# few rows rarely share an expert, and the sort kernel's launch is the larger cost.
 #   up:   inter[p] = act(x[t(p)] @ w13[e]^T)          [T*k, I] in x's dtype, p a sorted position
 #   down: rows[a]  = w[a] * (inter[p(a)] @ w2[e]^T)    [T*k, H] in x's dtype, in assignment order
 #   out = rows.view(T, k, H).sum(1)                     deterministic: no atomics
@@ -129,17 +128,25 @@ def _locate_block(expert_offsets, i_b, E, BLOCK_M: tl.constexpr, NUM_BINS: tl.co
 @triton.jit
 def _moe_up_kernel(x, w13, inter, sorted_assign, expert_offsets, stride_x, stride_we, stride_wn, stride_inter,
                    H, I, E, TOPK: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr, NUM_BINS: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                   UNSORTED: tl.constexpr):
     """One program per (row block, BLOCK_N columns of I): gathers x rows by token, multiplies by the
-    expert's w13 rows (gate rows o_n and up rows I + o_n when GATED), applies the activation."""
+    expert's w13 rows (gate rows o_n and up rows I + o_n when GATED), applies the activation.
+    UNSORTED: block i is assignment i alone (sorted_assign holds topk_ids), its row of inter is i."""
     num_n = tl.cdiv(I, BLOCK_N)
     i_b, i_n = tl.program_id(0) // num_n, tl.program_id(0) % num_n
-    i_e, row, row_end = _locate_block(expert_offsets, i_b, E, BLOCK_M, NUM_BINS)
+    if UNSORTED:
+        i_e, row, row_end = tl.load(sorted_assign + i_b), i_b, i_b + 1
+    else:
+        i_e, row, row_end = _locate_block(expert_offsets, i_b, E, BLOCK_M, NUM_BINS)
     if i_e >= E:
         return
     o_m = row + tl.arange(0, BLOCK_M)
     m_m = o_m < row_end
-    b_token = (tl.load(sorted_assign + o_m, mask=m_m, other=0) // TOPK).to(tl.int64)
+    if UNSORTED:
+        b_token = (o_m // TOPK).to(tl.int64)
+    else:
+        b_token = (tl.load(sorted_assign + o_m, mask=m_m, other=0) // TOPK).to(tl.int64)
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_n = o_n < I
     o_k = tl.arange(0, BLOCK_K)
@@ -176,12 +183,16 @@ def _moe_up_kernel(x, w13, inter, sorted_assign, expert_offsets, stride_x, strid
 @triton.jit
 def _moe_down_kernel(inter, w2, rows, sorted_assign, expert_offsets, topk_weights, stride_inter, stride_we,
                      stride_wh, stride_rows, H, I, E, PREC: tl.constexpr, NUM_BINS: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                     UNSORTED: tl.constexpr):
     """One program per (row block, BLOCK_N columns of H): inter rows @ w2[e]^T times the routing
-    weight, stored at the rows' assignment indices."""
+    weight, stored at the rows' assignment indices. UNSORTED: as in _moe_up_kernel."""
     num_n = tl.cdiv(H, BLOCK_N)
     i_b, i_n = tl.program_id(0) // num_n, tl.program_id(0) % num_n
-    i_e, row, row_end = _locate_block(expert_offsets, i_b, E, BLOCK_M, NUM_BINS)
+    if UNSORTED:
+        i_e, row, row_end = tl.load(sorted_assign + i_b), i_b, i_b + 1
+    else:
+        i_e, row, row_end = _locate_block(expert_offsets, i_b, E, BLOCK_M, NUM_BINS)
     if i_e >= E:
         return
     o_m = row + tl.arange(0, BLOCK_M)
@@ -203,7 +214,10 @@ def _moe_down_kernel(inter, w2, rows, sorted_assign, expert_offsets, topk_weight
         acc = tl.dot(b_a, b_w, acc, input_precision=PREC)
         p_a += BLOCK_K
         p_w += BLOCK_K
-    b_assign = tl.load(sorted_assign + o_m, mask=m_m, other=0)
+    if UNSORTED:
+        b_assign = o_m
+    else:
+        b_assign = tl.load(sorted_assign + o_m, mask=m_m, other=0)
     acc *= tl.load(topk_weights + b_assign, mask=m_m, other=0.0)[:, None]
     p_o = rows + b_assign.to(tl.int64)[:, None] * stride_rows + o_n[None, :]
     tl.store(p_o, acc.to(rows.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
@@ -227,7 +241,9 @@ def _combine_kernel(rows, shared, shared_gate, out, stride_shared, stride_gate, 
         acc = acc.to(dtype).to(tl.float32)
         b_s = tl.load(shared + t * stride_shared + o_h, mask=m_h, other=0.0).to(tl.float32)
         if HAS_GATE:
-            b_g = tl.load(shared_gate + t * stride_gate).to(dtype).to(tl.float32)
+            # loaded as a vector (the same address in every lane): the scalar form's bf16 round trips
+            # did not round as torch does on the H200
+            b_g = tl.load(shared_gate + t * stride_gate + o_h * 0).to(dtype).to(tl.float32)
             # sigmoid as torch computes it (IEEE expf and division), not tl.sigmoid's approximate
             # exp2 and division, whose float32 result rounds to a different bf16 gate now and then
             # (the interpreter has no libdevice: plain exp there)
@@ -283,6 +299,9 @@ def sort_by_expert(*, topk_ids: torch.Tensor, num_experts: int, chunk: int | Non
         CHUNK=chunk, NUM_BINS=num_bins, BLOCK_C=max(1, min(triton.next_power_of_2(num_chunks), 8192 // num_bins)),
         ONE_CHUNK=num_chunks == 1)
     return sorted_assign, expert_offsets
+
+
+UNSORTED_MAX_ROWS = 32
 
 
 def _max_blocks(num_rows: int, num_experts: int, block_m: int) -> int:
@@ -341,25 +360,28 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     rows = t * k
     if rows == 0:  # no tokens
         return torch.zeros_like(x)
-    if up_config is None and down_config is None and rows <= GEMV_MAX_ROWS:  # a few tokens: no sort
-        out_rows = moe_gemv(x, w13, w2, topk_weights, topk_ids, gated)
-        return out_rows if k == 1 and shared is None else _combine(out_rows, t, k, shared, shared_gate)
-    sorted_assign, expert_offsets = sort_by_expert(topk_ids=topk_ids, num_experts=e)
+    unsorted = rows <= UNSORTED_MAX_ROWS and up_config is None and down_config is None
+    if unsorted:  # a few tokens: each assignment is its own row block, its expert read from topk_ids
+        sorted_assign, expert_offsets = topk_ids.reshape(-1).contiguous(), topk_ids
+    else:
+        sorted_assign, expert_offsets = sort_by_expert(topk_ids=topk_ids, num_experts=e)
     default_up, default_down = _gemm_configs(rows, e, x.dtype, x.device)
     up, down = up_config or default_up, down_config or default_down
+    num_blocks = rows if unsorted else _max_blocks(rows, e, up["BLOCK_M"])
     prec = "tf32x3" if x.dtype == torch.float32 else "tf32"
     num_bins = _num_bins(e)
     inter = torch.empty((rows, i), dtype=x.dtype, device=x.device)
-    grid = (_max_blocks(rows, e, up["BLOCK_M"]) * triton.cdiv(i, up["BLOCK_N"]),)
+    grid = (num_blocks * triton.cdiv(i, up["BLOCK_N"]),)
     _moe_up_kernel[grid](
         x, w13, inter, sorted_assign, expert_offsets, x.stride(0), w13.stride(0), w13.stride(1), inter.stride(0),
-        h, i, e, TOPK=k, GATED=gated, PREC=prec, NUM_BINS=num_bins, EVEN_K=h % up["BLOCK_K"] == 0, **up)
+        h, i, e, TOPK=k, GATED=gated, PREC=prec, NUM_BINS=num_bins, EVEN_K=h % up["BLOCK_K"] == 0,
+        UNSORTED=unsorted, **up)
     out_rows = torch.empty((rows, h), dtype=x.dtype, device=x.device)  # [T*k, H], row t * k + j
-    grid = (_max_blocks(rows, e, down["BLOCK_M"]) * triton.cdiv(h, down["BLOCK_N"]),)
+    grid = ((rows if unsorted else _max_blocks(rows, e, down["BLOCK_M"])) * triton.cdiv(h, down["BLOCK_N"]),)
     _moe_down_kernel[grid](
         inter, w2, out_rows, sorted_assign, expert_offsets, topk_weights.float().contiguous(), inter.stride(0),
         w2.stride(0), w2.stride(1), out_rows.stride(0), h, i, e, PREC=prec, NUM_BINS=num_bins,
-        EVEN_K=i % down["BLOCK_K"] == 0, **down)
+        EVEN_K=i % down["BLOCK_K"] == 0, UNSORTED=unsorted, **down)
     if k == 1 and shared is None:
         return out_rows
     return _combine(out_rows, t, k, shared, shared_gate)

@@ -35,7 +35,11 @@ def test_matches_reference(m, n, k, with_bias):
     kw = dict(x=x, weight=q, weight_scale_inv=s, bias=bias)
     y = fp8_gemm(**kw)
     assert y.shape == (m, n) and y.dtype == x.dtype
-    torch.testing.assert_close(y, fp8_gemm_ref(**kw), rtol=1e-5, atol=1e-4)
+    ref = fp8_gemm_ref(**kw)
+    if DEVICE == "cuda":  # Hopper's FP8 MMA sums each 128-wide tile's products in reduced precision
+        torch.testing.assert_close(y, ref, rtol=1e-3, atol=1e-3 * ref.abs().max().item())
+    else:
+        torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-4)
 
 
 def test_each_block_uses_its_own_scale():

@@ -5,8 +5,14 @@ H = 40 and I = 24 leave partial tiles, and 17 tokens on one expert fill more tha
 import pytest
 import torch
 
-from triton_kernels.fused_moe import _fused_moe_fwd, _gemm_configs, fused_moe, fused_moe_ref, sort_by_expert
-from triton_kernels.moe_gemv import MAX_ROWS
+from triton_kernels.fused_moe import (
+    UNSORTED_MAX_ROWS,
+    _fused_moe_fwd,
+    _gemm_configs,
+    fused_moe,
+    fused_moe_ref,
+    sort_by_expert,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 H, I = 40, 24
@@ -45,16 +51,16 @@ def test_matches_reference(num_tokens, top_k, activation):
     _check(x, w13, w2, weights, ids, activation)
 
 
-@pytest.mark.parametrize("num_tokens,top_k", [(1, 4), (4, 8), (MAX_ROWS, 1)])
+@pytest.mark.parametrize("num_tokens,top_k", [(1, 4), (4, 8), (UNSORTED_MAX_ROWS, 1)])
 @pytest.mark.parametrize("activation", ["silu", "relu2"])
 def test_few_tokens_take_the_unsorted_path_and_agree_with_the_sorted_one(num_tokens, top_k, activation):
-    """Up to MAX_ROWS assignments skip the sort (one program per assignment); tokens sharing experts
+    """Up to UNSORTED_MAX_ROWS assignments skip the sort (a row block per assignment); tokens sharing experts
     (4 x 8 slots over 6 experts) still get each expert's rows. Both paths match the reference."""
     num_experts = 6 if top_k < 8 else 9
     w13, w2 = _experts(num_experts, activation, seed=7)
     weights, ids = _routing(num_tokens, num_experts, top_k, seed=8)
     x = torch.randn(num_tokens, H, generator=torch.Generator().manual_seed(9)).to(DEVICE)
-    assert num_tokens * top_k <= MAX_ROWS
+    assert num_tokens * top_k <= UNSORTED_MAX_ROWS
     _check(x, w13, w2, weights, ids, activation)
     up, down = _gemm_configs(num_tokens * top_k, num_experts, x.dtype, x.device)
     sorted_path = _fused_moe_fwd(x, w13, w2, weights, ids, activation, up_config=up, down_config=down)
