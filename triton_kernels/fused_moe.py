@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 
 def fused_moe_ref(
@@ -225,8 +224,7 @@ def _moe_down_kernel(inter, w2, rows, sorted_assign, expert_offsets, topk_weight
 
 @triton.jit
 def _combine_kernel(rows, shared, shared_gate, out, stride_shared, stride_gate, stride_out, H,
-                    TOP_K: tl.constexpr, HAS_SHARED: tl.constexpr, HAS_GATE: tl.constexpr, BLOCK_H: tl.constexpr,
-                    ON_CUDA: tl.constexpr):
+                    TOP_K: tl.constexpr, HAS_SHARED: tl.constexpr, HAS_GATE: tl.constexpr, BLOCK_H: tl.constexpr):
     """out[t] = sum_j rows[t * TOP_K + j] (+ sigmoid(shared_gate[t]) * shared[t]): sums in float32,
     rounded to the model dtype where the eager model rounds (the experts' sum, the gate, the gated
     shared output, the total), so bf16 results follow HF's."""
@@ -241,17 +239,8 @@ def _combine_kernel(rows, shared, shared_gate, out, stride_shared, stride_gate, 
         acc = acc.to(dtype).to(tl.float32)
         b_s = tl.load(shared + t * stride_shared + o_h, mask=m_h, other=0.0).to(tl.float32)
         if HAS_GATE:
-            # loaded as a vector (the same address in every lane): the scalar form's bf16 round trips
-            # did not round as torch does on the H200
-            b_g = tl.load(shared_gate + t * stride_gate + o_h * 0).to(dtype).to(tl.float32)
-            # sigmoid as torch computes it (IEEE expf and division), not tl.sigmoid's approximate
-            # exp2 and division, whose float32 result rounds to a different bf16 gate now and then
-            # (the interpreter has no libdevice: plain exp there)
-            if ON_CUDA:
-                sig = tl.math.div_rn(1.0, 1.0 + libdevice.exp(-b_g))
-            else:
-                sig = 1.0 / (1.0 + tl.exp(-b_g))
-            b_s = (sig.to(dtype).to(tl.float32) * b_s).to(dtype).to(tl.float32)
+            b_g = tl.load(shared_gate + t * stride_gate).to(dtype).to(tl.float32)
+            b_s = (tl.sigmoid(b_g).to(dtype).to(tl.float32) * b_s).to(dtype).to(tl.float32)
         acc += b_s
     tl.store(out + t * stride_out + o_h, acc.to(dtype), mask=m_h)
 
@@ -268,8 +257,7 @@ def _combine(out_rows: torch.Tensor, t: int, k: int, shared: torch.Tensor | None
     _combine_kernel[(t, triton.cdiv(h, block_h))](
         out_rows, shared, shared_gate, out, 0 if shared is None else shared.stride(0),
         0 if shared_gate is None else shared_gate.stride(0), out.stride(0), h, TOP_K=k,
-        HAS_SHARED=shared is not None, HAS_GATE=shared_gate is not None, BLOCK_H=block_h,
-        ON_CUDA=out.is_cuda)
+        HAS_SHARED=shared is not None, HAS_GATE=shared_gate is not None, BLOCK_H=block_h)
     return out
 
 
