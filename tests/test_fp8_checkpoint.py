@@ -147,14 +147,16 @@ def test_bad_quantization_config_is_refused_with_its_cause(fp8_checkpoint, tmp_p
     assert cause in str(info.value)
 
 
-def test_scale_without_weight_and_fp8_experts_are_refused():
+def test_scale_without_weight_and_stacked_fp8_tensors_are_refused():
     from hybrid_sgl.layers.quantization import dequantized_weights
 
     q = torch.zeros(4, 4, dtype=FP8_DTYPE)
     with pytest.raises(ValueError, match="without its weight_scale_inv"):
         list(dequantized_weights(iter([("x.weight", q)])))
-    with pytest.raises(ValueError, match="FP8 MoE experts are not supported yet"):
-        list(dequantized_weights(iter([("layers.0.mlp.experts.3.up_proj.weight", q)])))
+    stacked = [("layers.0.mlp.experts.gate_up_proj.weight", torch.zeros(2, 4, 4, dtype=FP8_DTYPE)),
+               ("layers.0.mlp.experts.gate_up_proj.weight_scale_inv", torch.ones(2, 1, 1))]
+    with pytest.raises(ValueError, match=r"shape \(2, 4, 4\) are not supported"):
+        list(dequantized_weights(iter(stacked)))
     with pytest.raises(ValueError, match=r"needs \(1, 1\)"):
         list(dequantized_weights(iter([("x.weight", q), ("x.weight_scale_inv", torch.ones(2, 1))])))
 
@@ -165,3 +167,26 @@ def test_fp8_checkpoint_under_tensor_parallel(fp8_checkpoint):
     _, logprobs, _ = _run(fp8_checkpoint)
     _, tp_logprobs, _ = _run(fp8_checkpoint, tp_size=2)
     _assert_within_e4m3_roundings(tp_logprobs, logprobs)
+
+
+def test_fp8_experts_load_dequantized_into_the_model_dtype(tiny_checkpoint, tmp_path, caplog):
+    """A Qwen3.5-MoE checkpoint whose routed experts are FP8 too (the published layout) serves: each
+    expert's weights are its dequantized e4m3 blocks, kept in --dtype, and a warning says so."""
+    from hybrid_sgl.layers.moe import SparseMoE
+
+    fp8 = convert(tiny_checkpoint("qwen3_5_moe"), str(tmp_path / "fp8"), experts=True)
+    tensors = load_file(os.path.join(fp8, "model.safetensors"))
+    prefix = "model.layers.1.mlp.experts.2."
+    assert tensors[prefix + "up_proj.weight"].dtype == FP8_DTYPE
+    with caplog.at_level("WARNING"):
+        _, logprobs, model = _run(fp8)
+    assert "FP8 MoE experts" in caplog.text
+    moe = [m for m in model.modules() if isinstance(m, SparseMoE)][1]
+    assert moe.w13.dtype == torch.float32
+    i = moe.w2.shape[2]
+    deq = {p: dequantize_fp8(tensors[prefix + p + ".weight"], tensors[prefix + p + ".weight_scale_inv"])
+           for p in ("gate_proj", "up_proj", "down_proj")}
+    assert torch.equal(moe.w13.data[2, :i], deq["gate_proj"]) and torch.equal(moe.w13.data[2, i:], deq["up_proj"])
+    assert torch.equal(moe.w2.data[2], deq["down_proj"])
+    _, ref_logprobs, _ = _run(_dequantized_copy(fp8, str(tmp_path / "deq")))
+    _assert_within_e4m3_roundings(logprobs, ref_logprobs)

@@ -7,7 +7,7 @@ Each quantized `X.weight` [N, K] becomes float8_e4m3fn with `X.weight_scale_inv`
 config.json gains quantization_config {quant_method fp8, fmt e4m3, weight_block_size [128, 128],
 activation_scheme dynamic, modules_to_not_convert [...]}. Quantized: every 2-D linear weight except
 embeddings, lm_head, MoE routers (`mlp.gate`, `shared_expert_gate`) and, unless --quantize-experts, the
-routed experts (this server serves FP8 experts not yet). Norms, conv and 1-D tensors are copied as
+routed experts (this server loads FP8 experts dequantized into --dtype). Norms, conv and 1-D tensors are copied as
 they are; so are the tokenizer and every other file. Shards keep their names; the index gains the
 scales.
 """

@@ -8,6 +8,8 @@ beside it. `--quantization fp8` quantizes an unquantized checkpoint the same way
 
 Loading: the family code splits, fuses and shards checkpoint rows its own way, so an FP8 tensor
 reaches it dequantized (float32, marked as `DequantizedFp8`, a mark that views and splits keep).
+Routed MoE experts in FP8 load the same way into the MoE block's stacked weights, which stay in
+--dtype: such checkpoints serve, without the FP8 memory saving for the experts.
 A linear layer notes whether every piece of its weight came marked; once all weights are in,
 `quantize_linears` turns those layers (every one, for --quantization fp8) into e4m3 weights with
 128 x 128 block scales over their own rows. Where a layer's blocks line up with the checkpoint's
@@ -80,18 +82,21 @@ def dequantized_weights(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator
     `X.weight` dequantized [N, K] float32 and marked; every other tensor passes through."""
     weights_waiting: dict[str, torch.Tensor] = {}
     scales_waiting: dict[str, torch.Tensor] = {}
+    expert = None  # the first FP8 expert weight, for the warning
     for name, tensor in weights:
+        if expert is None and ".experts." in name and name.endswith(".weight_scale_inv"):
+            expert = name.removesuffix("_scale_inv")
+            logger.warning("FP8 MoE experts (%s, ...) are served in --dtype, dequantized at load: the experts' "
+                           "memory is not halved and their GEMMs run in --dtype", expert)
         if name.endswith((".weight_scale", ".input_scale")):
             raise ValueError(f"{name}: per-tensor or static FP8 scales are not supported; supported: {SUPPORTED}")
         if name.endswith(".weight_scale_inv"):
-            _refuse_experts(name)
             base = name.removesuffix("_scale_inv")
             if base in weights_waiting:
                 yield base, _dequantized(base, weights_waiting.pop(base), tensor)
             else:
                 scales_waiting[base] = tensor
         elif tensor.dtype == FP8_DTYPE:
-            _refuse_experts(name)
             if name in scales_waiting:
                 yield name, _dequantized(name, tensor, scales_waiting.pop(name))
             else:
@@ -104,13 +109,10 @@ def dequantized_weights(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator
                          "incomplete; download it again")
 
 
-def _refuse_experts(name: str) -> None:
-    if ".experts." in name:
-        raise ValueError(f"{name}: FP8 MoE experts are not supported yet; serve the model's bf16 release (optionally "
-                         "with --quantization fp8, which quantizes the dense layers and keeps experts in --dtype)")
-
-
 def _dequantized(name: str, weight: torch.Tensor, scale: torch.Tensor) -> DequantizedFp8:
+    if weight.dim() != 2:
+        raise ValueError(f"{name}: float8 tensors of shape {tuple(weight.shape)} are not supported; supported: one 2-D "
+                         f"[N, K] weight per linear layer (per expert for MoE experts), {SUPPORTED}")
     n, k = weight.shape
     expected = (-(-n // FP8_BLOCK), -(-k // FP8_BLOCK))
     if tuple(scale.shape) != expected:
