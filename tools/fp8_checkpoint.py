@@ -88,7 +88,7 @@ def main() -> None:
     parser.add_argument("src", help="unquantized checkpoint folder (config.json + *.safetensors)")
     parser.add_argument("dst", help="folder to write the FP8 checkpoint into")
     parser.add_argument("--quantize-experts", action="store_true",
-                        help="also store routed MoE experts in FP8 (the published layout; not served here yet)")
+                        help="also store routed MoE experts in FP8 (the published layout; served here dequantized)")
     args = parser.parse_args()
     print(convert(args.src, args.dst, experts=args.quantize_experts))
 
