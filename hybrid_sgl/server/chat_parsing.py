@@ -135,14 +135,14 @@ class ChoiceParser:
         if self.tools is not None:
             p = self.tools.feed(content)
             q = self.tools.flush() if final else p.__class__()
-            content, calls = p.content + q.content, p.calls + q.calls
+            content, calls = p.content + q.content, p.deltas + q.deltas
+            self.num_calls = self.tools.started
         if reasoning:
             delta["reasoning_content"] = reasoning
         if content:
             delta["content"] = content
         if calls:
-            delta["tool_calls"] = [c.to_openai(self.num_calls + k) for k, c in enumerate(calls)]
-            self.num_calls += len(calls)
+            delta["tool_calls"] = calls
         return delta
 
     def finish_reason(self, reason: str | None) -> str | None:

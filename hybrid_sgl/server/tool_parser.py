@@ -5,8 +5,12 @@
                  (Qwen3-Coder, Qwen3.5; values are typed by the tool's parameter schema)
 
 Text outside the tags is content. Streaming: text is fed in pieces; content goes out as it comes
-(a tag split across pieces is held back), and each call goes out whole once its closing tag is in.
-A call that does not parse, or names an unknown tool, stays content.
+(a tag split across pieces is held back). A qwen25 call whose name is a known tool and whose arguments
+are an object streams as SGLang and vLLM stream it: a first delta with the call's id and name, then
+the arguments' text as it arrives (a last closing brace, which may be the call's own, is held back
+until more follows), so that a client's concatenation is the arguments' JSON. Other calls go out whole once
+their closing tag is in. A call that does not parse, or names an unknown tool, stays content (unless
+its start already streamed: then its arguments stop where the text stopped making sense).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ START, END = "<tool_call>", "</tool_call>"
 # parser name -> xgrammar's structural-tag model for forcing a call in this format
 GRAMMAR_MODELS = {"qwen25": "qwen_3", "qwen3_coder": "qwen_3_coder"}
 ALIASES = {"qwen": "qwen25", "qwen3": "qwen25"}
+# the start of a qwen25 call up to its arguments object: {"name": "f", "arguments": {
+_JSON_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
 
@@ -39,8 +45,12 @@ class ToolCall:
 
 @dataclass
 class Parsed:
+    """content: text outside calls; calls: the calls completed in this piece; deltas: the OpenAI
+    streaming `tool_calls` entries for this piece (whole calls, or a call's start and argument text)."""
+
     content: str = ""
     calls: list[ToolCall] = field(default_factory=list)
+    deltas: list[dict] = field(default_factory=list)
 
 
 def parser_name(name: str) -> str:
@@ -58,6 +68,10 @@ class ToolCallParser:
         self._buf = ""
         self._in_call = False
         self._after_call = False  # whitespace right after a call is not content
+        self._count = 0  # calls started so far (their OpenAI index)
+        self._streaming: ToolCall | None = None  # the call whose arguments are streaming
+        self._args_at = 0  # where its arguments' text starts in the body (self._buf)
+        self._args_sent = 0  # how much of that text went out
 
     def feed(self, delta: str) -> Parsed:
         self._buf += delta
@@ -74,14 +88,59 @@ class ToolCallParser:
                 self._buf, self._in_call = self._buf[i + len(START):], True
             i = self._buf.find(END)
             if i < 0:
+                self._stream_arguments(out)
                 return out
             body, self._buf, self._in_call = self._buf[:i], self._buf[i + len(END):], False
-            call = self._call(body)
-            if call is None:
-                out.content += START + body + END
-            else:
-                out.calls.append(call)
-                self._after_call = True
+            self._end_call(body, out, closed=True)
+
+    def _stream_arguments(self, out: Parsed) -> None:
+        """Inside a qwen25 call without its closing tag yet: send its start once the name is known,
+        then its arguments' text as it comes."""
+        if self.name != "qwen25":
+            return
+        if self._streaming is None:
+            m = _JSON_HEAD.match(self._buf)
+            if m is None or _unescaped(m.group(1)) not in self.schemas:
+                return
+            self._streaming, self._args_at, self._args_sent = ToolCall(_unescaped(m.group(1)), ""), m.end(), 0
+            head = self._streaming.to_openai(self._count)
+            self._count += 1
+            out.deltas.append(head)
+        # hold back a last '}' with only whitespace (or the start of the closing tag) after it: it may
+        # close the call rather than the arguments; and the start of a closing tag
+        brace = self._buf.rfind("}", self._args_at)
+        tail = self._buf[brace + 1:].strip() if brace >= 0 else None
+        if tail is not None and END.startswith(tail):
+            safe = brace
+        else:
+            safe = len(self._buf) - _partial_suffix(self._buf, END)
+        if safe > self._args_at + self._args_sent:
+            self._send_arguments(self._buf[self._args_at + self._args_sent:safe], out)
+
+    def _send_arguments(self, text: str, out: Parsed) -> None:
+        self._args_sent += len(text)
+        self._streaming.arguments += text
+        out.deltas.append({"index": self._count - 1, "function": {"arguments": text}})
+
+    def _end_call(self, body: str, out: Parsed, closed: bool) -> None:
+        """A call's whole body (closed: its closing tag came; else the output ended inside it)."""
+        call, streaming, self._streaming = self._call(body), self._streaming, None
+        if call is None:  # as content (a streamed start stays sent: its arguments stop here)
+            out.content += START + body + (END if closed else "")
+            return
+        if streaming is not None:  # its start went out: the rest of its arguments' text
+            rest = body[self._args_at + self._args_sent:].rstrip()
+            self._streaming = streaming
+            if rest.endswith("}") and rest[:-1]:
+                self._send_arguments(rest[:-1], out)
+            self._streaming = None
+            out.calls.append(ToolCall(call.name, call.arguments, streaming.id))
+            self._after_call = True
+            return
+        out.calls.append(call)
+        out.deltas.append(call.to_openai(self._count))
+        self._count += 1
+        self._after_call = True
 
     def _content(self, text: str) -> str:
         if self._after_call:
@@ -93,9 +152,15 @@ class ToolCallParser:
         rest, self._buf = self._buf, ""
         if not self._in_call:
             return Parsed(content=self._content(rest))
-        self._in_call = False
-        call = self._call(rest)  # the output ended before the closing tag
-        return Parsed(calls=[call]) if call is not None else Parsed(content=START + rest)
+        self._in_call = False  # the output ended before the closing tag
+        out = Parsed()
+        self._end_call(rest, out, closed=False)
+        return out
+
+    @property
+    def started(self) -> int:
+        """Calls that went out so far (whole or started), in a stream."""
+        return self._count
 
     def parse(self, text: str) -> Parsed:
         a, b = self.feed(text), self.flush()
@@ -123,6 +188,13 @@ class ToolCallParser:
         props = self.schemas[name].get("properties") or {}
         args = {p.strip(): _typed(v, props.get(p.strip(), {})) for p, v in _PARAMETER.findall(m.group(2))}
         return ToolCall(name, json.dumps(args, ensure_ascii=False))
+
+
+def _unescaped(name: str) -> str:
+    try:
+        return json.loads(f'"{name}"')
+    except json.JSONDecodeError:
+        return name
 
 
 def _typed(value: str, schema: dict):

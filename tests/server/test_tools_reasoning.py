@@ -61,12 +61,24 @@ def stream_pieces(parser_factory, text: str, cuts: list[int]):
 
 
 def merged(deltas: list[dict]) -> dict:
+    """The deltas joined as an OpenAI client joins them: tool_calls by index, their name and arguments
+    concatenated."""
     out = {"reasoning_content": "", "content": "", "tool_calls": []}
+    calls: dict[int, dict] = {}
     for d in deltas:
         out["reasoning_content"] += d.get("reasoning_content", "")
         out["content"] += d.get("content", "")
-        out["tool_calls"] += d.get("tool_calls", [])
+        for tc in d.get("tool_calls", []):
+            call = calls.setdefault(tc["index"], {"index": tc["index"], "function": {"name": "", "arguments": ""}})
+            call["id"] = call.get("id") or tc.get("id")
+            for key in ("name", "arguments"):
+                call["function"][key] += tc["function"].get(key) or ""
+    out["tool_calls"] = [calls[i] for i in sorted(calls)]
     return out
+
+
+def _calls(tool_calls: list[dict]) -> list[tuple[str, dict]]:
+    return [(tc["function"]["name"], json.loads(tc["function"]["arguments"])) for tc in tool_calls]
 
 
 # ---- parsers -----------------------------------------------------------------------------------
@@ -88,9 +100,27 @@ def test_streamed_tool_calls_match_whole_parse(model_path, data):
     setup = ChatSetup(tools=TOOLS, tool_parser=parser)
     got = merged(stream_pieces(lambda: setup.choice_parser(False), reply, cuts))
     whole = setup.choice_parser(False).message(reply)
-    assert [tc["function"] for tc in got["tool_calls"]] == [tc["function"] for tc in whole["tool_calls"]]
-    assert [tc["index"] for tc in got["tool_calls"]] == [0, 1]
+    assert _calls(got["tool_calls"]) == _calls(whole["tool_calls"])
+    assert [tc["index"] for tc in got["tool_calls"]] == [0, 1] and all(tc["id"] for tc in got["tool_calls"])
     assert got["content"].strip() == "Let me check.\nDone." and whole["content"] == "Let me check.\nDone."
+
+
+def test_json_tool_call_arguments_stream_in_pieces():
+    """qwen25: the call's id and name go out as soon as they are read, then its arguments' text as it
+    comes; the id stays the same and the pieces join into the arguments' JSON."""
+    setup = ChatSetup(tools=TOOLS, tool_parser="qwen25")
+    reply = 'Ok.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 12}}\n</tool_call>'
+    deltas = stream_pieces(lambda: setup.choice_parser(False), reply, list(range(1, len(reply))))
+    pieces = [tc for d in deltas for tc in d.get("tool_calls", [])]
+    assert pieces[0]["function"] == {"name": "get_weather", "arguments": ""} and pieces[0]["id"]
+    assert len(pieces) > 10 and all(tc["index"] == 0 for tc in pieces)
+    assert all("name" not in tc["function"] for tc in pieces[1:])
+    got = merged(deltas)
+    assert _calls(got["tool_calls"]) == [("get_weather", {"city": "Oslo", "days": 12})]
+    assert got["content"] == "Ok.\n"
+    # the name arrives before the arguments are complete
+    first = next(k for k, d in enumerate(deltas) if d.get("tool_calls"))
+    assert first < reply.index('"days"')
 
 
 def test_tool_parser_keeps_bad_calls_as_content():
