@@ -5,12 +5,13 @@
                  (Qwen3-Coder, Qwen3.5; values are typed by the tool's parameter schema)
 
 Text outside the tags is content. Streaming: text is fed in pieces; content goes out as it comes
-(a tag split across pieces is held back). A qwen25 call whose name is a known tool and whose arguments
-are an object streams as SGLang and vLLM stream it: a first delta with the call's id and name, then
-the arguments' text as it arrives (a last closing brace, which may be the call's own, is held back
-until more follows), so that a client's concatenation is the arguments' JSON. Other calls go out whole once
-their closing tag is in. A call that does not parse, or names an unknown tool, stays content (unless
-its start already streamed: then its arguments stop where the text stopped making sense).
+(a tag split across pieces is held back). A call of a known tool streams as SGLang and vLLM stream
+one: a first delta with its id and name, then its arguments in pieces whose concatenation (as a
+client joins them) is the arguments' JSON: qwen25 sends the arguments' text as it arrives (a last
+closing brace, which may be the call's own, is held back until more follows); qwen3_coder sends each
+parameter once its closing tag is in, typed by the tool's schema. A qwen25 call whose arguments are
+not an object goes out whole once its closing tag is in. A call that does not parse, or names an
+unknown tool, stays content (unless its start already streamed: then its arguments stop there).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ GRAMMAR_MODELS = {"qwen25": "qwen_3", "qwen3_coder": "qwen_3_coder"}
 ALIASES = {"qwen": "qwen25", "qwen3": "qwen25"}
 # the start of a qwen25 call up to its arguments object: {"name": "f", "arguments": {
 _JSON_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
+_XML_HEAD = re.compile(r"\s*<function=([^>\n]+)>")  # the start of a qwen3_coder call
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
 
@@ -94,53 +96,67 @@ class ToolCallParser:
             self._end_call(body, out, closed=True)
 
     def _stream_arguments(self, out: Parsed) -> None:
-        """Inside a qwen25 call without its closing tag yet: send its start once the name is known,
-        then its arguments' text as it comes."""
-        if self.name != "qwen25":
-            return
+        """Inside a call without its closing tag yet: send its start once the tool's name is read,
+        then its arguments as they come."""
         if self._streaming is None:
-            m = _JSON_HEAD.match(self._buf)
-            if m is None or _unescaped(m.group(1)) not in self.schemas:
+            m = (_JSON_HEAD if self.name == "qwen25" else _XML_HEAD).match(self._buf)
+            name = m and (_unescaped(m.group(1)) if self.name == "qwen25" else m.group(1).strip())
+            if not name or name not in self.schemas:
                 return
-            self._streaming, self._args_at, self._args_sent = ToolCall(_unescaped(m.group(1)), ""), m.end(), 0
-            head = self._streaming.to_openai(self._count)
+            self._streaming, self._args_at, self._args_sent = ToolCall(name, ""), m.end(), 0
+            out.deltas.append(self._streaming.to_openai(self._count))
             self._count += 1
-            out.deltas.append(head)
-        # hold back a last '}' with only whitespace (or the start of the closing tag) after it: it may
-        # close the call rather than the arguments; and the start of a closing tag
+        if self.name == "qwen25":
+            self._send_json_text(out)
+        else:
+            self._send_parameters(list(_PARAMETER.finditer(self._buf, self._args_at)), out)
+
+    def _send_json_text(self, out: Parsed) -> None:
+        """The arguments' text so far, less a last '}' with only whitespace (or the start of the closing
+        tag) after it, which may close the call rather than the arguments, and less a partial tag."""
         brace = self._buf.rfind("}", self._args_at)
         tail = self._buf[brace + 1:].strip() if brace >= 0 else None
-        if tail is not None and END.startswith(tail):
-            safe = brace
-        else:
-            safe = len(self._buf) - _partial_suffix(self._buf, END)
+        safe = brace if tail is not None and END.startswith(tail) else len(self._buf) - _partial_suffix(self._buf, END)
         if safe > self._args_at + self._args_sent:
-            self._send_arguments(self._buf[self._args_at + self._args_sent:safe], out)
+            text = self._buf[self._args_at + self._args_sent:safe]
+            self._args_sent += len(text)
+            self._send(text, out)
 
-    def _send_arguments(self, text: str, out: Parsed) -> None:
-        self._args_sent += len(text)
+    def _send_parameters(self, found: list[re.Match], out: Parsed) -> None:
+        """qwen3_coder: each complete <parameter> not sent yet, as '{"p": value' or ', "p": value'
+        (typed by the tool's schema; _args_sent counts parameters)."""
+        props = self.schemas[self._streaming.name].get("properties") or {}
+        for m in found[self._args_sent:]:
+            key = m.group(1).strip()
+            value = json.dumps(_typed(m.group(2), props.get(key, {})), ensure_ascii=False)
+            sep = "{" if self._args_sent == 0 else ", "
+            self._send(f"{sep}{json.dumps(key, ensure_ascii=False)}: {value}", out)
+            self._args_sent += 1
+
+    def _send(self, text: str, out: Parsed) -> None:
         self._streaming.arguments += text
         out.deltas.append({"index": self._count - 1, "function": {"arguments": text}})
 
     def _end_call(self, body: str, out: Parsed, closed: bool) -> None:
         """A call's whole body (closed: its closing tag came; else the output ended inside it)."""
-        call, streaming, self._streaming = self._call(body), self._streaming, None
+        call = self._call(body)
         if call is None:  # as content (a streamed start stays sent: its arguments stop here)
+            self._streaming = None
             out.content += START + body + (END if closed else "")
             return
-        if streaming is not None:  # its start went out: the rest of its arguments' text
+        if self._streaming is None:  # nothing of it went out yet: whole
+            out.deltas.append(call.to_openai(self._count))
+            self._count += 1
+        elif self.name == "qwen25":  # the rest of its arguments' text, less the call's closing brace
             rest = body[self._args_at + self._args_sent:].rstrip()
-            self._streaming = streaming
             if rest.endswith("}") and rest[:-1]:
-                self._send_arguments(rest[:-1], out)
-            self._streaming = None
-            out.calls.append(ToolCall(call.name, call.arguments, streaming.id))
-            self._after_call = True
-            return
-        out.calls.append(call)
-        out.deltas.append(call.to_openai(self._count))
-        self._count += 1
-        self._after_call = True
+                self._send(rest[:-1], out)
+        else:  # the parameters not sent yet, and the closing brace
+            m = _FUNCTION.search(body)
+            self._send_parameters(list(_PARAMETER.finditer(m.group(2))), out)
+            self._send("}" if self._args_sent else "{}", out)
+        out.calls.append(call if self._streaming is None else ToolCall(call.name, call.arguments, self._streaming.id))
+        self._streaming, self._after_call = None, True
 
     def _content(self, text: str) -> str:
         if self._after_call:

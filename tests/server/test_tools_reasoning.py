@@ -123,6 +123,19 @@ def test_json_tool_call_arguments_stream_in_pieces():
     assert first < reply.index('"days"')
 
 
+def test_xml_tool_call_parameters_stream_one_by_one(model_path):
+    """qwen3_coder: the id and name as soon as <function=...> is read, then each parameter, typed,
+    once its closing tag is in; the pieces join into the arguments' JSON."""
+    setup = ChatSetup(tools=TOOLS, tool_parser="qwen3_coder")
+    reply = rendered_reply(model_path, "xml")
+    deltas = stream_pieces(lambda: setup.choice_parser(False), reply, list(range(1, len(reply))))
+    pieces = [tc for d in deltas for tc in d.get("tool_calls", [])]
+    first = [tc for tc in pieces if tc["index"] == 0]
+    assert first[0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert [tc["function"]["arguments"] for tc in first[1:]] == ['{"city": "Paris"', ', "days": 3', "}"]
+    assert _calls(merged(deltas)["tool_calls"]) == _calls(CALLS)
+
+
 def test_tool_parser_keeps_bad_calls_as_content():
     p = ToolCallParser("qwen25", TOOLS)
     text = 'Hi <tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call> and <tool_call>\n{broken\n</tool_call>'
