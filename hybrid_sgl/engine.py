@@ -48,7 +48,7 @@ class Engine:
         self.tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args.tokenizer_path)
         self.tp_workers = None
         if args.tp_size > 1:  # ranks 1..N-1 in their own processes; this one is rank 0
-            check_tensor_parallel(self.model_config, args.tp_size)
+            check_tensor_parallel(self.model_config, args.tp_size, args.ep_size > 1)
             self.tp_workers = TPWorkers(args)
             try:
                 self.runner = ModelRunner(args, self.model_config, self.tp_workers.group, self.tp_workers.send,

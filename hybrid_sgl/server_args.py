@@ -68,6 +68,9 @@ class ServerArgs:
                           "real shapes from config.json alone.", ["auto", "safetensors", "dummy"])
     tp_size: int = _f(1, "Tensor-parallel size: ranks (one process and one GPU each) that split every layer's "
                       "heads; head counts that do not divide are refused at start-up.")
+    ep_size: int = _f(1, "Expert-parallel size: 1 (every routed expert's intermediate size splits over the "
+                      "--tp-size ranks) or --tp-size (each rank holds num_experts / tp whole experts; the shared "
+                      "expert and the other layers stay tensor-parallel).")
     dp_size: int = _f(1, "Data-parallel replicas; only 1 is supported (run one server per GPU behind a load "
                       "balancer).")
     quantization: str | None = _f(None, "Weight quantization. fp8: quantize an unquantized checkpoint's linear "
@@ -126,7 +129,7 @@ class ServerArgs:
         model_path = self.model_path or BUNDLED_MODEL
         _check_checkpoint(model_path, self.load_format)
         if self.tp_size > 1:
-            _check_tensor_parallel(model_path, self.tp_size, device)
+            _check_tensor_parallel(model_path, self.tp_size, device, self.ep_size > 1)
         chunk = self.chunked_prefill_size
         if self.max_prefill_tokens is not None:
             chunk = min(chunk, self.max_prefill_tokens)
@@ -146,6 +149,9 @@ class ServerArgs:
         """Values SGLang accepts whose feature does not exist here (yet), and values out of range."""
         if self.tp_size < 1:
             raise ValueError(f"--tp-size must be >= 1, got {self.tp_size}")
+        if self.ep_size not in (1, self.tp_size):
+            raise ValueError(f"--ep-size {self.ep_size} with --tp-size {self.tp_size}: expert parallelism runs over "
+                             "the tensor-parallel ranks; use --ep-size 1 or --ep-size equal to --tp-size")
         if self.dp_size != 1:
             raise ValueError(f"--dp-size {self.dp_size}: data parallelism is not supported; use --dp-size 1 and run "
                              "one server per GPU (CUDA_VISIBLE_DEVICES, its own --port) behind a load balancer")
@@ -192,7 +198,7 @@ class ServerArgs:
 # SGLang's other spellings, as a table: extra flag names for a field, and SGLang's values for a field
 # that names them differently here (resolved() maps them; attention backends by device, with a log line).
 FLAG_ALIASES = {"model_path": ("--model",), "tp_size": ("--tensor-parallel-size", "--tp"),
-                "dp_size": ("--data-parallel-size", "--dp")}
+                "dp_size": ("--data-parallel-size", "--dp"), "ep_size": ("--expert-parallel-size", "--ep")}
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 ATTENTION_ALIASES = {"torch_native": "torch", "flashinfer": "auto", "fa3": "auto"}
 VALUE_ALIASES = {"dtype": DTYPE_ALIASES, "attention_backend": ATTENTION_ALIASES}
@@ -233,8 +239,8 @@ def _check_checkpoint(model_path: str, load_format: str) -> None:
         checkpoint_files(model_path)
 
 
-def _check_tensor_parallel(model_path: str, size: int, device: str) -> None:
-    """The model's family and head counts split over `size` ranks, and there are `size` GPUs."""
+def _check_tensor_parallel(model_path: str, size: int, device: str, expert_parallel: bool) -> None:
+    """The model's family and head counts (and experts) split over `size` ranks, and there are `size` GPUs."""
     import torch
 
     from hybrid_sgl.config import ModelConfig
@@ -243,7 +249,7 @@ def _check_tensor_parallel(model_path: str, size: int, device: str) -> None:
     if device == "cuda" and torch.cuda.device_count() < size:
         raise ValueError(f"--tp-size {size} needs {size} GPUs; this machine has {torch.cuda.device_count()}: "
                          "lower --tp-size")
-    check_tensor_parallel(ModelConfig.from_hf(model_path), size)
+    check_tensor_parallel(ModelConfig.from_hf(model_path), size, expert_parallel)
 
 
 def _cli_type(f: dataclasses.Field):

@@ -21,13 +21,17 @@ def fused_moe_ref(
     activation: str = "silu",
     shared: torch.Tensor | None = None,
     shared_gate: torch.Tensor | None = None,
+    partial: bool = False,
 ) -> torch.Tensor:
     """x: [T, H]; w13: [E, 2I, H] (gate rows then up rows) or [E, I, H] for relu2; w2: [E, H, I];
     topk_weights: [T, k] float32; topk_ids: [T, k]; shared: [T, H] or None; shared_gate: [T] logits
-    or None. Returns [T, H] in x's dtype."""
+    or None. Returns [T, H] in x's dtype. partial: some ids are E, experts held elsewhere (expert
+    parallelism); those slots add nothing."""
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     flat_ids = topk_ids.flatten()
     for expert in flat_ids.unique().tolist():
+        if partial and expert == w2.shape[0]:
+            continue
         token, which = (topk_ids == expert).nonzero(as_tuple=True)
         h = F.linear(x[token], w13[expert])
         if activation == "silu":
@@ -331,7 +335,7 @@ def _gemm_configs(num_rows: int, num_experts: int, dtype: torch.dtype, device: t
 def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                    topk_ids: torch.Tensor, activation: str, up_config: dict | None = None,
                    down_config: dict | None = None, shared: torch.Tensor | None = None,
-                   shared_gate: torch.Tensor | None = None) -> torch.Tensor:
+                   shared_gate: torch.Tensor | None = None, partial: bool = False) -> torch.Tensor:
     """fused_moe; explicit launch configs (for tuning) force the sorted path."""
     if activation not in ("silu", "relu2"):
         raise ValueError(f"unsupported MoE activation {activation!r}; expected 'silu' or 'relu2'")
@@ -364,7 +368,8 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
         x, w13, inter, sorted_assign, expert_offsets, x.stride(0), w13.stride(0), w13.stride(1), inter.stride(0),
         h, i, e, TOPK=k, GATED=gated, PREC=prec, NUM_BINS=num_bins, EVEN_K=h % up["BLOCK_K"] == 0,
         UNSORTED=unsorted, **up)
-    out_rows = torch.empty((rows, h), dtype=x.dtype, device=x.device)  # [T*k, H], row t * k + j
+    # [T*k, H], row t * k + j; the rows of slots routed elsewhere (partial) are never written
+    out_rows = (torch.zeros if partial else torch.empty)((rows, h), dtype=x.dtype, device=x.device)
     grid = ((rows if unsorted else _max_blocks(rows, e, down["BLOCK_M"])) * triton.cdiv(h, down["BLOCK_N"]),)
     _moe_down_kernel[grid](
         inter, w2, out_rows, sorted_assign, expert_offsets, topk_weights.float().contiguous(), inter.stride(0),
@@ -385,9 +390,12 @@ def fused_moe(
     activation: str = "silu",
     shared: torch.Tensor | None = None,
     shared_gate: torch.Tensor | None = None,
+    partial: bool = False,
 ) -> torch.Tensor:
     """fused_moe_ref on Triton kernels: x: [T, H]; w13: [E, 2I, H] ("silu") or [E, I, H] ("relu2");
-    w2: [E, H, I]; topk_weights: [T, k] float32; topk_ids: [T, k] ints in [0, E); shared: [T, H] or
-    None; shared_gate: [T] logits or None. Returns [T, H] in x's dtype. The k weighted expert rows
-    and the shared expert are summed in one kernel. No host sync: safe inside CUDA-graph capture."""
-    return _fused_moe_fwd(x, w13, w2, topk_weights, topk_ids, activation, shared=shared, shared_gate=shared_gate)
+    w2: [E, H, I]; topk_weights: [T, k] float32; topk_ids: [T, k] ints in [0, E) (or E where partial:
+    the sort and the unsorted blocks skip those slots, whose rows stay zero); shared: [T, H] or None;
+    shared_gate: [T] logits or None. Returns [T, H] in x's dtype. The k weighted expert rows and the
+    shared expert are summed in one kernel. No host sync: safe inside CUDA-graph capture."""
+    return _fused_moe_fwd(x, w13, w2, topk_weights, topk_ids, activation, shared=shared, shared_gate=shared_gate,
+                          partial=partial)

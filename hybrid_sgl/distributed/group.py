@@ -21,6 +21,7 @@ class TPGroup:
     rank: int = 0
     size: int = 1
     group: dist.ProcessGroup | None = None  # None at size 1
+    expert_parallel: bool = False  # --ep-size = size: MoE blocks deal their routed experts out whole
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum of x over the ranks, in place. x: any shape, the same on every rank."""
@@ -66,7 +67,7 @@ def building_with(tp: TPGroup):
         _building.pop()
 
 
-def init_tp(rank: int, size: int, init_method: str, device: torch.device) -> TPGroup:
+def init_tp(rank: int, size: int, init_method: str, device: torch.device, expert_parallel: bool = False) -> TPGroup:
     """Join the tensor-parallel process group (gloo on CPU, NCCL on CUDA). Every rank calls this."""
     if size == 1:
         return SINGLE
@@ -75,7 +76,7 @@ def init_tp(rank: int, size: int, init_method: str, device: torch.device) -> TPG
         torch.cuda.set_device(rank)
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
                             timeout=datetime.timedelta(minutes=30))
-    return TPGroup(rank=rank, size=size, group=dist.group.WORLD)
+    return TPGroup(rank=rank, size=size, group=dist.group.WORLD, expert_parallel=expert_parallel)
 
 
 def destroy_tp(tp: TPGroup) -> None:

@@ -7,7 +7,9 @@ shared expert in one pass.
 
 Tensor parallel: every expert's intermediate dimension splits over the ranks (w13 rows, w2
 columns), the shared expert's too; the router stays whole; one all-reduce sums the ranks' partial
-outputs (routed and shared together)."""
+outputs (routed and shared together). With --ep-size (= --tp-size), each rank holds E / size whole
+experts instead (rank r: experts r * E / size onwards); a slot routed to another rank's expert adds
+nothing here, and the same all-reduce sums the ranks' parts. The shared expert stays split."""
 
 import re
 
@@ -19,7 +21,7 @@ from hybrid_sgl.config import MoESpec
 from hybrid_sgl.distributed import current_tp
 from hybrid_sgl.distributed.sharding import split_heads
 from hybrid_sgl.layers.backends import MoEOps
-from hybrid_sgl.layers.linear import Block
+from hybrid_sgl.layers.linear import Block, whole
 from hybrid_sgl.layers.mlp import GatedMLP
 
 _EXPERT = re.compile(r"experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
@@ -31,13 +33,20 @@ class SparseMoE(nn.Module):
         self.spec = spec
         self.ops = ops
         self.tp = current_tp()
-        self.block = Block("experts", 1, split_heads(spec.intermediate_size, self.tp.size, "moe_intermediate_size"))
-        e, i = spec.num_experts, self.block.local_rows
+        if self.tp.expert_parallel:  # whole experts, E / size of them
+            self.block = whole("experts", spec.intermediate_size, self.tp.size)
+            self.num_local = spec.num_experts // self.tp.size
+        else:
+            self.block = Block("experts", 1, split_heads(spec.intermediate_size, self.tp.size, "moe_intermediate_size"))
+            self.num_local = spec.num_experts
+        self.first_expert = self.tp.rank * self.num_local if self.tp.expert_parallel else 0
+        e, i = self.num_local, self.block.local_rows
         self.shared = GatedMLP(hidden_size, spec.shared_expert_intermediate_size, reduce=False) \
             if spec.shared_expert_intermediate_size else None
         self.has_shared_gate = self.shared is not None and spec.shared_expert_gate
         # [E experts | shared expert gate, H]
-        self.router = nn.Parameter(torch.empty(e + self.has_shared_gate, hidden_size, dtype=torch.float32))
+        self.router = nn.Parameter(torch.empty(spec.num_experts + self.has_shared_gate, hidden_size,
+                                               dtype=torch.float32))
         self.w13 = nn.Parameter(torch.empty(e, 2 * i, hidden_size))  # [E, gate rows | up rows, H]
         self.w2 = nn.Parameter(torch.empty(e, hidden_size, i))
 
@@ -52,8 +61,13 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
         weights, ids, gate = self.route(x)
+        partial = self.tp.expert_parallel
+        if partial:  # this rank's experts as 0 .. num_local - 1; the others' as num_local (skipped)
+            ids = ids - self.first_expert
+            ids = torch.where((ids >= 0) & (ids < self.num_local), ids, self.num_local)
         out = self.ops.fused_moe(x=x, w13=self.w13, w2=self.w2, topk_weights=weights, topk_ids=ids,
-                                 shared=None if self.shared is None else self.shared(x), shared_gate=gate)
+                                 shared=None if self.shared is None else self.shared(x), shared_gate=gate,
+                                 partial=partial)
         return out if self.tp.size == 1 else self.tp.all_reduce(out)
 
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:
@@ -64,15 +78,17 @@ class SparseMoE(nn.Module):
         if name == "gate.weight":
             self.router.data[: self.spec.num_experts].copy_(tensor)
         elif m := _EXPERT.fullmatch(name):
-            e, proj = int(m.group(1)), m.group(2)
+            e, proj = int(m.group(1)) - self.first_expert, m.group(2)
+            if not 0 <= e < self.num_local:  # another rank's expert
+                return
             target = {"gate_proj": self.w13.data[e, :i], "up_proj": self.w13.data[e, i:],
                       "down_proj": self.w2.data[e]}[proj]
             target.copy_(rows_of(tensor, rank, dim=1 if proj == "down_proj" else 0))
         elif name == "experts.gate_up_proj":  # [E, 2I, H]
-            gate, up = tensor.chunk(2, dim=1)
+            gate, up = tensor.narrow(0, self.first_expert, self.num_local).chunk(2, dim=1)
             self.w13.data.copy_(torch.cat([rows_of(gate, rank, dim=1), rows_of(up, rank, dim=1)], dim=1))
         elif name == "experts.down_proj":  # [E, H, I]
-            self.w2.data.copy_(rows_of(tensor, rank, dim=2))
+            self.w2.data.copy_(rows_of(tensor.narrow(0, self.first_expert, self.num_local), rank, dim=2))
         elif name.startswith("shared_expert.") and self.shared is not None:
             self.shared.load_weight(name.removeprefix("shared_expert."), tensor)
         elif name == "shared_expert_gate.weight" and self.has_shared_gate:

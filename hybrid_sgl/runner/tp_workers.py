@@ -39,10 +39,21 @@ from hybrid_sgl.server_args import ServerArgs
 logger = logging.getLogger(__name__)
 
 
-def check_tensor_parallel(config: ModelConfig, size: int) -> None:
-    """Refuse, before any process starts, a model or head counts that --tp-size cannot split."""
+def check_tensor_parallel(config: ModelConfig, size: int, expert_parallel: bool = False) -> None:
+    """Refuse, before any process starts, a model or head counts that --tp-size cannot split (and, with
+    --ep-size, a model whose routed experts cannot be dealt out whole to the ranks)."""
     model_class(config).check_tensor_parallel(config, size)
     local_config(config, size)
+    if expert_parallel:
+        moe = config.moe
+        if moe is None:
+            raise ValueError(f"--ep-size {size}: {config.architecture} has no MoE layers; use --ep-size 1")
+        if moe.scoring != "softmax":
+            raise ValueError(f"--ep-size {size}: expert parallelism is built for softmax-routed MoE blocks "
+                             f"(Qwen3.5-MoE, Qwen3-Next, Granite, Jamba), not {config.architecture}'s; use --ep-size 1")
+        if moe.num_experts % size:
+            raise ValueError(f"--ep-size {size}: num_experts {moe.num_experts} is not a multiple of {size}; "
+                             "use --ep-size 1 (the experts' intermediate size splits instead)")
 
 
 class TPWorkers:
@@ -65,7 +76,7 @@ class TPWorkers:
         threading.Thread(target=self._watch, name="tp-watch", daemon=True).start()
         self._threads = torch.get_num_threads()
         _share_cpu(args)
-        self.group: TPGroup = init_tp(0, size, init_method, torch.device(args.device))
+        self.group: TPGroup = init_tp(0, size, init_method, torch.device(args.device), args.ep_size > 1)
         self.pool_classes = (RecordingStatePool, RecordingKVPool)
 
     def send(self, msg) -> None:
@@ -110,7 +121,7 @@ def worker_main(args: ServerArgs, rank: int, init_method: str, conn) -> None:
     logging.getLogger("hybrid_sgl").setLevel("WARNING")
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     _share_cpu(args)
-    tp = init_tp(rank, args.tp_size, init_method, torch.device(args.device))
+    tp = init_tp(rank, args.tp_size, init_method, torch.device(args.device), args.ep_size > 1)
     runner = ModelRunner(args, ModelConfig.from_hf(args.model_path), tp)
     with torch.inference_mode():
         while True:
