@@ -1,7 +1,7 @@
 """Tensor parallelism on CUDA (NCCL): the scenario of tests/test_tensor_parallel.py (chunked
 prefill, a batch that preempts, input logprobs, prefix-cache hits) at --tp-size 2 against tp 1 on
 the same machine, every family, through the Triton kernels; tp 1 with and without decode CUDA
-graphs. Skipped without two GPUs."""
+graphs; --ep-size 2 for the softmax-routed MoE families. Skipped without two GPUs."""
 
 import pytest
 import torch
@@ -15,8 +15,8 @@ CUDA = {**ARGS, "device": "cuda", "attention_backend": "triton", "linear_attn_ba
         "moe_runner_backend": "triton", "cuda_graph_max_bs": 8}
 
 
-def _run(path: str, tp: int, graphs: bool) -> dict:
-    with Engine(model_path=path, tp_size=tp, disable_cuda_graph=not graphs, **CUDA) as engine:
+def _run(path: str, tp: int, graphs: bool, ep: int = 1) -> dict:
+    with Engine(model_path=path, tp_size=tp, ep_size=ep, disable_cuda_graph=not graphs, **CUDA) as engine:
         return _scenario(engine)
 
 
@@ -26,3 +26,9 @@ def test_tp2_matches_tp1_on_cuda(tiny_checkpoint, family, tp, dims):
     tp1_graphs, tp1_eager = _run(path, 1, True), _run(path, 1, False)
     _assert_same(tp1_eager, tp1_graphs)
     _assert_same(tp1_graphs, _run(path, tp, True))
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_moe", "jamba"])
+def test_ep2_matches_tp1_on_cuda(tiny_checkpoint, family):
+    path = tiny_checkpoint(family)
+    _assert_same(_run(path, 1, True), _run(path, 2, True, ep=2))
