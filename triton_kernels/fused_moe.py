@@ -354,24 +354,26 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
         return torch.zeros_like(x)
     unsorted = rows <= UNSORTED_MAX_ROWS and up_config is None and down_config is None
     if unsorted:  # a few tokens: each assignment is its own row block, its expert read from topk_ids
-        sorted_assign, expert_offsets = topk_ids.reshape(-1).contiguous(), topk_ids
+        sorted_assign = expert_offsets = topk_ids.reshape(-1).contiguous()  # (no offsets: unused)
     else:
         sorted_assign, expert_offsets = sort_by_expert(topk_ids=topk_ids, num_experts=e)
     default_up, default_down = _gemm_configs(rows, e, x.dtype, x.device)
     up, down = up_config or default_up, down_config or default_down
-    num_blocks = rows if unsorted else _max_blocks(rows, e, up["BLOCK_M"])
+
+    def programs(config: dict, columns: int) -> tuple[int]:
+        blocks = rows if unsorted else _max_blocks(rows, e, config["BLOCK_M"])
+        return (blocks * triton.cdiv(columns, config["BLOCK_N"]),)
+
     prec = "tf32x3" if x.dtype == torch.float32 else "tf32"
     num_bins = _num_bins(e)
     inter = torch.empty((rows, i), dtype=x.dtype, device=x.device)
-    grid = (num_blocks * triton.cdiv(i, up["BLOCK_N"]),)
-    _moe_up_kernel[grid](
+    _moe_up_kernel[programs(up, i)](
         x, w13, inter, sorted_assign, expert_offsets, x.stride(0), w13.stride(0), w13.stride(1), inter.stride(0),
         h, i, e, TOPK=k, GATED=gated, PREC=prec, NUM_BINS=num_bins, EVEN_K=h % up["BLOCK_K"] == 0,
         UNSORTED=unsorted, **up)
     # [T*k, H], row t * k + j; the rows of slots routed elsewhere (partial) are never written
     out_rows = (torch.zeros if partial else torch.empty)((rows, h), dtype=x.dtype, device=x.device)
-    grid = ((rows if unsorted else _max_blocks(rows, e, down["BLOCK_M"])) * triton.cdiv(h, down["BLOCK_N"]),)
-    _moe_down_kernel[grid](
+    _moe_down_kernel[programs(down, h)](
         inter, w2, out_rows, sorted_assign, expert_offsets, topk_weights.float().contiguous(), inter.stride(0),
         w2.stride(0), w2.stride(1), out_rows.stride(0), h, i, e, PREC=prec, NUM_BINS=num_bins,
         EVEN_K=i % down["BLOCK_K"] == 0, UNSORTED=unsorted, **down)
