@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from hybrid_sgl.server.reasoning_parser import _partial_suffix
@@ -72,8 +73,7 @@ class ToolCallParser:
         self._after_call = False  # whitespace right after a call is not content
         self._count = 0  # calls started so far (their OpenAI index)
         self._streaming: ToolCall | None = None  # the call whose arguments are streaming
-        self._args_at = 0  # where its arguments' text starts in the body (self._buf)
-        self._args_sent = 0  # how much of that text went out
+        self._args_at = 0  # where in the call's body (self._buf) the part not sent yet starts
 
     def feed(self, delta: str) -> Parsed:
         self._buf += delta
@@ -103,13 +103,13 @@ class ToolCallParser:
             name = m and (_unescaped(m.group(1)) if self.name == "qwen25" else m.group(1).strip())
             if not name or name not in self.schemas:
                 return
-            self._streaming, self._args_at, self._args_sent = ToolCall(name, ""), m.end(), 0
+            self._streaming, self._args_at = ToolCall(name, ""), m.end()
             out.deltas.append(self._streaming.to_openai(self._count))
             self._count += 1
         if self.name == "qwen25":
             self._send_json_text(out)
         else:
-            self._send_parameters(list(_PARAMETER.finditer(self._buf, self._args_at)), out)
+            self._send_parameters(_PARAMETER.finditer(self._buf, self._args_at), out)
 
     def _send_json_text(self, out: Parsed) -> None:
         """The arguments' text so far, less a last '}' with only whitespace (or the start of the closing
@@ -117,21 +117,20 @@ class ToolCallParser:
         brace = self._buf.rfind("}", self._args_at)
         tail = self._buf[brace + 1:].strip() if brace >= 0 else None
         safe = brace if tail is not None and END.startswith(tail) else len(self._buf) - _partial_suffix(self._buf, END)
-        if safe > self._args_at + self._args_sent:
-            text = self._buf[self._args_at + self._args_sent:safe]
-            self._args_sent += len(text)
-            self._send(text, out)
+        if safe > self._args_at:
+            self._send(self._buf[self._args_at:safe], out)
+            self._args_at = safe
 
-    def _send_parameters(self, found: list[re.Match], out: Parsed) -> None:
-        """qwen3_coder: each complete <parameter> not sent yet, as '{"p": value' or ', "p": value'
-        (typed by the tool's schema; _args_sent counts parameters)."""
+    def _send_parameters(self, found: Iterator[re.Match], out: Parsed) -> None:
+        """qwen3_coder: each complete <parameter> in `found` (those not sent yet), as '{"p": value' or
+        ', "p": value', typed by the tool's schema."""
         props = self.schemas[self._streaming.name].get("properties") or {}
-        for m in found[self._args_sent:]:
+        for m in found:
             key = m.group(1).strip()
             value = json.dumps(_typed(m.group(2), props.get(key, {})), ensure_ascii=False)
-            sep = "{" if self._args_sent == 0 else ", "
+            sep = ", " if self._streaming.arguments else "{"
             self._send(f"{sep}{json.dumps(key, ensure_ascii=False)}: {value}", out)
-            self._args_sent += 1
+            self._args_at = m.end()
 
     def _send(self, text: str, out: Parsed) -> None:
         self._streaming.arguments += text
@@ -148,13 +147,13 @@ class ToolCallParser:
             out.deltas.append(call.to_openai(self._count))
             self._count += 1
         elif self.name == "qwen25":  # the rest of its arguments' text, less the call's closing brace
-            rest = body[self._args_at + self._args_sent:].rstrip()
+            rest = body[self._args_at:].rstrip()
             if rest.endswith("}") and rest[:-1]:
                 self._send(rest[:-1], out)
         else:  # the parameters not sent yet, and the closing brace
             m = _FUNCTION.search(body)
-            self._send_parameters(list(_PARAMETER.finditer(m.group(2))), out)
-            self._send("}" if self._args_sent else "{}", out)
+            self._send_parameters(_PARAMETER.finditer(body, self._args_at, m.end(2)), out)
+            self._send("}" if self._streaming.arguments else "{}", out)
         out.calls.append(call if self._streaming is None else ToolCall(call.name, call.arguments, self._streaming.id))
         self._streaming, self._after_call = None, True
 
