@@ -31,14 +31,7 @@ class Server:
 
     def stop(self, timeout: float = 20.0) -> int:
         """Ctrl-C, as a user would; returns the exit code."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return stop_process(self.process, timeout)
 
     def allocator(self) -> dict:
         return httpx.get(self.url + "/debug/allocator", timeout=30).json()
@@ -57,6 +50,18 @@ class Server:
             if idle or time.monotonic() > deadline:
                 return state
             time.sleep(0.05)
+
+
+def stop_process(process: subprocess.Popen, timeout: float) -> int:
+    """Ctrl-C, then a kill if it has not exited within `timeout` seconds; returns the exit code."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
 
 
 def free_port() -> int:

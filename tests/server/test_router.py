@@ -7,7 +7,6 @@ cannot be imported; the worker-side tests always run."""
 from __future__ import annotations
 
 import concurrent.futures
-import signal
 import subprocess
 import sys
 import threading
@@ -16,7 +15,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from server_process import free_port, launch
+from server_process import free_port, launch, stop_process
 
 ROUTER_STARTUP_TIMEOUT_S = 60
 REQUEST_TIMEOUT_S = 60
@@ -85,12 +84,7 @@ def router_process(workers, tmp_path_factory):
     try:
         yield RouterProcess(process, f"http://127.0.0.1:{port}", log_path, None)
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, 15)
 
 
 @pytest.fixture(scope="module")
