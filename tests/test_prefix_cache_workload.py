@@ -20,6 +20,7 @@ from hybrid_sgl.sampling_params import SamplingParams
 from hybrid_sgl.scheduler.prefix_sharing import PrefixSharing
 from hybrid_sgl.scheduler.request import Req, ReqStatus
 from hybrid_sgl.scheduler.scheduler import AdmissionError, Scheduler
+from tests.test_scheduler import run_until_idle
 
 VOCAB, EOS, MOD = 50, 0, 1_000_003
 
@@ -144,12 +145,7 @@ def test_random_shared_prefix_workloads_reuse_only_what_is_theirs(sequence, seed
         elif kind == "flush":
             assert s.flush_cache() == (not s.has_work)
         check(s)
-    for _ in range(3000):
-        if not s.has_work:
-            break
-        s.step()
-        check(s)
-    assert not s.has_work, "the scheduler stopped making progress"
+    run_until_idle(s, check, 3000)
     assert all(r.finished for r in reqs)
     assert all(0 <= r.cached_tokens < max(len(r.prompt_ids), 1) for r in reqs)
     assert s.flush_cache()

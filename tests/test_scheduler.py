@@ -65,6 +65,16 @@ class FakeRunner:
                                results=lambda: [ItemResult(next_token=t) for t in tokens])
 
 
+def run_until_idle(s: Scheduler, check, max_steps: int) -> None:
+    """Step until nothing is left to do, checking the pools after each step."""
+    for _ in range(max_steps):
+        if not s.has_work:
+            break
+        s.step()
+        check(s)
+    assert not s.has_work, "the scheduler stopped making progress"
+
+
 def check(s: Scheduler):
     s.allocator.check_integrity()
     running_slots = [r.slot for r in s.running]
@@ -102,12 +112,7 @@ def test_random_workloads_keep_pools_consistent(sequence, seed, chunk, overlap):
         elif reqs:
             s.abort(reqs[a % len(reqs)].rid)
         check(s)
-    for _ in range(2000):
-        if not s.has_work:
-            break
-        s.step()
-        check(s)
-    assert not s.has_work, "the scheduler stopped making progress"
+    run_until_idle(s, check, 2000)
     assert all(r.finished for r in reqs)
     assert s.allocator.num_free_pages == s.allocator.num_pages
     for r in reqs:
