@@ -22,7 +22,7 @@ from hybrid_sgl.constrained import grammar_cache
 from hybrid_sgl.outputs import OutputState, chosen_ids
 from hybrid_sgl.request_ids import RidRegistry, sequence_ids
 from hybrid_sgl.runner.model_runner import ModelRunner
-from hybrid_sgl.runner.tp_workers import TPWorkers, check_tensor_parallel
+from hybrid_sgl.runner.tp_workers import TPWorkers
 from hybrid_sgl.sampling_params import SamplingParams
 from hybrid_sgl.scheduler.engine_loop import EngineLoop, ReqUpdate
 from hybrid_sgl.scheduler.prefix_sharing import prefix_sharing_for
@@ -47,8 +47,7 @@ class Engine:
         self.model_config = ModelConfig.from_hf(args.model_path)
         self.tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args.tokenizer_path)
         self.tp_workers = None
-        if args.tp_size > 1:  # ranks 1..N-1 in their own processes; this one is rank 0
-            check_tensor_parallel(self.model_config, args.tp_size, args.ep_size > 1)
+        if args.tp_size > 1:  # ranks 1..N-1 in their own processes (resolved() checked the split); this is rank 0
             self.tp_workers = TPWorkers(args)
             try:
                 self.runner = ModelRunner(args, self.model_config, self.tp_workers.group, self.tp_workers.send,
