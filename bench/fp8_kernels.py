@@ -1,6 +1,9 @@
-"""FP8 block GEMM (triton_kernels/fp8_gemm.py) against bf16 cuBLAS (F.linear) on the Qwen3.5-9B linear
-shapes, same run: decode-sized M (1, 16) as bytes moved per second against measured copy bandwidth,
-prefill-sized M (8192) as TFLOP/s. The first FP8 call per shape and M bucket autotunes (not timed).
+"""FP8 GEMMs against bf16 cuBLAS (F.linear) on the Qwen3.5-9B linear shapes, same run. Decode-sized M
+(1, 16, 64) runs the weight-only kernel (triton_kernels/fp8_weight_only.py), reported as bytes moved per
+second against measured copy bandwidth; prefill-sized M (8192) runs the W8A8 GEMM
+(triton_kernels/fp8_gemm.py) through cuBLAS's block-scaled GEMM where torch has it and through the
+Triton kernel, as TFLOP/s, the activation quantization included. The first call per shape and M
+bucket autotunes (not timed).
 
     python bench/fp8_kernels.py
 """
@@ -18,36 +21,53 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from moe_kernels import bench_ms, copy_bandwidth  # noqa: E402
 
-from triton_kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref, quantize_fp8  # noqa: E402
+from triton_kernels.fp8_gemm import _cublas_takes, fp8_gemm, fp8_gemm_ref  # noqa: E402
+from triton_kernels.fp8_quant import quantize_activations, quantize_fp8  # noqa: E402
+from triton_kernels.fp8_weight_only import fp8_weight_only_gemm, fp8_weight_only_gemm_ref  # noqa: E402
 
 SHAPES = {"mlp gate_up": (24576, 4096), "mlp down": (4096, 12288), "attn qkv+gate": (10240, 4096),
           "gdn in_proj": (12352, 4096), "o / out_proj": (4096, 4096)}
-TOKENS = [1, 16, 8192]
+TOKENS = [1, 16, 64, 8192]
+
+
+def kernels(m: int, n: int, k: int) -> dict:
+    """name -> (fn, reference) of the FP8 paths that serve m rows."""
+    if m <= 64:
+        return {"weight-only": (fp8_weight_only_gemm, fp8_weight_only_gemm_ref)}
+    paths = {"w8a8 triton": (lambda **kw: fp8_gemm(cublas=False, **kw), fp8_gemm_ref)}
+    if _cublas_takes(n, k, torch.device("cuda")):
+        paths["w8a8 cublas"] = (lambda **kw: fp8_gemm(cublas=True, **kw), fp8_gemm_ref)
+    return paths
 
 
 def main() -> None:
     copy_bw = copy_bandwidth()
     print(f"copy bandwidth {copy_bw / 1e12:.2f} TB/s\n")
-    print("| layer | N x K | M | bf16 ms | fp8 ms | bf16 / fp8 | fp8 % copy BW | bf16 % copy BW | fp8 TFLOP/s | "
+    print("| layer | N x K | M | path | bf16 ms | fp8 ms | bf16 / fp8 | fp8 % copy BW | bf16 % copy BW | fp8 TFLOP/s | "
           "bf16 TFLOP/s | fp8 vs ref |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, (n, k) in SHAPES.items():
         w = torch.randn(n, k, device="cuda") / k**0.5
         q, s = quantize_fp8(w)
         w16 = w.bfloat16()
         for m in TOKENS:
             x = torch.randn(m, k, device="cuda").bfloat16()
-            y = fp8_gemm(x=x, weight=q, weight_scale_inv=s)  # autotunes
-            ref = fp8_gemm_ref(x=x, weight=q, weight_scale_inv=s).float()
-            err = ((y.float() - ref).norm() / ref.norm()).item()
-            t8 = bench_ms(lambda: fp8_gemm(x=x, weight=q, weight_scale_inv=s))  # noqa: B023
             t16 = bench_ms(lambda: F.linear(x, w16))  # noqa: B023
-            bytes8 = n * k + s.numel() * 4 + m * k * 2 + m * n * 2
-            bytes16 = n * k * 2 + m * k * 2 + m * n * 2
-            flops = 2 * m * n * k
-            print(f"| {name} | {n} x {k} | {m} | {t16:.4f} | {t8:.4f} | {t16 / t8:.2f} | "
-                  f"{100 * bytes8 / (t8 * 1e-3) / copy_bw:.0f} | {100 * bytes16 / (t16 * 1e-3) / copy_bw:.0f} | "
-                  f"{flops / (t8 * 1e-3) / 1e12:.0f} | {flops / (t16 * 1e-3) / 1e12:.0f} | {err:.1e} |")
+            for path, (fn, ref_fn) in kernels(m, n, k).items():
+                y = fn(x=x, weight=q, weight_scale_inv=s)  # autotunes
+                ref = ref_fn(x=x, weight=q, weight_scale_inv=s).float()
+                err = ((y.float() - ref).norm() / ref.norm()).item()
+                t8 = bench_ms(lambda: fn(x=x, weight=q, weight_scale_inv=s))  # noqa: B023
+                bytes8 = n * k + s.numel() * 4 + m * k * 2 + m * n * 2
+                bytes16 = n * k * 2 + m * k * 2 + m * n * 2
+                flops = 2 * m * n * k
+                print(f"| {name} | {n} x {k} | {m} | {path} | {t16:.4f} | {t8:.4f} | {t16 / t8:.2f} | "
+                      f"{100 * bytes8 / (t8 * 1e-3) / copy_bw:.0f} | {100 * bytes16 / (t16 * 1e-3) / copy_bw:.0f} | "
+                      f"{flops / (t8 * 1e-3) / 1e12:.0f} | {flops / (t16 * 1e-3) / 1e12:.0f} | {err:.1e} |")
+    x = torch.randn(8192, 4096, device="cuda").bfloat16()
+    t = bench_ms(lambda: quantize_activations(x))
+    print(f"\nactivation quantization of 8192 x 4096 bf16: {t:.4f} ms, "
+          f"{100 * x.numel() * 3 / (t * 1e-3) / copy_bw:.0f} % of copy bandwidth")
 
 
 if __name__ == "__main__":

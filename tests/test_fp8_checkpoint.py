@@ -1,8 +1,9 @@
 """FP8 checkpoints in the published block layout (written by tools/fp8_checkpoint.py) and online FP8
 (--quantization fp8), on CPU in float32 through the reference GEMM.
 
-The served model of an FP8 checkpoint must be the checkpoint's dequantized model with its activations
-quantized per token and 128-column group ("dynamic" activation scales): its e4m3 bytes are the
+The served model of an FP8 checkpoint must be the checkpoint's dequantized model, with its activations
+quantized per token and 128-column group ("dynamic" activation scales) in GEMMs over more than 64 rows
+(prefill) and unquantized in smaller ones (decode, layers/quantization.py): its e4m3 bytes are the
 checkpoint's wherever the layer's 128-row blocks line up with the checkpoint's (every projection of the
 128-wide fixture; the GDN b and a rows share one block and are given the same largest magnitude, so
 the re-computed scale is theirs too). The scales are recomputed as amax / 448, within 2 ulp of the
@@ -18,12 +19,13 @@ from safetensors.torch import load_file, save_file
 
 from hybrid_sgl.engine import Engine
 from tools.fp8_checkpoint import convert
-from triton_kernels.fp8_gemm import FP8_DTYPE, dequantize_fp8
+from triton_kernels.fp8_quant import FP8_DTYPE, dequantize_fp8
 
 ARGS = dict(device="cpu", dtype="float32", page_size=16, max_running_requests=4, log_level="warning")
 ALIGNED = dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=2, head_dim=64, linear_key_head_dim=64,
                linear_num_key_heads=2, linear_value_head_dim=32, linear_num_value_heads=4, intermediate_size=256)
-PROMPTS = [[5, 17, 99, 3, 240, 18, 7, 64, 33, 120, 8, 9], [41, 42, 300, 11, 2, 250, 77]]
+PROMPTS = [[5, 17, 99, 3, 240, 18, 7, 64, 33, 120, 8, 9], [41, 42, 300, 11, 2, 250, 77],
+           [(7 * i + 3) % 320 for i in range(70)]]  # 89 prefill rows in all: activations quantized
 
 
 def _same_block_max(path: str) -> None:
@@ -55,10 +57,10 @@ def _dequantized_copy(fp8: str, dst: str) -> str:
     return dst
 
 
-def _run(path: str, **flags) -> tuple[list, list[list[float]], torch.nn.Module]:
+def _run(path: str, prompts: list[list[int]] = PROMPTS, **flags) -> tuple[list, list[list[float]], torch.nn.Module]:
     greedy = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
     with Engine(model_path=path, **ARGS, **flags) as engine:
-        outs = engine.generate(input_ids=PROMPTS, sampling_params=greedy, return_logprob=True, logprob_start_len=0)
+        outs = engine.generate(input_ids=prompts, sampling_params=greedy, return_logprob=True, logprob_start_len=0)
         model = engine.run_on_engine(lambda s: s.runner.model)
     logprobs = [[lp for lp, *_ in o["meta_info"]["input_token_logprobs"] + o["meta_info"]["output_token_logprobs"]
                  if lp is not None] for o in outs]
@@ -93,7 +95,8 @@ def test_tool_writes_the_published_layout(fp8_checkpoint):
 
 def test_fp8_checkpoint_serves_its_dequantized_model(fp8_checkpoint, tmp_path):
     ids, logprobs, model = _run(fp8_checkpoint)
-    ref_ids, ref_logprobs, _ = _run(_dequantized_copy(fp8_checkpoint, str(tmp_path / "deq")))
+    deq = _dequantized_copy(fp8_checkpoint, str(tmp_path / "deq"))
+    ref_ids, ref_logprobs, _ = _run(deq)
     linears = [m for m in model.modules() if getattr(m, "weight_scale_inv", None) is not None]
     assert len(linears) == 4 * 4  # per layer: the mixer's in and out (or qkv and o), the MLP's gate_up and down
     assert all(m.weight.dtype == FP8_DTYPE for m in linears)
@@ -106,6 +109,13 @@ def test_fp8_checkpoint_serves_its_dequantized_model(fp8_checkpoint, tmp_path):
     assert torch.equal(in_proj, torch.cat(stored))
     # the dequantized copy runs its activations unquantized: they alone differ
     _assert_within_e4m3_roundings(logprobs, ref_logprobs)
+    # decode-sized GEMMs (the two short prompts' prefill, every decode step) leave activations alone
+    short = PROMPTS[:2]
+    ids, logprobs, _ = _run(fp8_checkpoint, short)
+    ref_ids, ref_logprobs, _ = _run(deq, short)
+    assert ids == ref_ids
+    for got, ref in zip(logprobs, ref_logprobs):
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-5, atol=1e-5)
 
 
 def _assert_within_e4m3_roundings(logprobs: list[list[float]], ref_logprobs: list[list[float]]) -> None:
@@ -179,7 +189,7 @@ def test_fp8_experts_load_dequantized_into_the_model_dtype(tiny_checkpoint, tmp_
     prefix = "model.layers.1.mlp.experts.2."
     assert tensors[prefix + "up_proj.weight"].dtype == FP8_DTYPE
     with caplog.at_level("WARNING"):
-        _, logprobs, model = _run(fp8)
+        _, logprobs, model = _run(fp8, PROMPTS[:2])
     assert "FP8 MoE experts" in caplog.text
     moe = [m for m in model.modules() if isinstance(m, SparseMoE)][1]
     assert moe.w13.dtype == torch.float32
@@ -188,5 +198,6 @@ def test_fp8_experts_load_dequantized_into_the_model_dtype(tiny_checkpoint, tmp_
            for p in ("gate_proj", "up_proj", "down_proj")}
     assert torch.equal(moe.w13.data[2, :i], deq["gate_proj"]) and torch.equal(moe.w13.data[2, i:], deq["up_proj"])
     assert torch.equal(moe.w2.data[2], deq["down_proj"])
-    _, ref_logprobs, _ = _run(_dequantized_copy(fp8, str(tmp_path / "deq")))
+    # the 64-wide layers outside the experts are re-blocked (one more e4m3 rounding)
+    _, ref_logprobs, _ = _run(_dequantized_copy(fp8, str(tmp_path / "deq")), PROMPTS[:2])
     _assert_within_e4m3_roundings(logprobs, ref_logprobs)

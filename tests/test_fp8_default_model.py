@@ -1,7 +1,9 @@
 """Online FP8 on the bundled default model (configs/default-model, a trained checkpoint): with
---quantization fp8 (e4m3 weights and activations) it keeps writing what the float32 model writes: the
-FP8 model's mean log-likelihood of the float32 model's continuations stays within 3 % of the float32
-model's own (perplexity within 3 %), and greedy continuations of the default prompts start the same.
+--quantization fp8 it keeps writing what the float32 model writes: the FP8 model's mean
+log-likelihood of the float32 model's continuations stays within 3 % of the float32 model's own
+(perplexity within 3 %), and greedy continuations of the default prompts agree for 32+ tokens in most
+prompts. These short texts run every GEMM weight-only (<= 64 rows, layers/quantization.py); the
+script's 512-token windows quantize the prefill's activations too.
 
 As a script it prints the README's table (FP8 weights): held-out perplexity and greedy agreement in
 one dtype, unquantized, with --quantization fp8 and from an FP8 checkpoint written by the tool:
@@ -46,13 +48,12 @@ def _run(quantization: str | None, texts: list[list[int]] | None):
 
 
 def test_online_fp8_writes_what_float32_writes():
-    """Perplexity within 3 % and the first greedy tokens equal. The stricter aim, 32+ equal tokens in most
-    prompts, held with weight-only FP8 and is missed since activations are quantized too (README)."""
+    """Perplexity within 3 % and 32+ equal greedy tokens in most prompts (48, 48, 36, 24, 10 of 48 here)."""
     ref_ids, texts, ppl_ref = _run(None, None)
     ids, _, ppl_fp8 = _run("fp8", texts)
     agreed = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(ref_ids, ids)]
     assert abs(ppl_fp8 / ppl_ref - 1) < 0.03, (ppl_fp8, ppl_ref)
-    assert sum(n >= 4 for n in agreed) > len(PROMPTS) / 2, agreed
+    assert sum(n >= 32 for n in agreed) > len(PROMPTS) / 2, agreed
 
 
 def _held_out_windows(wheel_dir: str, count: int, size: int = 512) -> list[list[int]]:

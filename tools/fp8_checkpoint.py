@@ -25,7 +25,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from triton_kernels.fp8_gemm import FP8_BLOCK, quantize_fp8  # noqa: E402
+from triton_kernels.fp8_quant import FP8_BLOCK, quantize_fp8  # noqa: E402
 
 NOT_LINEAR = ("embed_tokens", "lm_head", "norm", "conv1d", "embeddings")
 ROUTERS = (".mlp.gate.weight", ".shared_expert_gate.weight", ".router.weight")

@@ -29,7 +29,7 @@ from torch import nn
 from hybrid_sgl.distributed import current_tp
 from hybrid_sgl.distributed.sharding import HeadSplit, replicated, vocab_split
 from hybrid_sgl.layers.quantization import came_from_fp8, fp8_linear
-from triton_kernels.fp8_gemm import quantize_fp8
+from triton_kernels.fp8_quant import quantize_fp8
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from triton_kernels.fp8_gemm import FP8_BLOCK, FP8_DTYPE, dequantize_fp8, fp8_gemm, fp8_gemm_ref
+from triton_kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref
+from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8
+from triton_kernels.fp8_weight_only import WEIGHT_ONLY_MAX_ROWS, fp8_weight_only_gemm, fp8_weight_only_gemm_ref
 
 logger = logging.getLogger(__name__)
 SUPPORTED = ("quant_method 'fp8', fmt 'e4m3', weight_block_size [128, 128], activation_scheme 'dynamic'")
@@ -144,7 +146,14 @@ def quantize_linears(model: nn.Module, only_fp8_loaded: bool) -> int:
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
                bias: torch.Tensor | None) -> torch.Tensor:
-    """x [..., K] -> [..., N]: the Triton GEMM on CUDA, the reference elsewhere."""
-    op = fp8_gemm if x.is_cuda else fp8_gemm_ref
-    y = op(x=x.reshape(-1, x.shape[-1]), weight=weight, weight_scale_inv=weight_scale_inv, bias=bias)
+    """x [..., K] -> [..., N]. Up to WEIGHT_ONLY_MAX_ROWS rows (decode) only the weight is FP8: the
+    layer's time is its weight read, and unquantized activations keep greedy decoding close to the
+    unquantized model. More rows (prefill) quantize activations too and multiply on the FP8 tensor
+    cores. The Triton or cuBLAS kernels on CUDA, their references elsewhere."""
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.shape[0] <= WEIGHT_ONLY_MAX_ROWS:
+        op = fp8_weight_only_gemm if x.is_cuda else fp8_weight_only_gemm_ref
+    else:
+        op = fp8_gemm if x.is_cuda else fp8_gemm_ref
+    y = op(x=rows, weight=weight, weight_scale_inv=weight_scale_inv, bias=bias)
     return y.view(*x.shape[:-1], weight.shape[0])

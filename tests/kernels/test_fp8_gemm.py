@@ -1,18 +1,21 @@
-"""Block-scaled FP8 GEMM vs its reference (interpreter on CPU, float32 activations, tiny shapes whose K
-and N are not multiples of the 128 block), the activations' group quantization, and the weight
-quantizer's round trip against the e4m3 format."""
+"""The block-scaled FP8 GEMMs (W8A8 for prefill, weight-only for decode) vs their references
+(interpreter on CPU, float32 activations, tiny shapes whose K and N are not multiples of the 128
+block), the activation quantization kernel vs its reference, and the weight quantizer's round trip
+against the e4m3 format."""
 
 import pytest
 import torch
 
-from triton_kernels.fp8_gemm import (
+from triton_kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref
+from triton_kernels.fp8_quant import (
     FP8_DTYPE,
+    dequantize_activations,
     dequantize_fp8,
-    fp8_gemm,
-    fp8_gemm_ref,
+    quantize_activations,
     quantize_activations_ref,
     quantize_fp8,
 )
+from triton_kernels.fp8_weight_only import fp8_weight_only_gemm, fp8_weight_only_gemm_ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -51,7 +54,7 @@ def test_each_block_uses_its_own_scale():
     delta = fp8_gemm(x=x, weight=q, weight_scale_inv=s2) - fp8_gemm(x=x, weight=q, weight_scale_inv=s)
     block = dequantize_fp8(q, s)[128:, 256:]
     expected = torch.zeros_like(delta)
-    expected[:, 128:] = quantize_activations_ref(x)[:, 256:] @ block.T
+    expected[:, 128:] = dequantize_activations(*quantize_activations_ref(x))[:, 256:] @ block.T
     torch.testing.assert_close(delta, expected, rtol=1e-4, atol=1e-4)
 
 
@@ -78,15 +81,55 @@ def test_activation_groups_are_quantized_per_token():
     x = torch.randn(3, 300, generator=g)
     x[1, 128:256] = 0.0
     x[2] *= 1000.0
-    q = quantize_activations_ref(x)
+    q = dequantize_activations(*quantize_activations_ref(x))
     assert torch.equal(q[1, 128:256], torch.zeros(128))
     for row in range(3):
         for k0 in range(0, 300, 128):
             group, back = x[row, k0:k0 + 128], q[row, k0:k0 + 128]
             scale = group.abs().amax() / 448.0
             assert ((back - group).abs() <= 2.0**-4 * group.abs() + 2.0**-6 * scale + 1e-30).all()
-    torch.testing.assert_close(quantize_activations_ref(x[:1]), q[:1], rtol=0, atol=0)
+    torch.testing.assert_close(dequantize_activations(*quantize_activations_ref(x[:1])), q[:1], rtol=0, atol=0)
     w, s = _weight(64, 300)
     alone = fp8_gemm(x=x[:1].to(DEVICE), weight=w, weight_scale_inv=s)
     torch.testing.assert_close(alone, fp8_gemm(x=x.to(DEVICE), weight=w, weight_scale_inv=s)[:1],
                                rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("m,k,rows", [(1, 200, 1), (5, 1100, 8), (3, 128, 3), (2, 40, 4)])
+def test_activation_kernel_matches_its_reference_bit_for_bit(m, k, rows):
+    """e4m3 values and scales equal the reference's; padding rows are zero with scale 1; the scales
+    are stored column-major, as cuBLAS's block-scaled GEMM reads them."""
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(5)) * torch.logspace(-3, 3, m)[:, None]
+    x[0, :100] = 0.0  # an all-zero group when k <= 128 ... and a partly-zero one otherwise
+    q, scale = quantize_activations(x.to(DEVICE), rows=rows)
+    ref_q, ref_scale = quantize_activations_ref(x)
+    assert q.shape == (rows, k) and q.dtype == FP8_DTYPE and scale.shape == (rows, -(-k // 128))
+    assert scale.stride() == (1, rows)
+    assert torch.equal(q[:m].cpu().view(torch.uint8), ref_q.view(torch.uint8))
+    assert torch.equal(scale[:m].cpu(), ref_scale)
+    assert not q[m:].float().any() and (scale[m:] == 1).all()
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 130, 200), (5, 257, 129), (17, 33, 260), (40, 128, 128)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_weight_only_matches_reference(m, n, k, with_bias):
+    """x stays unquantized: the products are those of x with the dequantized weight, to float32 rounding."""
+    q, s = _weight(n, k)
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(m, k, generator=g).to(DEVICE)
+    bias = torch.randn(n, generator=g).to(DEVICE) if with_bias else None
+    kw = dict(x=x, weight=q, weight_scale_inv=s, bias=bias)
+    y = fp8_weight_only_gemm(**kw)
+    assert y.shape == (m, n) and y.dtype == x.dtype
+    ref = fp8_weight_only_gemm_ref(**kw)
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-4)
+    wrong_block = s.clone()
+    wrong_block[-1, -1] *= 2.0
+    assert not torch.allclose(fp8_weight_only_gemm(**{**kw, "weight_scale_inv": wrong_block}), ref, rtol=1e-5,
+                              atol=1e-4)
+
+
+def test_weight_only_refuses_prefill_sized_inputs():
+    q, s = _weight(32, 128)
+    with pytest.raises(AssertionError, match="use fp8_gemm"):
+        fp8_weight_only_gemm(x=torch.zeros(65, 128, device=DEVICE), weight=q, weight_scale_inv=s)
