@@ -17,7 +17,7 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from triton_kernels.fused_moe import _combine  # noqa: E402
+from triton_kernels.fused_moe import _combine, _combine_kernel  # noqa: E402
 
 
 @triton.jit
@@ -66,6 +66,11 @@ def main() -> None:
     print(f"combine rows differing: {rows_bad}; elements {(out != expected).sum().item()} of {out.numel()}")
     with_probe = total.bfloat16() + gated
     print(f"combine vs eager total + the probe's gated shared: {(out != with_probe).sum().item()} elements differ")
+    unfused = torch.empty_like(out)  # the same kernel compiled without contracting multiply-adds into FMAs
+    _combine_kernel[(t, triton.cdiv(h, 1024))](rows, shared, gate, unfused, shared.stride(0), gate.stride(0),
+                                               unfused.stride(0), h, TOP_K=k, HAS_SHARED=True, HAS_GATE=True,
+                                               BLOCK_H=1024, enable_fp_fusion=False)
+    print(f"combine compiled with enable_fp_fusion=False: {(unfused != expected).sum().item()} elements differ")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ byte per value and widened in registers to x's dtype (e4m3 values are exact in b
 x is not quantized. Each 128-wide K tile is one weight-scale block: its partial sum over the tile is
 multiplied by the column's block scale, so the products are those of x with the dequantized weight
 and the result matches `dequantize, then matmul` to float32 rounding. Programs split the output
-columns finely (16 to 128 per program) so that enough of them stream the weight at once.
+columns finely (8 to 128 per program) so that enough of them stream the weight at once.
+One or two rows of x (batch-1/2 decode) run on the CUDA cores (`_gemv_kernel`); more rows on the
+tensor cores, with the weight as the register operand (`_dot_kernel`, y^T = w x^T).
 """
 
 import functools
@@ -32,42 +34,83 @@ def fp8_weight_only_gemm_ref(*, x: torch.Tensor, weight: torch.Tensor, weight_sc
 
 
 @triton.jit
-def _weight_only_kernel(x, w, s, b, y, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym,
-                        HAS_BIAS: tl.constexpr, EXACT_DOT: tl.constexpr, M_BUCKET: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One [BLOCK_M, BLOCK_N] tile of y; BLOCK_K is the 128-column scale block. M_BUCKET only keys
-    the autotuner. EXACT_DOT: float32 x, multiplied in full float32 (no tf32)."""
-    i_n, i_m = tl.program_id(0), tl.program_id(1)
-    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+def _gemv_kernel(x, w, s, b, y, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym, HAS_BIAS: tl.constexpr,
+                 ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+    """M <= ROWS (1 or 2): BLOCK_N output columns of every row, on the CUDA cores. Each step reads a
+    [BLOCK_N, BLOCK_K] weight tile (K contiguous), widens it to float32, and sums its products with
+    x per 128-wide scale block before scaling; STAGES steps of loads are in flight at once."""
+    G: tl.constexpr = BLOCK_K // 128
+    i_n = tl.program_id(0)
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    o_m = tl.arange(0, ROWS)
     o_k = tl.arange(0, BLOCK_K)
-    m_m, m_n = o_m < M, o_n < N
-    p_x = x + o_m.to(tl.int64)[:, None] * stride_xm + o_k[None, :]
-    p_w = w + o_n.to(tl.int64)[None, :] * stride_wn + o_k[:, None]  # [BLOCK_K, BLOCK_N] view of w^T
-    p_s = s + (o_n // BLOCK_K) * stride_sn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    o_g = tl.arange(0, G)
+    m_n, m_m = o_n < N, o_m < M
+    p_w = w + o_n.to(tl.int64)[:, None] * stride_wn + o_k[None, :]  # [BLOCK_N, BLOCK_K]
+    p_x = x + o_m.to(tl.int64)[:, None] * stride_xm + o_k[None, :]  # [ROWS, BLOCK_K]
+    p_s = s + (o_n // 128)[:, None] * stride_sn + o_g[None, :]  # [BLOCK_N, G]
+    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         m_k = (k0 + o_k) < K
-        b_x = tl.load(p_x + k0, mask=m_m[:, None] & m_k[None, :], other=0.0)
-        b_w = tl.load(p_w + k0, mask=m_k[:, None] & m_n[None, :], other=0.0).to(b_x.dtype)
-        b_s = tl.load(p_s + k0 // BLOCK_K, mask=m_n, other=0.0)  # [BLOCK_N]
-        if EXACT_DOT:
-            part = tl.dot(b_x, b_w, input_precision="ieee")
-        else:
-            part = tl.dot(b_x, b_w)
-        acc += part * b_s[None, :]
+        b_w = tl.load(p_w + k0, mask=m_n[:, None] & m_k[None, :], other=0.0).to(tl.float32)
+        b_x = tl.load(p_x + k0, mask=m_m[:, None] & m_k[None, :], other=0.0).to(tl.float32)
+        b_s = tl.load(p_s + k0 // 128, mask=m_n[:, None] & (k0 + o_g[None, :] * 128 < K), other=0.0)
+        prod = tl.reshape(b_w, (1, BLOCK_N, G, 128)) * tl.reshape(b_x, (ROWS, 1, G, 128))
+        acc += tl.sum(tl.sum(prod, 3) * b_s[None, :, :], 2)
     if HAS_BIAS:
         acc += tl.load(b + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
     p_y = y + o_m.to(tl.int64)[:, None] * stride_ym + o_n[None, :]
     tl.store(p_y, acc.to(y.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
 
 
-_CONFIGS = [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
-            for bn, w, st in [(16, 4, 4), (16, 4, 8), (32, 4, 4), (32, 4, 6), (64, 4, 4), (64, 4, 6),
-                              (128, 4, 4), (128, 8, 4), (16, 2, 6), (32, 2, 6)]]
-_weight_only_tuned = triton.autotune(
-    configs=_CONFIGS, key=["N", "K", "M_BUCKET"],
-    do_bench=functools.partial(triton.testing.do_bench, warmup=5, rep=20))(_weight_only_kernel)
+@triton.jit
+def _dot_kernel(x, w, s, b, y, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym, HAS_BIAS: tl.constexpr,
+                EXACT_DOT: tl.constexpr, M_BUCKET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr):
+    """M <= BLOCK_M (16 to 64): a [BLOCK_N, BLOCK_M] tile of y^T = w @ x^T on the tensor cores, the
+    widened weight tile as the register operand; BLOCK_K is the 128-wide scale block, so each step's
+    partial sum is scaled per output column. M_BUCKET only keys the autotuner. EXACT_DOT: float32 x,
+    multiplied in full float32 (no tf32)."""
+    i_n = tl.program_id(0)
+    o_m = tl.arange(0, BLOCK_M)
+    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    o_k = tl.arange(0, BLOCK_K)
+    m_m, m_n = o_m < M, o_n < N
+    p_w = w + o_n.to(tl.int64)[:, None] * stride_wn + o_k[None, :]  # [BLOCK_N, BLOCK_K]
+    p_x = x + o_m.to(tl.int64)[None, :] * stride_xm + o_k[:, None]  # [BLOCK_K, BLOCK_M] view of x^T
+    p_s = s + (o_n // BLOCK_K) * stride_sn
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        m_k = (k0 + o_k) < K
+        b_x = tl.load(p_x + k0, mask=m_k[:, None] & m_m[None, :], other=0.0)
+        b_w = tl.load(p_w + k0, mask=m_n[:, None] & m_k[None, :], other=0.0).to(b_x.dtype)
+        b_s = tl.load(p_s + k0 // BLOCK_K, mask=m_n, other=0.0)  # [BLOCK_N]
+        if EXACT_DOT:
+            part = tl.dot(b_w, b_x, input_precision="ieee")
+        else:
+            part = tl.dot(b_w, b_x)
+        acc += part * b_s[:, None]
+    if HAS_BIAS:
+        acc += tl.load(b + o_n, mask=m_n, other=0.0).to(tl.float32)[:, None]
+    p_y = y + o_m.to(tl.int64)[None, :] * stride_ym + o_n[:, None]
+    tl.store(p_y, acc.to(y.dtype.element_ty), mask=m_n[:, None] & m_m[None, :])
+
+
+def _bench():
+    return functools.partial(triton.testing.do_bench, warmup=5, rep=20)
+
+
+_gemv_tuned = triton.autotune(
+    configs=[triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "STAGES": st}, num_warps=w)
+             for bn, bk, w, st in [(8, 512, 4, 2), (8, 512, 4, 3), (16, 256, 4, 3), (16, 512, 4, 2),
+                                   (16, 512, 8, 3), (32, 256, 4, 2), (32, 256, 8, 3), (8, 1024, 8, 2)]],
+    key=["N", "K", "ROWS"], do_bench=_bench())(_gemv_kernel)
+_dot_tuned = triton.autotune(
+    configs=[triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
+             for bn, w, st in [(16, 4, 4), (16, 4, 6), (32, 4, 4), (32, 4, 6), (64, 4, 4), (64, 4, 6),
+                               (128, 4, 4), (128, 8, 4)]],
+    key=["N", "K", "M_BUCKET"], do_bench=_bench())(_dot_kernel)
+GEMV_MAX_ROWS = 2
 
 
 def fp8_weight_only_gemm(*, x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
@@ -86,14 +129,20 @@ def fp8_weight_only_gemm(*, x: torch.Tensor, weight: torch.Tensor, weight_scale_
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return y
-    bucket = max(16, triton.next_power_of_2(m))  # 16, 32 or 64: one row tile reads the weight once
     args = (x, weight, weight_scale_inv, bias if bias is not None else y, y, m, n, k,
             x.stride(0), weight.stride(0), weight_scale_inv.stride(0), y.stride(0))
-    flags = dict(HAS_BIAS=bias is not None, EXACT_DOT=x.dtype == torch.float32, M_BUCKET=bucket,
-                 BLOCK_M=bucket, BLOCK_K=FP8_BLOCK)
+    if m <= GEMV_MAX_ROWS:
+        flags = dict(HAS_BIAS=bias is not None, ROWS=triton.next_power_of_2(m))
+        if x.is_cuda:
+            _gemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags)
+        else:  # the interpreter: one config
+            _gemv_kernel[(triton.cdiv(n, 16),)](*args, BLOCK_N=16, BLOCK_K=256, STAGES=1, **flags)
+        return y
+    bucket = max(16, triton.next_power_of_2(m))  # 16, 32 or 64: one row tile reads the weight once
+    flags = dict(HAS_BIAS=bias is not None, EXACT_DOT=x.dtype == torch.float32, M_BUCKET=bucket, BLOCK_M=bucket,
+                 BLOCK_K=FP8_BLOCK)
     if x.is_cuda:
-        grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), 1)  # noqa: E731
-        _weight_only_tuned[grid](*args, **flags)
+        _dot_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags)
     else:  # the interpreter: one config
-        _weight_only_kernel[(triton.cdiv(n, 32), 1)](*args, BLOCK_N=32, **flags)
+        _dot_kernel[(triton.cdiv(n, 32),)](*args, BLOCK_N=32, **flags)
     return y
