@@ -157,11 +157,9 @@ def test_shared_expert_summed_in_the_combine(top_k, gated):
 @pytest.mark.gpu
 def test_bf16_combine_rounds_where_eager_rounds():
     """bf16: the combine kernel rounds the experts' sum, the gate, the gated shared output and the
-    total to bf16 as the eager model does, bit for bit (Qwen3-Next: k 10, H 2048).
-
-    Known failure on the H200 (bench/results/2026-12-01b): the sum alone and the ungated shared
-    expert are bit-exact; with the gate, some rows differ by one bf16 ulp. Neither an IEEE exp and
-    division in the kernel's sigmoid nor loading the gate as a vector changed that."""
+    total to bf16 as the eager model does, bit for bit (Qwen3-Next: k 10, H 2048). On the H200 the
+    gated rows differed by one ulp until the kernel was compiled without FMA contraction
+    (bench/combine_probe.py, bench/results/2026-12-01c/call2)."""
     from triton_kernels.fused_moe import _combine
 
     g = torch.Generator(device=DEVICE).manual_seed(11)
