@@ -65,12 +65,15 @@ def _gemv_kernel(x, w, s, b, y, M, N, K, stride_xm, stride_wn, stride_sn, stride
 
 @triton.jit
 def _dot_kernel(x, w, s, b, y, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym, HAS_BIAS: tl.constexpr,
-                EXACT_DOT: tl.constexpr, M_BUCKET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr):
+                EXACT_DOT: tl.constexpr, F16_OPERANDS: tl.constexpr, M_BUCKET: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """M <= BLOCK_M (16 to 64): a [BLOCK_N, BLOCK_M] tile of y^T = w @ x^T on the tensor cores, the
     widened weight tile as the register operand; BLOCK_K is the 128-wide scale block, so each step's
     partial sum is scaled per output column. M_BUCKET only keys the autotuner. EXACT_DOT: float32 x,
-    multiplied in full float32 (no tf32)."""
+    multiplied in full float32 (no tf32). F16_OPERANDS (bf16 x): e4m3 widens to fp16 in one
+    instruction per pair (to bf16 it takes several), so both operands go to fp16: each token's tile is
+    first scaled by a power of two that brings its largest magnitude to [2**14, 2**15], where bf16's
+    8 significant bits fit fp16's 11 exactly, and the partial sum is scaled back."""
     i_n = tl.program_id(0)
     o_m = tl.arange(0, BLOCK_M)
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -83,12 +86,17 @@ def _dot_kernel(x, w, s, b, y, M, N, K, stride_xm, stride_wn, stride_sn, stride_
     for k0 in range(0, K, BLOCK_K):
         m_k = (k0 + o_k) < K
         b_x = tl.load(p_x + k0, mask=m_k[:, None] & m_m[None, :], other=0.0)
-        b_w = tl.load(p_w + k0, mask=m_n[:, None] & m_k[None, :], other=0.0).to(b_x.dtype)
+        b_w = tl.load(p_w + k0, mask=m_n[:, None] & m_k[None, :], other=0.0)
         b_s = tl.load(p_s + k0 // BLOCK_K, mask=m_n, other=0.0)  # [BLOCK_N]
-        if EXACT_DOT:
-            part = tl.dot(b_w, b_x, input_precision="ieee")
+        if F16_OPERANDS:
+            amax = tl.max(tl.abs(b_x.to(tl.float32)), 0)  # [BLOCK_M]
+            shift = 14.0 - tl.floor(tl.log2(tl.maximum(amax, 1e-30)))
+            b_x16 = (b_x.to(tl.float32) * tl.exp2(shift)[None, :]).to(tl.float16)
+            part = tl.dot(b_w.to(tl.float16), b_x16) * tl.exp2(-shift)[None, :]
+        elif EXACT_DOT:
+            part = tl.dot(b_w.to(b_x.dtype), b_x, input_precision="ieee")
         else:
-            part = tl.dot(b_w, b_x)
+            part = tl.dot(b_w.to(b_x.dtype), b_x)
         acc += part * b_s[:, None]
     if HAS_BIAS:
         acc += tl.load(b + o_n, mask=m_n, other=0.0).to(tl.float32)[:, None]
@@ -109,7 +117,7 @@ _dot_tuned = triton.autotune(
     configs=[triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
              for bn, w, st in [(16, 4, 4), (16, 4, 6), (32, 4, 4), (32, 4, 6), (64, 4, 4), (64, 4, 6),
                                (128, 4, 4), (128, 8, 4)]],
-    key=["N", "K", "M_BUCKET"], do_bench=_bench())(_dot_kernel)
+    key=["N", "K", "M_BUCKET", "F16_OPERANDS"], do_bench=_bench())(_dot_kernel)
 GEMV_MAX_ROWS = 2
 
 
@@ -129,20 +137,28 @@ def fp8_weight_only_gemm(*, x: torch.Tensor, weight: torch.Tensor, weight_scale_
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return y
+    _launch(x, weight, weight_scale_inv, bias, y, "gemv" if m <= GEMV_MAX_ROWS else "dot")
+    return y
+
+
+def _launch(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor, bias: torch.Tensor | None,
+            y: torch.Tensor, kernel: str, f16_operands: bool | None = None) -> None:
+    """Run `kernel` ("gemv" for 1-2 rows, or "dot") into y; f16_operands None: for bf16 x."""
+    (m, k), n = x.shape, weight.shape[0]
     args = (x, weight, weight_scale_inv, bias if bias is not None else y, y, m, n, k,
             x.stride(0), weight.stride(0), weight_scale_inv.stride(0), y.stride(0))
-    if m <= GEMV_MAX_ROWS:
+    if kernel == "gemv":
         flags = dict(HAS_BIAS=bias is not None, ROWS=triton.next_power_of_2(m))
         if x.is_cuda:
             _gemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags)
         else:  # the interpreter: one config
             _gemv_kernel[(triton.cdiv(n, 16),)](*args, BLOCK_N=16, BLOCK_K=256, STAGES=1, **flags)
-        return y
+        return
     bucket = max(16, triton.next_power_of_2(m))  # 16, 32 or 64: one row tile reads the weight once
-    flags = dict(HAS_BIAS=bias is not None, EXACT_DOT=x.dtype == torch.float32, M_BUCKET=bucket, BLOCK_M=bucket,
-                 BLOCK_K=FP8_BLOCK)
+    f16 = x.dtype == torch.bfloat16 if f16_operands is None else f16_operands
+    flags = dict(HAS_BIAS=bias is not None, EXACT_DOT=x.dtype == torch.float32, F16_OPERANDS=f16, M_BUCKET=bucket,
+                 BLOCK_M=bucket, BLOCK_K=FP8_BLOCK)
     if x.is_cuda:
         _dot_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags)
     else:  # the interpreter: one config
         _dot_kernel[(triton.cdiv(n, 32),)](*args, BLOCK_N=32, **flags)
-    return y
