@@ -44,7 +44,8 @@ def variants(x, q, s):
 def main() -> None:
     copy_bw = copy_bandwidth()
     print(f"copy bandwidth {copy_bw / 1e12:.2f} TB/s\n")
-    print("| layer | M | kernel | ms | % copy BW | bf16 cuBLAS ms | bf16 % copy BW | speed-up | rel err vs weight-only ref |")
+    print("| layer | M | kernel | ms | % copy BW | bf16 cuBLAS ms | bf16 % copy BW | speed-up | "
+          "rel err vs weight-only ref |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, (n, k) in SHAPES.items():
         w = torch.randn(n, k, device="cuda") / k**0.5
