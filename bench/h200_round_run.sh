@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [tests|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8kernels|moe|tp1 ...]
+#   bash bench/h200_round_run.sh [tests|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8kernels|moe|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -63,6 +63,10 @@ for part in ${*:-tests}; do
       timeout 200 python3 bench/fp8_kernels.py 2>&1 | tee "$OUT/fp8_kernels.md" | grep -E "^\||copy|quantization" ;;
     fp8decode)  # every decode-sized FP8 GEMM variant, as CUDA-graph replays
       timeout 200 python3 bench/fp8_decode_variants.py 2>&1 | tee "$OUT/fp8_decode_variants.md" | grep -E "^\||copy|Error" ;;
+    fp8check)  # the FP8 kernels' and the combine's CUDA tests
+      timeout 300 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_fp8_gemm.py \
+        tests/kernels/test_fused_moe.py::test_bf16_combine_rounds_where_eager_rounds 2>&1 \
+        | tee "$OUT/tests_fp8_combine.log" | tail -8 ;;
     fp8kernels)  # the FP8 GEMM against bf16 cuBLAS on the 9B linear shapes
       timeout 200 python3 bench/fp8_kernels.py 2>&1 | tee "$OUT/fp8_kernels.md" | grep -E "^\||copy" ;;
     tp1)  # tp 1 before (884e704, archived into .before/ and carried) and after the tensor-parallel rewrite

@@ -64,17 +64,21 @@ def _gemv_kernel(x, w, s, b, y, M, N, K, stride_xm, stride_wn, stride_sn, stride
 
 
 @triton.jit
-def _dot_kernel(x, w, s, b, y, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym, HAS_BIAS: tl.constexpr,
-                EXACT_DOT: tl.constexpr, F16_OPERANDS: tl.constexpr, M_BUCKET: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _dot_kernel(x, w, s, b, y, partials, arrivals, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym,
+                HAS_BIAS: tl.constexpr, EXACT_DOT: tl.constexpr, F16_OPERANDS: tl.constexpr, M_BUCKET: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     """M <= BLOCK_M (16 to 64): a [BLOCK_N, BLOCK_M] tile of y^T = w @ x^T on the tensor cores, the
     widened weight tile as the register operand; BLOCK_K is the 128-wide scale block, so each step's
     partial sum is scaled per output column. M_BUCKET only keys the autotuner. EXACT_DOT: float32 x,
     multiplied in full float32 (no tf32). F16_OPERANDS (bf16 x): e4m3 widens to fp16 in one
     instruction per pair (to bf16 it takes several), so both operands go to fp16: each token's tile is
     first scaled by a power of two that brings its largest magnitude to [2**14, 2**15], where bf16's
-    8 significant bits fit fp16's 11 exactly, and the partial sum is scaled back."""
-    i_n = tl.program_id(0)
+    8 significant bits fit fp16's 11 exactly, and the partial sum is scaled back.
+
+    SPLIT_K > 1 (narrow N, long K: more programs stream the weight): program (i_n, i_k) sums its K
+    range into partials [SPLIT_K, BLOCK_M, N] float32 and counts itself in arrivals[i_n]; the last
+    to arrive adds the SPLIT_K partials in order, writes y and sets the count back to 0."""
+    i_n, i_k = tl.program_id(0), tl.program_id(1)
     o_m = tl.arange(0, BLOCK_M)
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     o_k = tl.arange(0, BLOCK_K)
@@ -82,8 +86,9 @@ def _dot_kernel(x, w, s, b, y, M, N, K, stride_xm, stride_wn, stride_sn, stride_
     p_w = w + o_n.to(tl.int64)[:, None] * stride_wn + o_k[None, :]  # [BLOCK_N, BLOCK_K]
     p_x = x + o_m.to(tl.int64)[None, :] * stride_xm + o_k[:, None]  # [BLOCK_K, BLOCK_M] view of x^T
     p_s = s + (o_n // BLOCK_K) * stride_sn
+    k_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(i_k * k_split, tl.minimum(K, (i_k + 1) * k_split), BLOCK_K):
         m_k = (k0 + o_k) < K
         b_x = tl.load(p_x + k0, mask=m_k[:, None] & m_m[None, :], other=0.0)
         b_w = tl.load(p_w + k0, mask=m_n[:, None] & m_k[None, :], other=0.0)
@@ -98,14 +103,29 @@ def _dot_kernel(x, w, s, b, y, M, N, K, stride_xm, stride_wn, stride_sn, stride_
         else:
             part = tl.dot(b_w.to(b_x.dtype), b_x)
         acc += part * b_s[:, None]
-    if HAS_BIAS:
-        acc += tl.load(b + o_n, mask=m_n, other=0.0).to(tl.float32)[:, None]
     p_y = y + o_m.to(tl.int64)[None, :] * stride_ym + o_n[:, None]
-    tl.store(p_y, acc.to(y.dtype.element_ty), mask=m_n[:, None] & m_m[None, :])
+    m_y = m_n[:, None] & m_m[None, :]
+    if SPLIT_K > 1:
+        p_part = partials + o_m[None, :] * N + o_n[:, None]  # [BLOCK_N, BLOCK_M] of split 0
+        tl.store(p_part + i_k * BLOCK_M * N, acc, mask=m_y)
+        tl.debug_barrier()  # every thread's partial is written before the count says so
+        if tl.atomic_add(arrivals + i_n, 1, sem="acq_rel") == SPLIT_K - 1:  # the others' partials are in
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            for j in tl.static_range(SPLIT_K):
+                acc += tl.load(p_part + j * BLOCK_M * N, mask=m_y, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                acc += tl.load(b + o_n, mask=m_n, other=0.0).to(tl.float32)[:, None]
+            tl.store(p_y, acc.to(y.dtype.element_ty), mask=m_y)
+            tl.atomic_xchg(arrivals + i_n, 0)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b + o_n, mask=m_n, other=0.0).to(tl.float32)[:, None]
+        tl.store(p_y, acc.to(y.dtype.element_ty), mask=m_y)
 
 
 def _bench():
-    return functools.partial(triton.testing.do_bench, warmup=5, rep=20)
+    """Configs are timed as CUDA-graph replays: at decode sizes a plain launch loop measures the host."""
+    return functools.partial(triton.testing.do_bench_cudagraph, rep=20)
 
 
 _gemv_tuned = triton.autotune(
@@ -114,9 +134,10 @@ _gemv_tuned = triton.autotune(
                                    (16, 512, 8, 3), (32, 256, 4, 2), (32, 256, 8, 3), (8, 1024, 8, 2)]],
     key=["N", "K", "ROWS"], do_bench=_bench())(_gemv_kernel)
 _dot_tuned = triton.autotune(
-    configs=[triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
-             for bn, w, st in [(16, 4, 4), (16, 4, 6), (32, 4, 4), (32, 4, 6), (64, 4, 4), (64, 4, 6),
-                               (128, 4, 4), (128, 8, 4)]],
+    configs=[triton.Config({"BLOCK_N": bn, "SPLIT_K": sk}, num_warps=w, num_stages=st)
+             for bn, sk, w, st in [(16, 1, 4, 4), (16, 1, 4, 6), (32, 1, 4, 4), (64, 1, 4, 4), (64, 1, 4, 6),
+                                   (128, 1, 4, 4), (32, 2, 4, 4), (64, 2, 4, 4), (32, 4, 4, 4), (64, 4, 4, 4),
+                                   (16, 4, 4, 6), (64, 8, 4, 4)]],
     key=["N", "K", "M_BUCKET", "F16_OPERANDS"], do_bench=_bench())(_dot_kernel)
 GEMV_MAX_ROWS = 2
 
@@ -137,8 +158,31 @@ def fp8_weight_only_gemm(*, x: torch.Tensor, weight: torch.Tensor, weight_scale_
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return y
-    _launch(x, weight, weight_scale_inv, bias, y, "gemv" if m <= GEMV_MAX_ROWS else "dot")
+    _launch(x, weight, weight_scale_inv, bias, y, _kernel_for(x, weight, weight_scale_inv, bias, y))
     return y
+
+
+_CHOSEN: dict[tuple, str] = {}
+
+
+def _kernel_for(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor, bias: torch.Tensor | None,
+                y: torch.Tensor) -> str:
+    """"dot" above GEMV_MAX_ROWS rows; for fewer, whichever of "gemv" and "dot" ran this shape faster
+    on CUDA (timed once, as CUDA-graph replays, after each kernel's own tuning), "gemv" elsewhere."""
+    (m, k), n = x.shape, weight.shape[0]
+    if m > GEMV_MAX_ROWS:
+        return "dot"
+    if not x.is_cuda:
+        return "gemv"
+    key = (n, k, m, x.dtype, x.device)
+    if key not in _CHOSEN:
+        times = {}
+        for kernel in ("gemv", "dot"):
+            run = functools.partial(_launch, x, weight, weight_scale_inv, bias, y, kernel)
+            run()  # tunes
+            times[kernel] = triton.testing.do_bench_cudagraph(run, rep=20)
+        _CHOSEN[key] = min(times, key=times.get)
+    return _CHOSEN[key]
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor, bias: torch.Tensor | None,
@@ -158,7 +202,22 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tenso
     f16 = x.dtype == torch.bfloat16 if f16_operands is None else f16_operands
     flags = dict(HAS_BIAS=bias is not None, EXACT_DOT=x.dtype == torch.float32, F16_OPERANDS=f16, M_BUCKET=bucket,
                  BLOCK_M=bucket, BLOCK_K=FP8_BLOCK)
+    args = args[:5] + (torch.empty(MAX_SPLIT_K * bucket * n, dtype=torch.float32, device=x.device),
+                       _arrivals(x.device, triton.cdiv(n, 16))) + args[5:]
     if x.is_cuda:
-        _dot_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags)
-    else:  # the interpreter: one config
-        _dot_kernel[(triton.cdiv(n, 32),)](*args, BLOCK_N=32, **flags)
+        _dot_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](*args, **flags)
+    else:  # the interpreter: one config, K split in two
+        _dot_kernel[(triton.cdiv(n, 32), 2)](*args, BLOCK_N=32, SPLIT_K=2, **flags)
+
+
+MAX_SPLIT_K = 8
+_ARRIVALS: dict[torch.device, torch.Tensor] = {}
+
+
+def _arrivals(device: torch.device, tiles: int) -> torch.Tensor:
+    """One zeroed int32 counter per output tile, shared by every launch on the device: each launch
+    sets its counters back to 0 before it ends, and a stream runs one launch at a time."""
+    counts = _ARRIVALS.get(device)
+    if counts is None or counts.numel() < tiles:
+        counts = _ARRIVALS[device] = torch.zeros(max(tiles, 1 << 16), dtype=torch.int32, device=device)
+    return counts
