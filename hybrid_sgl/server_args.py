@@ -77,6 +77,10 @@ class ServerArgs:
                                   "layers to e4m3 with 128x128 block scales at load. Unset: as the checkpoint "
                                   "stores them (FP8 checkpoints in the DeepSeek/Qwen block layout are read "
                                   "as such).")
+    enable_fp8_experts: bool = _f(False, "With an FP8 checkpoint or --quantization fp8: keep the routed MoE "
+                                  "experts in e4m3 with 128x128 block scales too (halving their memory) and run "
+                                  "the fused MoE on them, weight-only. Off: FP8 experts are dequantized into "
+                                  "--dtype. Experimental: not yet run on a GPU.")
     kv_cache_dtype: str = _f("auto", "KV-cache dtype. Only auto yet: the KV cache is kept in the model dtype.")
     max_prefill_tokens: int | None = _f(None, "Most prompt tokens computed in one step over all requests. One "
                                         "budget serves this and --chunked-prefill-size here: the smaller wins.")

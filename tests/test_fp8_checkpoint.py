@@ -201,3 +201,28 @@ def test_fp8_experts_load_dequantized_into_the_model_dtype(tiny_checkpoint, tmp_
     # the 64-wide layers outside the experts are re-blocked (one more e4m3 rounding)
     _, ref_logprobs, _ = _run(_dequantized_copy(fp8, str(tmp_path / "deq")), PROMPTS[:2])
     _assert_within_e4m3_roundings(logprobs, ref_logprobs)
+
+
+def test_enable_fp8_experts_keeps_the_experts_in_fp8(tiny_checkpoint, tmp_path):
+    """--enable-fp8-experts: the routed experts are stored e4m3 with block scales per expert (a quarter
+    of their float32 bytes here), the down projections byte for byte as the checkpoint stores them (one
+    block per expert matrix; the gated w13 fuses gate and up rows into one block and is rounded once
+    more), and the model stays within the e4m3 roundings of the same checkpoint with dequantized
+    experts. Without FP8 weights the flag is refused."""
+    from hybrid_sgl.layers.moe import SparseMoE
+
+    fp8 = convert(tiny_checkpoint("qwen3_5_moe"), str(tmp_path / "fp8"), experts=True)
+    _, logprobs, model = _run(fp8, PROMPTS[:2], enable_fp8_experts=True)
+    moe = [m for m in model.modules() if isinstance(m, SparseMoE)][1]
+    assert moe.w13.dtype == moe.w2.dtype == FP8_DTYPE
+    assert moe.w2_scale_inv.shape == (moe.w2.shape[0], 1, 1) and moe.w13_scale_inv.dtype == torch.float32
+    tensors = load_file(os.path.join(fp8, "model.safetensors"))
+    assert torch.equal(moe.w2.data[2].view(torch.uint8),
+                       tensors["model.layers.1.mlp.experts.2.down_proj.weight"].view(torch.uint8))
+    _, ref_logprobs, _ = _run(fp8, PROMPTS[:2])
+    _assert_within_e4m3_roundings(logprobs, ref_logprobs)
+    _, triton_logprobs, _ = _run(fp8, PROMPTS[:2], enable_fp8_experts=True, moe_runner_backend="triton")
+    for got, ref in zip(triton_logprobs, logprobs):  # the fused MoE's FP8 kernels (the interpreter here)
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="--enable-fp8-experts needs FP8 weights"):
+        _run(tiny_checkpoint("qwen3_5_moe"), PROMPTS[:1], enable_fp8_experts=True)

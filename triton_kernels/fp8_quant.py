@@ -31,6 +31,13 @@ def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.view(nb * FP8_BLOCK, kb * FP8_BLOCK)[:n, :k].contiguous(), scale
 
 
+def quantize_fp8_stacked(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stacked expert weights [E, N, K] -> (e4m3 [E, N, K], scales [E, ceil(N/128), ceil(K/128)] float32),
+    each expert's matrix quantized by quantize_fp8."""
+    pairs = [quantize_fp8(w) for w in weights]
+    return torch.stack([q for q, _ in pairs]), torch.stack([s for _, s in pairs])
+
+
 def dequantize_fp8(weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> torch.Tensor:
     """weight [N, K] e4m3, weight_scale_inv [ceil(N/128), ceil(K/128)] -> [N, K] float32."""
     n, k = weight.shape

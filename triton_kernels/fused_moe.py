@@ -3,12 +3,19 @@ plus an optional shared expert's output, scaled by sigmoid of its gate logit whe
 out[t] += sigmoid(shared_gate[t]) * shared[t].
 
 activation "silu": gated experts, y_e(x) = down_e(silu(gate_e x) * up_e x), w13 [E, 2I, H];
-activation "relu2": non-gated experts (Nemotron-H), y_e(x) = down_e(relu(up_e x)^2), w13 [E, I, H]."""
+activation "relu2": non-gated experts (Nemotron-H), y_e(x) = down_e(relu(up_e x)^2), w13 [E, I, H].
+
+FP8 experts (w13_scale / w2_scale given): w13 and w2 are float8_e4m3fn with one float32 scale per
+128 x 128 block of each expert's matrix, [E, ceil(rows/128), ceil(cols/128)] (fp8_quant.py); only the
+weights are quantized. The kernels widen each e4m3 tile to x's dtype and scale its partial sum per
+output column, so K tiles must not straddle a 128 block."""
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8
 
 
 def fused_moe_ref(
@@ -22,18 +29,24 @@ def fused_moe_ref(
     shared: torch.Tensor | None = None,
     shared_gate: torch.Tensor | None = None,
     partial: bool = False,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x: [T, H]; w13: [E, 2I, H] (gate rows then up rows) or [E, I, H] for relu2; w2: [E, H, I];
     topk_weights: [T, k] float32; topk_ids: [T, k]; shared: [T, H] or None; shared_gate: [T] logits
     or None. Returns [T, H] in x's dtype. partial: some ids are E, experts held elsewhere (expert
-    parallelism); those slots add nothing."""
+    parallelism); those slots add nothing. w13_scale, w2_scale: FP8 experts' block scales (each
+    expert's weights are dequantized, then used in x's dtype)."""
+    def weight(w: torch.Tensor, scale: torch.Tensor | None, expert: int) -> torch.Tensor:
+        return w[expert] if scale is None else dequantize_fp8(w[expert], scale[expert]).to(x.dtype)
+
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     flat_ids = topk_ids.flatten()
     for expert in flat_ids.unique().tolist():
         if partial and expert == w2.shape[0]:
             continue
         token, which = (topk_ids == expert).nonzero(as_tuple=True)
-        h = F.linear(x[token], w13[expert])
+        h = F.linear(x[token], weight(w13, w13_scale, expert))
         if activation == "silu":
             gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up
@@ -41,7 +54,7 @@ def fused_moe_ref(
             h = F.relu(h).square()
         else:
             raise ValueError(f"unsupported MoE activation {activation!r}; expected 'silu' or 'relu2'")
-        y = F.linear(h, w2[expert])
+        y = F.linear(h, weight(w2, w2_scale, expert))
         out.index_add_(0, token, y.float() * topk_weights[token, which, None])
     out = out.to(x.dtype)
     if shared is not None:  # in the model dtype, rounded where the eager model rounds
@@ -129,13 +142,14 @@ def _locate_block(expert_offsets, i_b, E, BLOCK_M: tl.constexpr, NUM_BINS: tl.co
 
 
 @triton.jit
-def _moe_up_kernel(x, w13, inter, sorted_assign, expert_offsets, stride_x, stride_we, stride_wn, stride_inter,
-                   H, I, E, TOPK: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr, NUM_BINS: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                   UNSORTED: tl.constexpr):
+def _moe_up_kernel(x, w13, s13, inter, sorted_assign, expert_offsets, stride_x, stride_we, stride_wn, stride_se,
+                   stride_sn, stride_inter, H, I, E, TOPK: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
+                   NUM_BINS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   EVEN_K: tl.constexpr, UNSORTED: tl.constexpr, FP8_W: tl.constexpr):
     """One program per (row block, BLOCK_N columns of I): gathers x rows by token, multiplies by the
     expert's w13 rows (gate rows o_n and up rows I + o_n when GATED), applies the activation.
-    UNSORTED: block i is assignment i alone (sorted_assign holds topk_ids), its row of inter is i."""
+    UNSORTED: block i is assignment i alone (sorted_assign holds topk_ids), its row of inter is i.
+    FP8_W: w13 is e4m3 and s13 [E, rows / 128, H / 128] its block scales."""
     num_n = tl.cdiv(I, BLOCK_N)
     i_b, i_n = tl.program_id(0) // num_n, tl.program_id(0) % num_n
     if UNSORTED:
@@ -155,6 +169,8 @@ def _moe_up_kernel(x, w13, inter, sorted_assign, expert_offsets, stride_x, strid
     o_k = tl.arange(0, BLOCK_K)
     p_x = x + b_token[:, None] * stride_x + o_k[None, :]  # [BLOCK_M, BLOCK_K]
     p_w = w13 + i_e.to(tl.int64) * stride_we + o_n[None, :] * stride_wn + o_k[:, None]  # [BLOCK_K, BLOCK_N]
+    p_s = s13 + i_e.to(tl.int64) * stride_se + (o_n // 128) * stride_sn  # [BLOCK_N] (FP8_W)
+    p_su = s13 + i_e.to(tl.int64) * stride_se + ((I + o_n) // 128) * stride_sn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k in range(0, tl.cdiv(H, BLOCK_K)):
@@ -165,13 +181,21 @@ def _moe_up_kernel(x, w13, inter, sorted_assign, expert_offsets, stride_x, strid
         else:
             b_x = tl.load(p_x, mask=m_m[:, None] & m_k[None, :], other=0.0)
             b_w = tl.load(p_w, mask=m_k[:, None] & m_n[None, :], other=0.0)
-        acc = tl.dot(b_x, b_w, acc, input_precision=PREC)
+        if FP8_W:
+            b_s = tl.load(p_s + (k * BLOCK_K) // 128, mask=m_n, other=0.0)
+            acc += tl.dot(b_x, b_w.to(b_x.dtype), input_precision=PREC) * b_s[None, :]
+        else:
+            acc = tl.dot(b_x, b_w, acc, input_precision=PREC)
         if GATED:
             if EVEN_K:
                 b_u = tl.load(p_w + I * stride_wn, mask=m_n[None, :], other=0.0)
             else:
                 b_u = tl.load(p_w + I * stride_wn, mask=m_k[:, None] & m_n[None, :], other=0.0)
-            acc_up = tl.dot(b_x, b_u, acc_up, input_precision=PREC)
+            if FP8_W:
+                b_su = tl.load(p_su + (k * BLOCK_K) // 128, mask=m_n, other=0.0)
+                acc_up += tl.dot(b_x, b_u.to(b_x.dtype), input_precision=PREC) * b_su[None, :]
+            else:
+                acc_up = tl.dot(b_x, b_u, acc_up, input_precision=PREC)
         p_x += BLOCK_K
         p_w += BLOCK_K
     if GATED:
@@ -184,12 +208,12 @@ def _moe_up_kernel(x, w13, inter, sorted_assign, expert_offsets, stride_x, strid
 
 
 @triton.jit
-def _moe_down_kernel(inter, w2, rows, sorted_assign, expert_offsets, topk_weights, stride_inter, stride_we,
-                     stride_wh, stride_rows, H, I, E, PREC: tl.constexpr, NUM_BINS: tl.constexpr,
+def _moe_down_kernel(inter, w2, s2, rows, sorted_assign, expert_offsets, topk_weights, stride_inter, stride_we,
+                     stride_wh, stride_se, stride_sh, stride_rows, H, I, E, PREC: tl.constexpr, NUM_BINS: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                     UNSORTED: tl.constexpr):
+                     UNSORTED: tl.constexpr, FP8_W: tl.constexpr):
     """One program per (row block, BLOCK_N columns of H): inter rows @ w2[e]^T times the routing
-    weight, stored at the rows' assignment indices. UNSORTED: as in _moe_up_kernel."""
+    weight, stored at the rows' assignment indices. UNSORTED, FP8_W: as in _moe_up_kernel."""
     num_n = tl.cdiv(H, BLOCK_N)
     i_b, i_n = tl.program_id(0) // num_n, tl.program_id(0) % num_n
     if UNSORTED:
@@ -205,6 +229,7 @@ def _moe_down_kernel(inter, w2, rows, sorted_assign, expert_offsets, topk_weight
     o_k = tl.arange(0, BLOCK_K)
     p_a = inter + o_m.to(tl.int64)[:, None] * stride_inter + o_k[None, :]  # [BLOCK_M, BLOCK_K]
     p_w = w2 + i_e.to(tl.int64) * stride_we + o_n[None, :] * stride_wh + o_k[:, None]  # [BLOCK_K, BLOCK_N]
+    p_s = s2 + i_e.to(tl.int64) * stride_se + (o_n // 128) * stride_sh  # [BLOCK_N] (FP8_W)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k in range(0, tl.cdiv(I, BLOCK_K)):
         if EVEN_K:
@@ -214,7 +239,11 @@ def _moe_down_kernel(inter, w2, rows, sorted_assign, expert_offsets, topk_weight
             m_k = o_k < I - k * BLOCK_K
             b_a = tl.load(p_a, mask=m_m[:, None] & m_k[None, :], other=0.0)
             b_w = tl.load(p_w, mask=m_k[:, None] & m_n[None, :], other=0.0)
-        acc = tl.dot(b_a, b_w, acc, input_precision=PREC)
+        if FP8_W:
+            b_s = tl.load(p_s + (k * BLOCK_K) // 128, mask=m_n, other=0.0)
+            acc += tl.dot(b_a, b_w.to(b_a.dtype), input_precision=PREC) * b_s[None, :]
+        else:
+            acc = tl.dot(b_a, b_w, acc, input_precision=PREC)
         p_a += BLOCK_K
         p_w += BLOCK_K
     if UNSORTED:
@@ -337,7 +366,8 @@ def _gemm_configs(num_rows: int, num_experts: int, dtype: torch.dtype, device: t
 def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                    topk_ids: torch.Tensor, activation: str, up_config: dict | None = None,
                    down_config: dict | None = None, shared: torch.Tensor | None = None,
-                   shared_gate: torch.Tensor | None = None, partial: bool = False) -> torch.Tensor:
+                   shared_gate: torch.Tensor | None = None, partial: bool = False,
+                   w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None) -> torch.Tensor:
     """fused_moe; explicit launch configs (for tuning) force the sorted path."""
     if activation not in ("silu", "relu2"):
         raise ValueError(f"unsupported MoE activation {activation!r}; expected 'silu' or 'relu2'")
@@ -350,6 +380,13 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     assert topk_ids.shape == topk_weights.shape and topk_ids.shape[0] == t, (
         f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} must both be [{t}, k]")
     assert x.stride(-1) == 1 and w13.stride(-1) == 1 and w2.stride(-1) == 1, "x, w13, w2 need unit last strides"
+    fp8 = w13_scale is not None
+    if fp8:
+        blocks = lambda w: (e, triton.cdiv(w.shape[1], FP8_BLOCK), triton.cdiv(w.shape[2], FP8_BLOCK))  # noqa: E731
+        assert w13.dtype == w2.dtype == FP8_DTYPE and w2_scale is not None, "FP8 experts need both weights e4m3"
+        assert w13_scale.shape == blocks(w13) and w2_scale.shape == blocks(w2), (
+            f"scales {tuple(w13_scale.shape)} / {tuple(w2_scale.shape)} for w13 {tuple(w13.shape)} / w2 "
+            f"{tuple(w2.shape)}: one per 128 x 128 block of each expert")
     k = topk_ids.shape[1]
     rows = t * k
     if rows == 0:  # no tokens
@@ -361,6 +398,11 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
         sorted_assign, expert_offsets = sort_by_expert(topk_ids=topk_ids, num_experts=e)
     default_up, default_down = _gemm_configs(rows, e, x.dtype, x.device)
     up, down = up_config or default_up, down_config or default_down
+    assert not fp8 or FP8_BLOCK % up["BLOCK_K"] == FP8_BLOCK % down["BLOCK_K"] == 0, "K tiles within a scale block"
+    s13 = w13_scale.contiguous() if fp8 else w13  # (a placeholder pointer when not FP8)
+    s2 = w2_scale.contiguous() if fp8 else w2
+    s13_strides = (s13.stride(0), s13.stride(1)) if fp8 else (0, 0)
+    s2_strides = (s2.stride(0), s2.stride(1)) if fp8 else (0, 0)
 
     def programs(config: dict, columns: int) -> tuple[int]:
         blocks = rows if unsorted else _max_blocks(rows, e, config["BLOCK_M"])
@@ -370,15 +412,15 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     num_bins = _num_bins(e)
     inter = torch.empty((rows, i), dtype=x.dtype, device=x.device)
     _moe_up_kernel[programs(up, i)](
-        x, w13, inter, sorted_assign, expert_offsets, x.stride(0), w13.stride(0), w13.stride(1), inter.stride(0),
-        h, i, e, TOPK=k, GATED=gated, PREC=prec, NUM_BINS=num_bins, EVEN_K=h % up["BLOCK_K"] == 0,
-        UNSORTED=unsorted, **up)
+        x, w13, s13, inter, sorted_assign, expert_offsets, x.stride(0), w13.stride(0), w13.stride(1), *s13_strides,
+        inter.stride(0), h, i, e, TOPK=k, GATED=gated, PREC=prec, NUM_BINS=num_bins, EVEN_K=h % up["BLOCK_K"] == 0,
+        UNSORTED=unsorted, FP8_W=fp8, **up)
     # [T*k, H], row t * k + j; the rows of slots routed elsewhere (partial) are never written
     out_rows = (torch.zeros if partial else torch.empty)((rows, h), dtype=x.dtype, device=x.device)
     _moe_down_kernel[programs(down, h)](
-        inter, w2, out_rows, sorted_assign, expert_offsets, topk_weights.float().contiguous(), inter.stride(0),
-        w2.stride(0), w2.stride(1), out_rows.stride(0), h, i, e, PREC=prec, NUM_BINS=num_bins,
-        EVEN_K=i % down["BLOCK_K"] == 0, UNSORTED=unsorted, **down)
+        inter, w2, s2, out_rows, sorted_assign, expert_offsets, topk_weights.float().contiguous(), inter.stride(0),
+        w2.stride(0), w2.stride(1), *s2_strides, out_rows.stride(0), h, i, e, PREC=prec, NUM_BINS=num_bins,
+        EVEN_K=i % down["BLOCK_K"] == 0, UNSORTED=unsorted, FP8_W=fp8, **down)
     if k == 1 and shared is None:
         return out_rows
     return _combine(out_rows, t, k, shared, shared_gate)
@@ -395,11 +437,14 @@ def fused_moe(
     shared: torch.Tensor | None = None,
     shared_gate: torch.Tensor | None = None,
     partial: bool = False,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """fused_moe_ref on Triton kernels: x: [T, H]; w13: [E, 2I, H] ("silu") or [E, I, H] ("relu2");
     w2: [E, H, I]; topk_weights: [T, k] float32; topk_ids: [T, k] ints in [0, E) (or E where partial:
     the sort and the unsorted blocks skip those slots, whose rows stay zero); shared: [T, H] or None;
-    shared_gate: [T] logits or None. Returns [T, H] in x's dtype. The k weighted expert rows and the
-    shared expert are summed in one kernel. No host sync: safe inside CUDA-graph capture."""
+    shared_gate: [T] logits or None; w13_scale, w2_scale: FP8 experts' block scales (module docstring).
+    Returns [T, H] in x's dtype. The k weighted expert rows and the shared expert are summed in one
+    kernel. No host sync: safe inside CUDA-graph capture."""
     return _fused_moe_fwd(x, w13, w2, topk_weights, topk_ids, activation, shared=shared, shared_gate=shared_gate,
-                          partial=partial)
+                          partial=partial, w13_scale=w13_scale, w2_scale=w2_scale)

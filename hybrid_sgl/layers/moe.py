@@ -49,6 +49,10 @@ class SparseMoE(nn.Module):
                                                dtype=torch.float32))
         self.w13 = nn.Parameter(torch.empty(e, 2 * i, hidden_size))  # [E, gate rows | up rows, H]
         self.w2 = nn.Parameter(torch.empty(e, hidden_size, i))
+        self.register_buffer("w13_scale_inv", None)  # FP8 experts' block scales (layers/quantization.py)
+        self.register_buffer("w2_scale_inv", None)
+
+    fp8_expert_weights = ("w13", "w2")
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """x: [T, H] -> (weights [T, k] float32, expert ids [T, k], shared gate logits [T] or None)."""
@@ -67,7 +71,7 @@ class SparseMoE(nn.Module):
             ids = torch.where((ids >= 0) & (ids < self.num_local), ids, self.num_local)
         out = self.ops.fused_moe(x=x, w13=self.w13, w2=self.w2, topk_weights=weights, topk_ids=ids,
                                  shared=None if self.shared is None else self.shared(x), shared_gate=gate,
-                                 partial=partial)
+                                 partial=partial, w13_scale=self.w13_scale_inv, w2_scale=self.w2_scale_inv)
         return out if self.tp.size == 1 else self.tp.all_reduce(out)
 
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:

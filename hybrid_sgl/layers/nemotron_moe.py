@@ -38,10 +38,14 @@ class NemotronMoE(nn.Module):
         self.correction_bias = nn.Parameter(torch.empty(e, dtype=torch.float32))
         self.w_up = nn.Parameter(torch.empty(e, i, d))  # [E, I, D], D = latent or hidden size
         self.w_down = nn.Parameter(torch.empty(e, d, i))  # [E, D, I]
+        self.register_buffer("w_up_scale_inv", None)  # FP8 experts' block scales (layers/quantization.py)
+        self.register_buffer("w_down_scale_inv", None)
         self.to_latent = nn.Linear(hidden_size, latent_size, bias=bias) if latent_size else None
         self.from_latent = nn.Linear(latent_size, hidden_size, bias=bias) if latent_size else None
         shared = spec.shared_expert_intermediate_size
         self.shared = Relu2MLP(hidden_size, shared, bias) if shared else None
+
+    fp8_expert_weights = ("w_up", "w_down")
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [T, H] -> (weights [T, k] float32, expert ids [T, k])."""
@@ -65,7 +69,7 @@ class NemotronMoE(nn.Module):
         weights, ids = self.route(x)
         h = x if self.to_latent is None else self.to_latent(x)
         out = self.ops.fused_moe(x=h, w13=self.w_up, w2=self.w_down, topk_weights=weights, topk_ids=ids,
-                                 activation="relu2")
+                                 activation="relu2", w13_scale=self.w_up_scale_inv, w2_scale=self.w_down_scale_inv)
         if self.tp.size > 1:
             out = self.tp.all_reduce(out)
         if self.from_latent is not None:

@@ -9,7 +9,8 @@ beside it. `--quantization fp8` quantizes an unquantized checkpoint the same way
 Loading: the family code splits, fuses and shards checkpoint rows its own way, so an FP8 tensor
 reaches it dequantized (float32, marked as `DequantizedFp8`, a mark that views and splits keep).
 Routed MoE experts in FP8 load the same way into the MoE block's stacked weights, which stay in
---dtype: such checkpoints serve, without the FP8 memory saving for the experts.
+--dtype (such checkpoints serve, without the FP8 memory saving for the experts) unless
+--enable-fp8-experts turns them back into e4m3 blocks per expert (`quantize_experts`).
 A linear layer notes whether every piece of its weight came marked; once all weights are in,
 `quantize_linears` turns those layers (every one, for --quantization fp8) into e4m3 weights with
 128 x 128 block scales over their own rows. Where a layer's blocks line up with the checkpoint's
@@ -27,7 +28,7 @@ import torch
 from torch import nn
 
 from triton_kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref
-from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8
+from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8, quantize_fp8_stacked
 from triton_kernels.fp8_weight_only import WEIGHT_ONLY_MAX_ROWS, fp8_weight_only_gemm, fp8_weight_only_gemm_ref
 
 logger = logging.getLogger(__name__)
@@ -36,9 +37,11 @@ SUPPORTED = ("quant_method 'fp8', fmt 'e4m3', weight_block_size [128, 128], acti
 
 @dataclass(frozen=True)
 class Fp8Config:
-    """from_checkpoint: the checkpoint holds FP8 weights (else every linear layer is quantized at load)."""
+    """from_checkpoint: the checkpoint holds FP8 weights (else every linear layer is quantized at load).
+    experts: the routed MoE experts are kept in FP8 too (--enable-fp8-experts)."""
 
     from_checkpoint: bool
+    experts: bool = False
 
 
 def check_quantization_config(quant: dict) -> None:
@@ -60,15 +63,20 @@ def check_quantization_config(quant: dict) -> None:
                          "Serve the model's unquantized (bf16) release, optionally with --quantization fp8")
 
 
-def fp8_config(quant: dict | None, flag: str | None) -> Fp8Config | None:
-    """The FP8 setting from the checkpoint's quantization_config and --quantization (None: unquantized)."""
+def fp8_config(quant: dict | None, flag: str | None, experts: bool = False) -> Fp8Config | None:
+    """The FP8 setting from the checkpoint's quantization_config, --quantization and
+    --enable-fp8-experts (None: unquantized)."""
     if flag not in (None, "fp8"):
         raise ValueError(f"--quantization {flag}: only fp8 is supported (e4m3 weights, 128x128 block scales); "
                          "use --quantization fp8 or leave it unset")
     if quant:
         check_quantization_config(quant)
-        return Fp8Config(from_checkpoint=True)
-    return Fp8Config(from_checkpoint=False) if flag == "fp8" else None
+        return Fp8Config(from_checkpoint=True, experts=experts)
+    if flag == "fp8":
+        return Fp8Config(from_checkpoint=False, experts=experts)
+    if experts:
+        raise ValueError("--enable-fp8-experts needs FP8 weights: an FP8 checkpoint, or --quantization fp8")
+    return None
 
 
 class DequantizedFp8(torch.Tensor):
@@ -79,17 +87,21 @@ def came_from_fp8(tensor: torch.Tensor) -> bool:
     return isinstance(tensor, DequantizedFp8)
 
 
-def dequantized_weights(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+def dequantized_weights(weights: Iterator[tuple[str, torch.Tensor]],
+                        experts_in_fp8: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """Pair each e4m3 `X.weight` with its `X.weight_scale_inv` (in either order, in any shard) and yield
-    `X.weight` dequantized [N, K] float32 and marked; every other tensor passes through."""
+    `X.weight` dequantized [N, K] float32 and marked; every other tensor passes through.
+    experts_in_fp8: the experts are quantized again after loading (no warning that they are not)."""
     weights_waiting: dict[str, torch.Tensor] = {}
     scales_waiting: dict[str, torch.Tensor] = {}
     expert = None  # the first FP8 expert weight, for the warning
     for name, tensor in weights:
         if expert is None and ".experts." in name and name.endswith(".weight_scale_inv"):
             expert = name.removesuffix("_scale_inv")
-            logger.warning("FP8 MoE experts (%s, ...) are served in --dtype, dequantized at load: the experts' "
-                           "memory is not halved and their GEMMs run in --dtype", expert)
+            if not experts_in_fp8:
+                logger.warning("FP8 MoE experts (%s, ...) are served in --dtype, dequantized at load: the experts' "
+                               "memory is not halved and their GEMMs run in --dtype (--enable-fp8-experts keeps "
+                               "them in FP8)", expert)
         if name.endswith((".weight_scale", ".input_scale")):
             raise ValueError(f"{name}: per-tensor or static FP8 scales are not supported; supported: {SUPPORTED}")
         if name.endswith(".weight_scale_inv"):
@@ -141,6 +153,20 @@ def quantize_linears(model: nn.Module, only_fp8_loaded: bool) -> int:
     if mixed:
         logger.warning("%d linear layer(s) fuse FP8 and unquantized checkpoint tensors; they stay in the model dtype",
                        mixed)
+    return turned
+
+
+def quantize_experts(model: nn.Module) -> int:
+    """Turn every MoE block's stacked expert weights (the names in its `fp8_expert_weights`) into e4m3
+    with 128 x 128 block scales per expert, beside them as `NAME_scale_inv`; returns how many blocks
+    were turned. As for linear layers, blocks that line up with a checkpoint's give back its e4m3 values."""
+    turned = 0
+    for block in model.modules():
+        for name in getattr(block, "fp8_expert_weights", ()):
+            weight, scale = quantize_fp8_stacked(getattr(block, name).data)
+            setattr(block, name, nn.Parameter(weight, requires_grad=False))
+            setattr(block, f"{name}_scale_inv", scale)
+        turned += bool(getattr(block, "fp8_expert_weights", ()))
     return turned
 
 

@@ -15,7 +15,7 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from hybrid_sgl.config import ModelConfig
-from hybrid_sgl.layers.quantization import Fp8Config, dequantized_weights, quantize_linears
+from hybrid_sgl.layers.quantization import Fp8Config, dequantized_weights, quantize_experts, quantize_linears
 from hybrid_sgl.memory.memory_plan import available_ram_bytes
 from hybrid_sgl.models.registry import model_class
 
@@ -86,7 +86,7 @@ def build_model(config: ModelConfig, backends, *, dtype: torch.dtype, device: to
                 p.fill_(float("nan"))  # anything the checkpoint does not fill stays NaN and is caught below
             weights = iter_checkpoint(model_path)
             if quantization is not None and quantization.from_checkpoint:
-                weights = dequantized_weights(weights)
+                weights = dequantized_weights(weights, experts_in_fp8=quantization.experts)
             model.load_weights(weights)
             missing = [n for n, p in model.named_parameters() if torch.isnan(p).any()]
             if missing:
@@ -97,6 +97,8 @@ def build_model(config: ModelConfig, backends, *, dtype: torch.dtype, device: to
             turned = quantize_linears(model, only_fp8_loaded=only_loaded)
             logger.info("FP8 weights (e4m3, 128x128 block scales) in %d linear layers (%s)", turned,
                         "as the checkpoint stores them" if only_loaded else "quantized at load")
+            if quantization.experts:
+                logger.info("FP8 routed experts in %d MoE blocks", quantize_experts(model))
     return model.eval()
 
 

@@ -103,7 +103,8 @@ class ModelRunner:
             self.model = build_model(config, backends, dtype=self.dtype, device=self.device,
                                      max_positions=self.context_length, load_format=args.load_format,
                                      model_path=args.model_path, seed=args.random_seed,
-                                     quantization=fp8_config(config.quantization_config, args.quantization))
+                                     quantization=fp8_config(config.quantization_config, args.quantization,
+                                                              args.enable_fp8_experts))
         self.state_shapes = self._state_shapes()
         self.plan = self._plan_memory()
         if tp.size > 1:

@@ -34,3 +34,15 @@ def test_cuda_fp8_matches_the_cpu_reference(fp8_checkpoint, quantization):  # no
     # rounding flips (tests/test_fp8_checkpoint.py), and reduced-precision FP8 MMA sums flip some
     rel = (ours - ref).abs() / ref.abs()
     assert rel.max() < 0.15 and rel.mean() < 0.05, (rel.max(), rel.mean())
+
+
+def test_cuda_fp8_experts_match_the_cpu_reference(tiny_checkpoint, tmp_path):
+    """--enable-fp8-experts on a Qwen3.5-MoE FP8 checkpoint: the fused MoE's FP8 kernels against the
+    CPU reference on the same e4m3 experts."""
+    from tools.fp8_checkpoint import convert
+
+    path = convert(tiny_checkpoint("qwen3_5_moe"), str(tmp_path / "fp8"), experts=True)
+    ours = _prompt_logprobs(path, device="cuda", enable_fp8_experts=True, **BACKENDS["triton"])
+    ref = _prompt_logprobs(path, device="cpu", enable_fp8_experts=True)
+    rel = (ours - ref).abs() / ref.abs()
+    assert rel.max() < 0.15 and rel.mean() < 0.05, (rel.max(), rel.mean())

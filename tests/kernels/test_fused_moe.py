@@ -176,3 +176,34 @@ def test_bf16_combine_rounds_where_eager_rounds():
     assert torch.equal(_combine(rows, t, k, shared, None), total.bfloat16() + shared)
     expected = total.bfloat16() + torch.sigmoid(gate.bfloat16())[:, None] * shared
     assert torch.equal(_combine(rows, t, k, shared, gate), expected)
+
+
+@pytest.mark.parametrize("num_tokens,top_k", [(2, 2), (40, 2)])  # the unsorted path, then the sorted one
+@pytest.mark.parametrize("activation", ["silu", "relu2"])
+def test_fp8_experts_match_their_dequantized_reference(num_tokens, top_k, activation):
+    """FP8 experts: e4m3 weights with 128 x 128 block scales (H 160 and I 136 leave partial blocks, and
+    the gated w13's up rows start inside a block), against the reference on the dequantized weights;
+    a wrong block's scale shows."""
+    from triton_kernels.fp8_quant import quantize_fp8_stacked
+
+    h, i, num_experts = 160, 136, 4
+    g = torch.Generator().manual_seed(12)
+    w13 = torch.randn(num_experts, (2 if activation == "silu" else 1) * i, h, generator=g) / h**0.5
+    w13[:, :100] *= 20.0  # blocks of different magnitudes
+    w2 = torch.randn(num_experts, h, i, generator=g) / i**0.5
+    (q13, s13), (q2, s2) = quantize_fp8_stacked(w13), quantize_fp8_stacked(w2)
+    assert s13.shape == (num_experts, -(-w13.shape[1] // 128), 2) and s2.shape == (num_experts, 2, 2)
+    weights, ids = _routing(num_tokens, num_experts, top_k, seed=13)
+    x = torch.randn(num_tokens, h, generator=g).to(DEVICE)
+    kw = dict(x=x, w13=q13.to(DEVICE), w2=q2.to(DEVICE), topk_weights=weights, topk_ids=ids, activation=activation,
+              w13_scale=s13.to(DEVICE), w2_scale=s2.to(DEVICE))
+    ref = fused_moe_ref(**kw)
+    scale = ref.abs().max().item()  # relu2 of the 20x blocks makes outputs in the thousands
+    torch.testing.assert_close(fused_moe(**kw), ref, rtol=1e-4, atol=1e-5 * scale)
+    dequantized = fused_moe_ref(**{**kw, "w13": w13.to(DEVICE), "w2": w2.to(DEVICE), "w13_scale": None,
+                                   "w2_scale": None})
+    assert not torch.allclose(ref, dequantized, rtol=1e-4, atol=1e-5 * scale)  # the e4m3 rounding is really there
+    torch.testing.assert_close(ref, dequantized, rtol=0.1, atol=0.1 * scale)
+    wrong = s2.clone()
+    wrong[:, 1, 0] *= 2.0  # output rows 128..159, inner columns 0..127
+    assert not torch.allclose(fused_moe(**{**kw, "w2_scale": wrong.to(DEVICE)}), ref, rtol=1e-4, atol=1e-5 * scale)
