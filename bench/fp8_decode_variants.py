@@ -18,14 +18,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import triton.testing  # noqa: E402
+from fp8_kernels import layer_weights  # noqa: E402
 from moe_kernels import copy_bandwidth  # noqa: E402
 
 from triton_kernels.fp8_gemm import _cublas_takes, fp8_gemm  # noqa: E402
-from triton_kernels.fp8_quant import quantize_fp8  # noqa: E402
 from triton_kernels.fp8_weight_only import _launch, fp8_weight_only_gemm_ref  # noqa: E402
-
-SHAPES = {"mlp gate_up": (24576, 4096), "mlp down": (4096, 12288), "attn qkv+gate": (10240, 4096),
-          "gdn in_proj": (12352, 4096), "o / out_proj": (4096, 4096)}
 
 
 def in_graph_ms(fn) -> float:
@@ -54,10 +51,7 @@ def main() -> None:
     print("| layer | M | kernel | ms | % copy BW | bf16 cuBLAS ms | bf16 % copy BW | speed-up | "
           "rel err vs weight-only ref |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for name, (n, k) in SHAPES.items():
-        w = torch.randn(n, k, device="cuda") / k**0.5
-        q, s = quantize_fp8(w)
-        w16 = w.bfloat16()
+    for name, n, k, q, s, w16 in layer_weights():
         for m in (1, 2, 16, 64):
             x = torch.randn(m, k, device="cuda").bfloat16()
             t16 = in_graph_ms(lambda: F.linear(x, w16))  # noqa: B023

@@ -33,6 +33,13 @@ SHAPES = {"mlp gate_up": (24576, 4096), "mlp down": (4096, 12288), "attn qkv+gat
 TOKENS = [1, 2, 16, 64, 8192]
 
 
+def layer_weights():
+    """(layer, N, K, e4m3 weight, its scales, the bf16 weight) for each 9B shape, on CUDA."""
+    for name, (n, k) in SHAPES.items():
+        w = torch.randn(n, k, device="cuda") / k**0.5
+        yield name, n, k, *quantize_fp8(w), w.bfloat16()
+
+
 def kernels(m: int, n: int, k: int) -> dict:
     """name -> (fn, reference) of the FP8 paths that serve m rows."""
     if m <= 64:
@@ -49,10 +56,7 @@ def main() -> None:
     print("| layer | N x K | M | path | bf16 ms | fp8 ms | bf16 / fp8 | fp8 % copy BW | bf16 % copy BW | fp8 TFLOP/s | "
           "bf16 TFLOP/s | fp8 vs ref |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, (n, k) in SHAPES.items():
-        w = torch.randn(n, k, device="cuda") / k**0.5
-        q, s = quantize_fp8(w)
-        w16 = w.bfloat16()
+    for name, n, k, q, s, w16 in layer_weights():
         for m in TOKENS:
             x = torch.randn(m, k, device="cuda").bfloat16()
             # decode sizes run back to back inside a CUDA graph, as decode runs them

@@ -28,14 +28,20 @@ def _weight(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return q.to(DEVICE), s.to(DEVICE)
 
 
+def _problem(m: int, n: int, k: int, with_bias: bool, seed: int) -> dict:
+    """The GEMMs' keyword arguments: a quantized [n, k] weight, x [m, k] and an optional bias."""
+    q, s = _weight(n, k)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(DEVICE)
+    bias = torch.randn(n, generator=g).to(DEVICE) if with_bias else None
+    return dict(x=x, weight=q, weight_scale_inv=s, bias=bias)
+
+
 @pytest.mark.parametrize("m,n,k", [(1, 130, 200), (5, 257, 129), (17, 33, 260), (3, 128, 128)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_matches_reference(m, n, k, with_bias):
-    q, s = _weight(n, k)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(m, k, generator=g).to(DEVICE)
-    bias = torch.randn(n, generator=g).to(DEVICE) if with_bias else None
-    kw = dict(x=x, weight=q, weight_scale_inv=s, bias=bias)
+    kw = _problem(m, n, k, with_bias, seed=1)
+    x = kw["x"]
     y = fp8_gemm(**kw)
     assert y.shape == (m, n) and y.dtype == x.dtype
     ref = fp8_gemm_ref(**kw)
@@ -115,16 +121,12 @@ def test_activation_kernel_matches_its_reference_bit_for_bit(m, k, rows):
 def test_weight_only_matches_reference(m, n, k, with_bias):
     """x stays unquantized: the products are those of x with the dequantized weight, to float32 rounding
     (1-2 rows: the CUDA-core kernel, K past two of its tiles; more: the tensor-core one)."""
-    q, s = _weight(n, k)
-    g = torch.Generator().manual_seed(6)
-    x = torch.randn(m, k, generator=g).to(DEVICE)
-    bias = torch.randn(n, generator=g).to(DEVICE) if with_bias else None
-    kw = dict(x=x, weight=q, weight_scale_inv=s, bias=bias)
+    kw = _problem(m, n, k, with_bias, seed=6)
     y = fp8_weight_only_gemm(**kw)
-    assert y.shape == (m, n) and y.dtype == x.dtype
+    assert y.shape == (m, n) and y.dtype == kw["x"].dtype
     ref = fp8_weight_only_gemm_ref(**kw)
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-4)
-    wrong_block = s.clone()
+    wrong_block = kw["weight_scale_inv"].clone()
     wrong_block[-1, -1] *= 2.0
     assert not torch.allclose(fp8_weight_only_gemm(**{**kw, "weight_scale_inv": wrong_block}), ref, rtol=1e-5,
                               atol=1e-4)
