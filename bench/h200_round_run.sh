@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [tests|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8kernels|moe|tp1 ...]
+#   bash bench/h200_round_run.sh [tests|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -67,6 +67,12 @@ for part in ${*:-tests}; do
       timeout 300 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_fp8_gemm.py \
         tests/kernels/test_fused_moe.py::test_bf16_combine_rounds_where_eager_rounds 2>&1 \
         | tee "$OUT/tests_fp8_combine.log" | tail -8 ;;
+    fp8moe)  # --enable-fp8-experts: its CUDA test, then 35B-A3B bf16 vs FP8 (experts too) at batch 1 / 32
+      timeout 200 python3 -m pytest -q -rfE -p no:cacheprovider tests/gpu/test_fp8_cuda.py \
+        tests/kernels/test_fused_moe.py -k fp8_experts 2>&1 | tee "$OUT/tests_fp8_moe.log" | tail -8
+      offline bf16_35b qwen3_5-35b-a3b-text --batch 1,32 --prompt 512 --output 128
+      offline fp8_35b qwen3_5-35b-a3b-text --batch 1,32 --prompt 512 --output 128 --engine-arg quantization=fp8 \
+        --engine-arg enable_fp8_experts=true ;;
     fp8kernels)  # the FP8 GEMM against bf16 cuBLAS on the 9B linear shapes
       timeout 200 python3 bench/fp8_kernels.py 2>&1 | tee "$OUT/fp8_kernels.md" | grep -E "^\||copy" ;;
     tp1)  # tp 1 before (884e704, archived into .before/ and carried) and after the tensor-parallel rewrite
