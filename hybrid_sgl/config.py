@@ -218,8 +218,13 @@ class ModelConfig:
                 f"unsupported model: model_type={model_type!r} ({arch}); supported model types: {supported}"
             )
         config = parser(hf, _generation_eos(path))
-        quant = hf.get("quantization_config") or (hf.get("text_config") or {}).get("quantization_config")
+        quant = quantization_config_of(hf)
         return dataclasses.replace(config, quantization_config=quant) if quant else config
+
+
+def quantization_config_of(hf: dict) -> dict | None:
+    """config.json's quantization_config, at the top or in a multimodal checkpoint's text_config."""
+    return hf.get("quantization_config") or (hf.get("text_config") or {}).get("quantization_config")
 
 
 def _generation_eos(path: str) -> list[int]:

@@ -229,7 +229,9 @@ def _check_checkpoint(model_path: str, load_format: str) -> None:
         raise FileNotFoundError(f"no config.json in {model_path}{hint}")
     with open(os.path.join(model_path, "config.json")) as f:
         hf = json.load(f)
-    quant = hf.get("quantization_config") or (hf.get("text_config") or {}).get("quantization_config")
+    from hybrid_sgl.config import quantization_config_of
+
+    quant = quantization_config_of(hf)
     if quant:
         from hybrid_sgl.layers.quantization import check_quantization_config
 
