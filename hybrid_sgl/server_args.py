@@ -131,7 +131,9 @@ class ServerArgs:
                            ("--moe-runner-backend", self.moe_runner_backend)):
             check_backend_device(flag, name, device)
         model_path = self.model_path or BUNDLED_MODEL
-        _check_checkpoint(model_path, self.load_format)
+        fp8_weights = _check_checkpoint(model_path, self.load_format) or self.quantization == "fp8"
+        if self.enable_fp8_experts and not fp8_weights:
+            raise ValueError("--enable-fp8-experts needs FP8 weights: an FP8 checkpoint, or --quantization fp8")
         if self.tp_size > 1:
             _check_tensor_parallel(model_path, self.tp_size, device, self.ep_size > 1)
         chunk = self.chunked_prefill_size
@@ -220,8 +222,9 @@ def _sglang_attention_backend(name: str, device: str) -> str:
     return ours
 
 
-def _check_checkpoint(model_path: str, load_format: str) -> None:
-    """The model folder exists and holds weights (unless dummy ones were asked for)."""
+def _check_checkpoint(model_path: str, load_format: str) -> dict | None:
+    """The model folder exists and holds weights (unless dummy ones were asked for), quantized in a format
+    we serve if at all; returns its quantization_config."""
     if not os.path.isfile(os.path.join(model_path, "config.json")):
         hint = ("" if os.path.isdir(model_path) else
                 f"; nothing is downloaded here: fetch the model first (huggingface-cli download {model_path} "
@@ -243,6 +246,7 @@ def _check_checkpoint(model_path: str, load_format: str) -> None:
         from hybrid_sgl.models.loader import checkpoint_files
 
         checkpoint_files(model_path)
+    return quant
 
 
 def _check_tensor_parallel(model_path: str, size: int, device: str, expert_parallel: bool) -> None:

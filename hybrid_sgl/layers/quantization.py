@@ -65,18 +65,10 @@ def check_quantization_config(quant: dict) -> None:
 
 def fp8_config(quant: dict | None, flag: str | None, experts: bool = False) -> Fp8Config | None:
     """The FP8 setting from the checkpoint's quantization_config, --quantization and
-    --enable-fp8-experts (None: unquantized)."""
-    if flag not in (None, "fp8"):
-        raise ValueError(f"--quantization {flag}: only fp8 is supported (e4m3 weights, 128x128 block scales); "
-                         "use --quantization fp8 or leave it unset")
-    if quant:
-        check_quantization_config(quant)
-        return Fp8Config(from_checkpoint=True, experts=experts)
-    if flag == "fp8":
-        return Fp8Config(from_checkpoint=False, experts=experts)
-    if experts:
-        raise ValueError("--enable-fp8-experts needs FP8 weights: an FP8 checkpoint, or --quantization fp8")
-    return None
+    --enable-fp8-experts, as ServerArgs.resolved() checked them (None: unquantized)."""
+    if not quant and flag != "fp8":
+        return None
+    return Fp8Config(from_checkpoint=bool(quant), experts=experts)
 
 
 class DequantizedFp8(torch.Tensor):
