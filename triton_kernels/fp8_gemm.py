@@ -137,7 +137,9 @@ def fp8_gemm(*, x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.T
         f"weight_scale_inv {tuple(weight_scale_inv.shape)} for weight {(n, k)}"
     assert weight_scale_inv.dtype == torch.float32 and (bias is None or bias.shape == (n,))
     weight, weight_scale_inv = weight.contiguous(), weight_scale_inv.contiguous()
-    if m and x.dtype != torch.float32 and (cublas is None and _cublas_takes(n, k, x.device) or cublas):
+    if cublas is None:
+        cublas = x.dtype != torch.float32 and _cublas_takes(n, k, x.device)
+    if m and cublas:
         q, scale = quantize_activations(x, rows=-(-m // 4) * 4)
         y = _cublas_gemm(q, scale, weight, weight_scale_inv, x.dtype)[:m]
         return y + bias if bias is not None else y
