@@ -217,13 +217,15 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tenso
 
 
 MAX_SPLIT_K = 8
+MAX_TILES = 1 << 16  # output tiles of 16 columns: N up to ~1M
 _ARRIVALS: dict[torch.device, torch.Tensor] = {}
 
 
 def _arrivals(device: torch.device, tiles: int) -> torch.Tensor:
     """One zeroed int32 counter per output tile, shared by every launch on the device: each launch
-    sets its counters back to 0 before it ends, and a stream runs one launch at a time."""
-    counts = _ARRIVALS.get(device)
-    if counts is None or counts.numel() < tiles:
-        counts = _ARRIVALS[device] = torch.zeros(max(tiles, 1 << 16), dtype=torch.int32, device=device)
-    return counts
+    sets its counters back to 0 before it ends, and a stream runs one launch at a time. Made once per
+    device and never replaced, so the decode graphs that captured it stay valid."""
+    assert tiles <= MAX_TILES, f"{tiles} output tiles: more than the {MAX_TILES} split-K counters"
+    if device not in _ARRIVALS:
+        _ARRIVALS[device] = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
+    return _ARRIVALS[device]
