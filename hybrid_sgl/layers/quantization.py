@@ -152,14 +152,13 @@ def quantize_experts(model: nn.Module) -> int:
     """Turn every MoE block's stacked expert weights (the names in its `fp8_expert_weights`) into e4m3
     with 128 x 128 block scales per expert, beside them as `NAME_scale_inv`; returns how many blocks
     were turned. As for linear layers, blocks that line up with a checkpoint's give back its e4m3 values."""
-    turned = 0
-    for block in model.modules():
-        for name in getattr(block, "fp8_expert_weights", ()):
+    blocks = [block for block in model.modules() if hasattr(block, "fp8_expert_weights")]
+    for block in blocks:
+        for name in block.fp8_expert_weights:
             weight, scale = quantize_fp8_stacked(getattr(block, name).data)
             setattr(block, name, nn.Parameter(weight, requires_grad=False))
             setattr(block, f"{name}_scale_inv", scale)
-        turned += bool(getattr(block, "fp8_expert_weights", ()))
-    return turned
+    return len(blocks)
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
