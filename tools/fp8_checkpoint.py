@@ -7,8 +7,8 @@ Each quantized `X.weight` [N, K] becomes float8_e4m3fn with `X.weight_scale_inv`
 config.json gains quantization_config {quant_method fp8, fmt e4m3, weight_block_size [128, 128],
 activation_scheme dynamic, modules_to_not_convert [...]}. Quantized: every 2-D linear weight except
 embeddings, lm_head, MoE routers (`mlp.gate`, `shared_expert_gate`) and, unless --quantize-experts, the
-routed experts (this server loads FP8 experts dequantized into --dtype). Norms, conv and 1-D tensors are copied as
-they are; so are the tokenizer and every other file. Shards keep their names; the index gains the
+routed experts (served dequantized into --dtype, or in FP8 with --enable-fp8-experts). Norms, conv and 1-D
+tensors are copied as they are; so are the tokenizer and every other file. Shards keep their names; the index gains the
 scales.
 """
 
@@ -88,7 +88,8 @@ def main() -> None:
     parser.add_argument("src", help="unquantized checkpoint folder (config.json + *.safetensors)")
     parser.add_argument("dst", help="folder to write the FP8 checkpoint into")
     parser.add_argument("--quantize-experts", action="store_true",
-                        help="also store routed MoE experts in FP8 (the published layout; served here dequantized)")
+                        help="also store routed MoE experts in FP8 (the published layout; served dequantized unless "
+                             "--enable-fp8-experts)")
     args = parser.parse_args()
     print(convert(args.src, args.dst, experts=args.quantize_experts))
 
