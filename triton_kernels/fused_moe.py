@@ -382,11 +382,14 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     assert x.stride(-1) == 1 and w13.stride(-1) == 1 and w2.stride(-1) == 1, "x, w13, w2 need unit last strides"
     fp8 = w13_scale is not None
     if fp8:
-        blocks = lambda w: (e, triton.cdiv(w.shape[1], FP8_BLOCK), triton.cdiv(w.shape[2], FP8_BLOCK))  # noqa: E731
+        def blocks(w: torch.Tensor) -> tuple[int, int, int]:
+            return e, triton.cdiv(w.shape[1], FP8_BLOCK), triton.cdiv(w.shape[2], FP8_BLOCK)
+
         assert w13.dtype == w2.dtype == FP8_DTYPE and w2_scale is not None, "FP8 experts need both weights e4m3"
         assert w13_scale.shape == blocks(w13) and w2_scale.shape == blocks(w2), (
             f"scales {tuple(w13_scale.shape)} / {tuple(w2_scale.shape)} for w13 {tuple(w13.shape)} / w2 "
             f"{tuple(w2.shape)}: one per 128 x 128 block of each expert")
+        assert w13_scale.stride(-1) == w2_scale.stride(-1) == 1, "scales need unit last strides"
     k = topk_ids.shape[1]
     rows = t * k
     if rows == 0:  # no tokens
@@ -399,10 +402,7 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     default_up, default_down = _gemm_configs(rows, e, x.dtype, x.device)
     up, down = up_config or default_up, down_config or default_down
     assert not fp8 or FP8_BLOCK % up["BLOCK_K"] == FP8_BLOCK % down["BLOCK_K"] == 0, "K tiles within a scale block"
-    s13 = w13_scale.contiguous() if fp8 else w13  # (a placeholder pointer when not FP8)
-    s2 = w2_scale.contiguous() if fp8 else w2
-    s13_strides = (s13.stride(0), s13.stride(1)) if fp8 else (0, 0)
-    s2_strides = (s2.stride(0), s2.stride(1)) if fp8 else (0, 0)
+    s13, s2 = (w13_scale, w2_scale) if fp8 else (w13, w2)  # without FP8 the weights stand in, unread
 
     def programs(config: dict, columns: int) -> tuple[int]:
         blocks = rows if unsorted else _max_blocks(rows, e, config["BLOCK_M"])
@@ -412,15 +412,15 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     num_bins = _num_bins(e)
     inter = torch.empty((rows, i), dtype=x.dtype, device=x.device)
     _moe_up_kernel[programs(up, i)](
-        x, w13, s13, inter, sorted_assign, expert_offsets, x.stride(0), w13.stride(0), w13.stride(1), *s13_strides,
-        inter.stride(0), h, i, e, TOPK=k, GATED=gated, PREC=prec, NUM_BINS=num_bins, EVEN_K=h % up["BLOCK_K"] == 0,
-        UNSORTED=unsorted, FP8_W=fp8, **up)
+        x, w13, s13, inter, sorted_assign, expert_offsets, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0),
+        s13.stride(1), inter.stride(0), h, i, e, TOPK=k, GATED=gated, PREC=prec, NUM_BINS=num_bins,
+        EVEN_K=h % up["BLOCK_K"] == 0, UNSORTED=unsorted, FP8_W=fp8, **up)
     # [T*k, H], row t * k + j; the rows of slots routed elsewhere (partial) are never written
     out_rows = (torch.zeros if partial else torch.empty)((rows, h), dtype=x.dtype, device=x.device)
     _moe_down_kernel[programs(down, h)](
         inter, w2, s2, out_rows, sorted_assign, expert_offsets, topk_weights.float().contiguous(), inter.stride(0),
-        w2.stride(0), w2.stride(1), *s2_strides, out_rows.stride(0), h, i, e, PREC=prec, NUM_BINS=num_bins,
-        EVEN_K=i % down["BLOCK_K"] == 0, UNSORTED=unsorted, FP8_W=fp8, **down)
+        w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), out_rows.stride(0), h, i, e, PREC=prec,
+        NUM_BINS=num_bins, EVEN_K=i % down["BLOCK_K"] == 0, UNSORTED=unsorted, FP8_W=fp8, **down)
     if k == 1 and shared is None:
         return out_rows
     return _combine(out_rows, t, k, shared, shared_gate)
