@@ -8,11 +8,13 @@ import pytest
 import torch
 
 from hybrid_sgl.config import ModelConfig
+from hybrid_sgl.layers.moe import SparseMoE
 from hybrid_sgl.runner.model_runner import ModelRunner
 from hybrid_sgl.sampling_params import SamplingParams
 from hybrid_sgl.scheduler.request import Req
 from hybrid_sgl.scheduler.scheduler import Scheduler
 from hybrid_sgl.server_args import ServerArgs
+from hybrid_sgl.testing.tiny_checkpoint import TINY_MOE
 
 FAMILIES = ["qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen3_5_vl", "qwen3_5_moe_vl",
             "nemotron_h", "falcon_h1", "bamba", "granitemoehybrid", "jamba"]
@@ -130,6 +132,19 @@ def test_triton_moe_kernels_match_hf(tiny_checkpoint, family):
     reqs = [full_request(f"r{i}", prompt_of(n, i, vocab), vocab, max_new=m)
             for i, (n, m) in enumerate([(23, 5), (6, 4)])]
     run_and_check(path, s, {0: [reqs[0]], 2: [reqs[1]]})
+
+
+@pytest.mark.parametrize("family,backend", [("qwen3_5_moe", "torch"), ("qwen3_next", "triton")])
+def test_shared_expert_stacked_with_the_experts_matches_hf(tiny_checkpoint, family, backend):
+    """A shared expert as wide as the routed ones is expert E of the stack, routed to every token with
+    weight sigmoid(its gate): the reference ops and the Triton kernels (interpreter) against HF."""
+    path = tiny_checkpoint(family, shared_expert_intermediate_size=TINY_MOE["moe_intermediate_size"])
+    s = make_scheduler(path, chunked_prefill_size=16, moe_runner_backend=backend)
+    moe = next(m for m in s.runner.model.modules() if isinstance(m, SparseMoE))
+    assert moe.stacked_shared and moe.shared is None and moe.w13.shape[0] == moe.spec.num_experts + 1
+    vocab = s.vocab_size
+    reqs = [full_request(f"s{i}", prompt_of(n, 30 + i, vocab), vocab, max_new=5) for i, n in enumerate([21, 4])]
+    run_and_check(path, s, {0: [reqs[0]], 1: [reqs[1]]})
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "nemotron_h", "falcon_h1", "bamba",

@@ -4,7 +4,7 @@ logprobs and prefix-cache hits; configs that do not split are refused with their
 that dies: test_tensor_parallel_server.py).
 
 The cases cover every split: Qwen3.5 (GDN, gated attention, dense MLP), Qwen3.5-MoE at tp 4 (KV
-heads replicated, MoE experts and shared expert), Nemotron-H (Mamba2 groups split, relu2 MLP,
+heads replicated, MoE experts and shared expert), Qwen3-Next with its shared expert stacked with the experts, Nemotron-H (Mamba2 groups split, relu2 MLP,
 sigmoid-routed MoE), Bamba with one Mamba2 group (replicated: the gated norm spans both ranks),
 Falcon-H1 (parallel attention + Mamba2 with folded multipliers), Jamba (Mamba-1 channels, MoE), and
 the composed hybrid (every mixer kind, packed state slots)."""
@@ -14,6 +14,7 @@ import torch
 
 from hybrid_sgl.engine import Engine
 from hybrid_sgl.server_args import ServerArgs
+from hybrid_sgl.testing.tiny_checkpoint import TINY_MOE
 from hybrid_sgl.testing.tiny_composed import make_composed_checkpoint
 
 # 8 pages of 16 tokens for 4 requests of ~70 tokens each: the batch preempts; chunks of 24 tokens
@@ -58,7 +59,8 @@ def _assert_same(tp1: dict, tpn: dict) -> None:
 
 
 CASES = [("qwen3_5", 2, {}), ("qwen3_5_moe", 4, TP4_GDN), ("nemotron_h", 2, {}), ("bamba", 2, dict(mamba_n_groups=1)),
-         ("falcon_h1", 2, {}), ("jamba", 2, {})]
+         ("falcon_h1", 2, {}), ("jamba", 2, {}),
+         ("qwen3_next", 2, dict(shared_expert_intermediate_size=TINY_MOE["moe_intermediate_size"]))]
 
 
 @pytest.mark.parametrize("family, tp, dims", CASES, ids=[f"{f}-tp{tp}" for f, tp, _ in CASES])

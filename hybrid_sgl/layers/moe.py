@@ -2,19 +2,22 @@
 and an optional shared expert scaled by sigmoid(shared_expert_gate x).
 
 The shared expert's gate is one more row of the float32 router matrix, so one matmul gives the
-expert logits and the gate logit; the fused MoE kernel sums the k expert rows and the gated
-shared expert in one pass.
+expert logits and the gate logit. A shared expert as wide as the routed ones is stacked after them
+(expert E of w13 / w2) and routed to every token as one more slot weighted sigmoid(gate) (or 1): the
+fused MoE then reads it in the same two GEMM launches, where a separate MLP took three or four
+kernels per layer at decode. A shared expert of another width runs as its own MLP, and the fused
+MoE's combine adds it.
 
 Tensor parallel: every expert's intermediate dimension splits over the ranks (w13 rows, w2
 columns), the shared expert's too; the router stays whole; one all-reduce sums the ranks' partial
 outputs (routed and shared together). With --ep-size (= --tp-size), each rank holds E / size whole
 experts instead (rank r: experts r * E / size onwards); a slot routed to another rank's expert adds
-nothing here, and the same all-reduce sums the ranks' parts. The shared expert stays split."""
+nothing here, and the same all-reduce sums the ranks' parts. The shared expert stays split (and
+unstacked)."""
 
 import re
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from hybrid_sgl.config import MoESpec
@@ -25,6 +28,7 @@ from hybrid_sgl.layers.linear import Block, whole
 from hybrid_sgl.layers.mlp import GatedMLP
 
 _EXPERT = re.compile(r"experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
+_SHARED = re.compile(r"shared_expert\.(gate_proj|up_proj|down_proj)\.weight")
 
 
 class SparseMoE(nn.Module):
@@ -41,9 +45,14 @@ class SparseMoE(nn.Module):
             self.num_local = spec.num_experts
         self.first_expert = self.tp.rank * self.num_local if self.tp.expert_parallel else 0
         e, i = self.num_local, self.block.local_rows
-        self.shared = GatedMLP(hidden_size, spec.shared_expert_intermediate_size, reduce=False) \
-            if spec.shared_expert_intermediate_size else None
-        self.has_shared_gate = self.shared is not None and spec.shared_expert_gate
+        shared_size = spec.shared_expert_intermediate_size
+        # the shared expert as expert num_local of the stack (its rows split over ranks as the experts' are)
+        self.stacked_shared = bool(shared_size) and shared_size == spec.intermediate_size \
+            and not self.tp.expert_parallel
+        self.shared = GatedMLP(hidden_size, shared_size, reduce=False) \
+            if shared_size and not self.stacked_shared else None
+        self.has_shared_gate = bool(shared_size) and spec.shared_expert_gate
+        e += self.stacked_shared
         # [E experts | shared expert gate, H]
         self.router = nn.Parameter(torch.empty(spec.num_experts + self.has_shared_gate, hidden_size,
                                                dtype=torch.float32))
@@ -55,12 +64,14 @@ class SparseMoE(nn.Module):
     fp8_expert_weights = ("w13", "w2")
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """x: [T, H] -> (weights [T, k] float32, expert ids [T, k], shared gate logits [T] or None)."""
+        """x: [T, H] -> (weights [T, k] float32, expert ids [T, k], shared gate logits [T] or None). With
+        the shared expert stacked, its slot is one more column, k + 1 (id num_local), and no gate is returned."""
         e = self.spec.num_experts
-        logits = F.linear(x.float(), self.router)  # [T, E (+ 1)]
-        weights, ids = self.ops.softmax_topk(logits=logits[:, :e], top_k=self.spec.top_k,
-                                             renormalize=self.spec.norm_topk_prob)
-        return weights, ids, logits[:, e] if self.has_shared_gate else None
+        logits = self.ops.router_logits(x=x, weight=self.router)  # [T, E (+ 1)] float32
+        weights, ids = self.ops.softmax_topk(logits=logits, top_k=self.spec.top_k, renormalize=self.spec.norm_topk_prob,
+                                             num_experts=e, shared_id=self.num_local if self.stacked_shared else None,
+                                             shared_gate=self.stacked_shared and self.has_shared_gate)
+        return weights, ids, logits[:, e] if self.has_shared_gate and not self.stacked_shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
@@ -82,20 +93,25 @@ class SparseMoE(nn.Module):
         if name == "gate.weight":
             self.router.data[: self.spec.num_experts].copy_(tensor)
         elif m := _EXPERT.fullmatch(name):
-            e, proj = int(m.group(1)) - self.first_expert, m.group(2)
-            if not 0 <= e < self.num_local:  # another rank's expert
-                return
-            target = {"gate_proj": self.w13.data[e, :i], "up_proj": self.w13.data[e, i:],
-                      "down_proj": self.w2.data[e]}[proj]
-            target.copy_(rows_of(tensor, rank, dim=1 if proj == "down_proj" else 0))
+            e = int(m.group(1)) - self.first_expert
+            if 0 <= e < self.num_local:  # else another rank's expert
+                self._load_expert(e, m.group(2), tensor)
         elif name == "experts.gate_up_proj":  # [E, 2I, H]
             gate, up = tensor.narrow(0, self.first_expert, self.num_local).chunk(2, dim=1)
-            self.w13.data.copy_(torch.cat([rows_of(gate, rank, dim=1), rows_of(up, rank, dim=1)], dim=1))
+            self.w13.data[: self.num_local].copy_(torch.cat([rows_of(gate, rank, dim=1), rows_of(up, rank, dim=1)], 1))
         elif name == "experts.down_proj":  # [E, H, I]
-            self.w2.data.copy_(rows_of(tensor.narrow(0, self.first_expert, self.num_local), rank, dim=2))
+            self.w2.data[: self.num_local].copy_(rows_of(tensor.narrow(0, self.first_expert, self.num_local), rank, dim=2))
+        elif (m := _SHARED.fullmatch(name)) and self.stacked_shared:
+            self._load_expert(self.num_local, m.group(1), tensor)
         elif name.startswith("shared_expert.") and self.shared is not None:
             self.shared.load_weight(name.removeprefix("shared_expert."), tensor)
         elif name == "shared_expert_gate.weight" and self.has_shared_gate:
             self.router.data[self.spec.num_experts :].copy_(tensor)
         else:
             raise KeyError(name)
+
+    def _load_expert(self, e: int, proj: str, tensor: torch.Tensor) -> None:
+        """proj (gate_proj, up_proj or down_proj) of local expert e (num_local: the stacked shared expert)."""
+        i, rows_of, rank = self.block.local_rows, self.block.rows_of, self.tp.rank
+        target = {"gate_proj": self.w13.data[e, :i], "up_proj": self.w13.data[e, i:], "down_proj": self.w2.data[e]}[proj]
+        target.copy_(rows_of(tensor, rank, dim=1 if proj == "down_proj" else 0))

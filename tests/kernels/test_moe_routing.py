@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from triton_kernels.moe_routing import softmax_topk, softmax_topk_ref
+from triton_kernels.moe_routing import router_logits, router_logits_ref, softmax_topk, softmax_topk_ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -36,3 +36,32 @@ def test_strided_rows_and_no_tokens():
 def test_rejects_k_above_expert_count():
     with pytest.raises(AssertionError, match="top_k"):
         softmax_topk(logits=torch.zeros(2, 4, device=DEVICE), top_k=5, renormalize=False)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_shared_expert_slot_follows_the_routed_ones(gated):
+    """A stacked shared expert: slot k holds its id and sigmoid(its gate logit, column E), or 1."""
+    logits = torch.randn(5, 7, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    kw = dict(logits=logits, top_k=3, renormalize=True, num_experts=6, shared_id=6, shared_gate=gated)
+    weights, ids = softmax_topk(**kw)
+    ref_weights, ref_ids = softmax_topk_ref(**kw)
+    assert weights.shape == ids.shape == (5, 4) and torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_weights, rtol=1e-6, atol=1e-6)
+    assert (ids[:, 3] == 6).all() and (ids[:, :3] < 6).all()
+    gate = torch.sigmoid(logits[:, 6]) if gated else torch.ones(5, device=DEVICE)
+    torch.testing.assert_close(weights[:, 3], gate)
+    routed, routed_ids = softmax_topk_ref(logits=logits[:, :6], top_k=3, renormalize=True)
+    assert torch.equal(ids[:, :3], routed_ids)
+    torch.testing.assert_close(weights[:, :3], routed, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("num_tokens,hidden,rows", [(1, 2048, 257), (3, 100, 9), (16, 64, 5), (17, 64, 5)])
+def test_router_logits_match_a_float32_matmul(num_tokens, hidden, rows):
+    """bf16 tokens widened in the kernel; hidden sizes that are not a multiple of the tile; past 16 tokens
+    the reference path."""
+    g = torch.Generator().manual_seed(hidden)
+    x = torch.randn(num_tokens, hidden, generator=g).bfloat16().to(DEVICE)
+    weight = torch.randn(rows, hidden, generator=g).to(DEVICE)
+    got = router_logits(x=x, weight=weight)
+    assert got.dtype == torch.float32 and got.shape == (num_tokens, rows)
+    torch.testing.assert_close(got, router_logits_ref(x=x, weight=weight), rtol=1e-5, atol=1e-4)
