@@ -4,7 +4,12 @@ vs a dense matmul pair of the same FLOPs, at two expert shapes (bf16 weights and
     Qwen3.5-35B-A3B      E 256, top-8,  H 2048, I 512 (silu-gated experts)
     Qwen3-Next-80B-A3B   E 512, top-10, H 2048, I 512
 
-    PYTHONPATH=. python bench/moe_kernels.py [--no-tune] [--no-profile] [--tokens 1 8 32 256 4096]
+    PYTHONPATH=. python bench/moe_kernels.py [--no-tune] [--no-profile] [--fp8] [--tokens 1 8 32 256 4096]
+
+Both models have a shared expert as wide as the routed ones, which serving stacks after them
+(layers/moe.py): the problems here do too, E + 1 experts and k + 1 slots, the last one expert E
+with weight sigmoid(gate). --fp8: the experts in e4m3 with 128 x 128 block scales
+(--enable-fp8-experts); bytes count one per weight.
 
 Routing is a softmax top-k of random logits (about balanced). Times are triton's do_bench medians
 (L2 flushed before each call). "ours" replays the call from a CUDA graph, as serving replays
@@ -34,6 +39,7 @@ sys.path.insert(0, ROOT)
 
 from bench.gdn_kernels import kernel_times  # noqa: E402
 from triton_kernels import fused_moe as moe  # noqa: E402
+from triton_kernels.fp8_quant import quantize_fp8_stacked  # noqa: E402
 
 SHAPES = {"Qwen3.5-35B-A3B": (256, 8, 2048, 512), "Qwen3-Next-80B-A3B": (512, 10, 2048, 512)}
 TOKENS = [1, 8, 32, 256, 4096]
@@ -66,14 +72,22 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
 
 
-def problem(num_experts: int, top_k: int, hidden: int, inter: int, num_tokens: int, seed: int = 0) -> dict:
+def problem(num_experts: int, top_k: int, hidden: int, inter: int, num_tokens: int, seed: int = 0,
+            fp8: bool = False) -> dict:
+    """E routed experts and the shared one stacked after them; k routed slots and the shared slot."""
     g = torch.Generator(device=DEVICE).manual_seed(seed)
-    w13 = (torch.randn(num_experts, 2 * inter, hidden, generator=g, device=DEVICE) / hidden**0.5).to(DTYPE)
-    w2 = (torch.randn(num_experts, hidden, inter, generator=g, device=DEVICE) / inter**0.5).to(DTYPE)
+    e = num_experts + 1
+    w13 = (torch.randn(e, 2 * inter, hidden, generator=g, device=DEVICE) / hidden**0.5).to(DTYPE)
+    w2 = (torch.randn(e, hidden, inter, generator=g, device=DEVICE) / inter**0.5).to(DTYPE)
     x = torch.randn(num_tokens, hidden, generator=g, device=DEVICE).to(DTYPE)
     probs = torch.randn(num_tokens, num_experts, generator=g, device=DEVICE).softmax(dim=-1)
     weights, ids = probs.topk(top_k, dim=-1)
-    return dict(x=x, w13=w13, w2=w2, topk_weights=weights / weights.sum(-1, keepdim=True), topk_ids=ids)
+    gate = torch.sigmoid(torch.randn(num_tokens, 1, generator=g, device=DEVICE))
+    kw = dict(x=x, w13=w13, w2=w2, topk_weights=torch.cat([weights / weights.sum(-1, keepdim=True), gate], 1),
+              topk_ids=torch.cat([ids, torch.full_like(ids[:, :1], num_experts)], 1))
+    if fp8:
+        (kw["w13"], kw["w13_scale"]), (kw["w2"], kw["w2_scale"]) = (quantize_fp8_stacked(w) for w in (w13, w2))
+    return kw
 
 
 def up_configs() -> list[dict]:
@@ -122,9 +136,10 @@ def tune_case(name: str, kw: dict, base_ms: float, report) -> None:
 
 
 def case(name: str, shape: tuple, num_tokens: int, copy_bw: float, tune: bool, profile: bool,
-         report) -> dict:
+         report, fp8: bool = False) -> dict:
     e, k, h, i = shape
-    kw = problem(e, k, h, i, num_tokens, seed=num_tokens)
+    kw = problem(e, k, h, i, num_tokens, seed=num_tokens, fp8=fp8)
+    k += 1  # the shared slot
     rows = num_tokens * k
     out = moe.fused_moe(**kw)
     ref = moe.fused_moe_ref(**kw)
@@ -134,10 +149,12 @@ def case(name: str, shape: tuple, num_tokens: int, copy_bw: float, tune: bool, p
     row["ref"] = bench_ms(lambda: moe.fused_moe_ref(**kw))
     a = torch.randn(rows, h, device=DEVICE, dtype=DTYPE)
     b = torch.randn(rows, i, device=DEVICE, dtype=DTYPE)
-    w13, w2 = kw["w13"][0], kw["w2"][0]  # [2I, H], [H, I]
+    w13, w2 = kw["w13"][0].to(DTYPE), kw["w2"][0].to(DTYPE)  # [2I, H], [H, I]
     row["dense"] = bench_ms(lambda: (a @ w13.T, b @ w2.T))
     touched = kw["topk_ids"].unique().numel()
     per_expert = (kw["w13"][0].numel() + kw["w2"][0].numel()) * kw["w13"].element_size()
+    if fp8:
+        per_expert += (kw["w13_scale"][0].numel() + kw["w2_scale"][0].numel()) * 4
     moved = touched * per_expert + 2 * num_tokens * h * kw["x"].element_size()
     row["touched"] = touched
     row["bw"] = moved / (row["ours"] * 1e-3) / copy_bw * 100
@@ -164,7 +181,7 @@ def table(rows: list[dict]) -> str:
 
 
 def run(report: Callable[[str], None] = print, tune: bool = True, profile: bool = True,
-        tokens: list[int] = TOKENS) -> list[dict]:
+        tokens: list[int] = TOKENS, fp8: bool = False) -> list[dict]:
     assert torch.cuda.is_available(), "this benchmark needs a CUDA GPU"
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
@@ -174,7 +191,7 @@ def run(report: Callable[[str], None] = print, tune: bool = True, profile: bool 
     rows = []
     for name, shape in SHAPES.items():
         for num_tokens in tokens:
-            rows.append(case(name, shape, num_tokens, copy_bw, tune, profile, report))
+            rows.append(case(name + (" FP8" if fp8 else ""), shape, num_tokens, copy_bw, tune, profile, report, fp8))
             torch.cuda.empty_cache()
     report("")
     report(table(rows))
@@ -186,5 +203,6 @@ if __name__ == "__main__":
     ap.add_argument("--no-tune", action="store_true", help="skip timing the GEMMs under other launch configs")
     ap.add_argument("--no-profile", action="store_true", help="skip the per-kernel split of each call")
     ap.add_argument("--tokens", type=int, nargs="+", default=TOKENS, help="token counts T")
+    ap.add_argument("--fp8", action="store_true", help="e4m3 experts with block scales")
     args = ap.parse_args()
-    run(print, tune=not args.no_tune, profile=not args.no_profile, tokens=args.tokens)
+    run(print, tune=not args.no_tune, profile=not args.no_profile, tokens=args.tokens, fp8=args.fp8)

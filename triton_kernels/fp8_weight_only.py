@@ -1,4 +1,5 @@
 """FP8-weight GEMM for few rows (decode): y = x @ dequant(w)^T with x unquantized. Formats in fp8_quant.py.
+The same tensor-core kernel, unscaled, also serves 16-bit weights (dense_few_rows_gemm).
 
 At decode a linear layer's time is the time to read its weight, so the e4m3 weight is read at one
 byte per value and widened in registers to x's dtype (e4m3 values are exact in bf16, fp16 and fp32);
@@ -18,6 +19,7 @@ import triton
 import triton.language as tl
 import triton.testing
 
+from triton_kernels.arrival_counters import arrival_counters
 from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8
 
 # The GEMMs of more rows quantize activations too (fp8_gemm.py). At 17-64 rows this kernel is slower
@@ -70,10 +72,12 @@ def _gemv_kernel(x, w, s, b, y, M, N, K, stride_xm, stride_wn, stride_sn, stride
 @triton.jit
 def _dot_kernel(x, w, s, b, y, partials, arrivals, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym,
                 HAS_BIAS: tl.constexpr, EXACT_DOT: tl.constexpr, F16_OPERANDS: tl.constexpr, M_BUCKET: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+                SCALED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                SPLIT_K: tl.constexpr):
     """M <= BLOCK_M (16 to 64): a [BLOCK_N, BLOCK_M] tile of y^T = w @ x^T on the tensor cores, the
     widened weight tile as the register operand; BLOCK_K is the 128-wide scale block, so each step's
-    partial sum is scaled per output column. M_BUCKET only keys the autotuner. EXACT_DOT: float32 x,
+    partial sum is scaled per output column. SCALED False: w is in x's dtype (16-bit decode linears,
+    dense_decode_gemm), unscaled. M_BUCKET only keys the autotuner. EXACT_DOT: float32 x,
     multiplied in full float32 (no tf32). F16_OPERANDS (bf16 x): e4m3 widens to fp16 in one
     instruction per pair (to bf16 it takes several), so both operands go to fp16: each token's tile is
     first scaled by a power of two that brings its largest magnitude to [2**14, 2**15], where bf16's
@@ -96,7 +100,6 @@ def _dot_kernel(x, w, s, b, y, partials, arrivals, M, N, K, stride_xm, stride_wn
         m_k = (k0 + o_k) < K
         b_x = tl.load(p_x + k0, mask=m_k[:, None] & m_m[None, :], other=0.0)
         b_w = tl.load(p_w + k0, mask=m_n[:, None] & m_k[None, :], other=0.0)
-        b_s = tl.load(p_s + k0 // BLOCK_K, mask=m_n, other=0.0)  # [BLOCK_N]
         if F16_OPERANDS:
             amax = tl.max(tl.abs(b_x.to(tl.float32)), 0)  # [BLOCK_M]
             shift = 14.0 - tl.floor(tl.log2(tl.maximum(amax, 1e-30)))
@@ -106,7 +109,10 @@ def _dot_kernel(x, w, s, b, y, partials, arrivals, M, N, K, stride_xm, stride_wn
             part = tl.dot(b_w.to(b_x.dtype), b_x, input_precision="ieee")
         else:
             part = tl.dot(b_w.to(b_x.dtype), b_x)
-        acc += part * b_s[:, None]
+        if SCALED:
+            acc += part * tl.load(p_s + k0 // BLOCK_K, mask=m_n, other=0.0)[:, None]  # [BLOCK_N] scales
+        else:
+            acc += part
     p_y = y + o_m.to(tl.int64)[None, :] * stride_ym + o_n[:, None]
     m_y = m_n[:, None] & m_m[None, :]
     if SPLIT_K > 1:
@@ -142,7 +148,7 @@ _dot_tuned = triton.autotune(
              for bn, sk, w, st in [(16, 1, 4, 4), (16, 1, 4, 6), (32, 1, 4, 4), (64, 1, 4, 4), (64, 1, 4, 6),
                                    (128, 1, 4, 4), (32, 2, 4, 4), (64, 2, 4, 4), (32, 4, 4, 4), (64, 4, 4, 4),
                                    (16, 4, 4, 6), (64, 8, 4, 4)]],
-    key=["N", "K", "M_BUCKET", "F16_OPERANDS"], do_bench=_bench())(_dot_kernel)
+    key=["N", "K", "M_BUCKET", "F16_OPERANDS", "SCALED"], do_bench=_bench())(_dot_kernel)
 GEMV_MAX_ROWS = 2
 
 
@@ -163,6 +169,28 @@ def fp8_weight_only_gemm(*, x: torch.Tensor, weight: torch.Tensor, weight_scale_
     if m == 0:
         return y
     _launch(x, weight, weight_scale_inv, bias, y, _kernel_for(x, weight, weight_scale_inv, bias, y))
+    return y
+
+
+DENSE_MAX_ROWS = 16
+
+
+def dense_few_rows_gemm(*, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear for 16-bit weights and up to DENSE_MAX_ROWS rows on the same tensor-core kernel,
+    unscaled: x [M, K], weight [N, K] in x's dtype (float32 too: full-precision dots), bias [N] or None
+    -> [M, N]. Its column tiles and K splits are tuned per shape, so it can stream a narrow weight (few
+    output columns, long K) where cuBLAS's choice of tiles leaves SMs idle; layers/linear.py uses
+    whichever of the two timed faster."""
+    m, k = x.shape
+    n = weight.shape[0]
+    assert m <= DENSE_MAX_ROWS, f"{m} rows: more than {DENSE_MAX_ROWS}"
+    assert weight.shape == (n, k) and weight.dtype == x.dtype and x.is_floating_point(), \
+        f"weight {tuple(weight.shape)} {weight.dtype} for x {tuple(x.shape)} {x.dtype}"
+    assert bias is None or bias.shape == (n,)
+    x, weight = x.contiguous(), weight.contiguous()
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m:
+        _launch(x, weight, None, bias, y, "dot")
     return y
 
 
@@ -189,12 +217,14 @@ def _kernel_for(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.T
     return _CHOSEN[key]
 
 
-def _launch(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor, bias: torch.Tensor | None,
+def _launch(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor | None, bias: torch.Tensor | None,
             y: torch.Tensor, kernel: str, f16_operands: bool | None = None) -> None:
-    """Run `kernel` ("gemv" for 1-2 rows, or "dot") into y; f16_operands None: for bf16 x up to 16 rows."""
+    """Run `kernel` ("gemv" for 1-2 rows, or "dot") into y; f16_operands None: for bf16 x up to 16 rows.
+    weight_scale_inv None: a 16-bit weight ("dot" only)."""
     (m, k), n = x.shape, weight.shape[0]
-    args = (x, weight, weight_scale_inv, bias if bias is not None else y, y, m, n, k,
-            x.stride(0), weight.stride(0), weight_scale_inv.stride(0), y.stride(0))
+    scales = weight if weight_scale_inv is None else weight_scale_inv  # (16-bit weights: unread)
+    args = (x, weight, scales, bias if bias is not None else y, y, m, n, k,
+            x.stride(0), weight.stride(0), scales.stride(0), y.stride(0))
     if kernel == "gemv":
         flags = dict(HAS_BIAS=bias is not None, ROWS=triton.next_power_of_2(m))
         if x.is_cuda:
@@ -206,10 +236,11 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tenso
     # fp16 operands pay a per-tile scaling of x that grows with its rows: measured faster at 16 rows,
     # slower at 64 (bench/fp8_decode_variants.py)
     f16 = x.dtype == torch.bfloat16 and bucket == 16 if f16_operands is None else f16_operands
+    f16 = f16 and weight_scale_inv is not None  # (16-bit weights multiply as they are)
     flags = dict(HAS_BIAS=bias is not None, EXACT_DOT=x.dtype == torch.float32, F16_OPERANDS=f16, M_BUCKET=bucket,
-                 BLOCK_M=bucket, BLOCK_K=FP8_BLOCK)
+                 SCALED=weight_scale_inv is not None, BLOCK_M=bucket, BLOCK_K=FP8_BLOCK)
     args = args[:5] + (torch.empty(MAX_SPLIT_K * bucket * n, dtype=torch.float32, device=x.device),
-                       _arrivals(x.device, triton.cdiv(n, 16))) + args[5:]
+                       arrival_counters(x.device, triton.cdiv(n, 16))) + args[5:]
     if x.is_cuda:
         _dot_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](*args, **flags)
     else:  # the interpreter: one config, K split in two
@@ -217,15 +248,3 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tenso
 
 
 MAX_SPLIT_K = 8
-MAX_TILES = 1 << 16  # output tiles of 16 columns: N up to ~1M
-_ARRIVALS: dict[torch.device, torch.Tensor] = {}
-
-
-def _arrivals(device: torch.device, tiles: int) -> torch.Tensor:
-    """One zeroed int32 counter per output tile, shared by every launch on the device: each launch
-    sets its counters back to 0 before it ends, and a stream runs one launch at a time. Made once per
-    device and never replaced, so the decode graphs that captured it stay valid."""
-    assert tiles <= MAX_TILES, f"{tiles} output tiles: more than the {MAX_TILES} split-K counters"
-    if device not in _ARRIVALS:
-        _ARRIVALS[device] = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
-    return _ARRIVALS[device]

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from triton_kernels.arrival_counters import arrival_counters
 from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8
 
 
@@ -75,7 +76,10 @@ def fused_moe_ref(
 # few rows rarely share an expert, and the sort kernel's launch is the larger cost.
 #   up:   inter[p] = act(x[t(p)] @ w13[e]^T)          [T*k, I] in x's dtype, p a sorted position
 #   down: rows[a]  = w[a] * (inter[p(a)] @ w2[e]^T)    [T*k, H] in x's dtype, in assignment order
-#   out = rows.view(T, k, H).sum(1)                     deterministic: no atomics
+#   out = rows.view(T, k, H).sum(1)                     the combine kernel, in slot order
+# Unsorted, the down kernel sums the slots itself: rows are float32 scratch and the last of a token's
+# slots to finish a column block adds them in slot order (a counter per token and block, no float
+# atomics), so decode runs two launches. Both orders are fixed: results are deterministic.
 
 
 @triton.jit
@@ -208,19 +212,27 @@ def _moe_up_kernel(x, w13, s13, inter, sorted_assign, expert_offsets, stride_x, 
 
 
 @triton.jit
-def _moe_down_kernel(inter, w2, s2, rows, sorted_assign, expert_offsets, topk_weights, stride_inter, stride_we,
-                     stride_wh, stride_se, stride_sh, stride_rows, H, I, E, PREC: tl.constexpr, NUM_BINS: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                     UNSORTED: tl.constexpr, FP8_W: tl.constexpr):
+def _moe_down_kernel(inter, w2, s2, rows, sorted_assign, expert_offsets, topk_weights, out, shared, shared_gate,
+                     arrivals, stride_inter, stride_we, stride_wh, stride_se, stride_sh, stride_rows, stride_out,
+                     stride_shared, stride_gate, H, I, E, TOPK: tl.constexpr, PREC: tl.constexpr,
+                     NUM_BINS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     EVEN_K: tl.constexpr, UNSORTED: tl.constexpr, FP8_W: tl.constexpr, SUM_SLOTS: tl.constexpr,
+                     HAS_SHARED: tl.constexpr, HAS_GATE: tl.constexpr):
     """One program per (row block, BLOCK_N columns of H): inter rows @ w2[e]^T times the routing
-    weight, stored at the rows' assignment indices. UNSORTED, FP8_W: as in _moe_up_kernel."""
+    weight, stored at the rows' assignment indices. UNSORTED, FP8_W: as in _moe_up_kernel.
+
+    SUM_SLOTS (UNSORTED only): rows is float32 scratch, and the token's TOPK slots are summed here
+    instead of by _combine_kernel. Each program writes its row's columns, then counts itself in
+    arrivals[t * num_n + i_n]; the last of the token's slots to arrive adds the TOPK rows in slot
+    order, finishes as the combine does into out, and sets the count back to 0. Slots routed elsewhere
+    (expert E) count too, with zero rows."""
     num_n = tl.cdiv(H, BLOCK_N)
     i_b, i_n = tl.program_id(0) // num_n, tl.program_id(0) % num_n
     if UNSORTED:
         i_e, row, row_end = tl.load(sorted_assign + i_b), i_b, i_b + 1
     else:
         i_e, row, row_end = _locate_block(expert_offsets, i_b, E, BLOCK_M, NUM_BINS)
-    if i_e >= E:
+    if i_e >= E and not SUM_SLOTS:
         return
     o_m = row + tl.arange(0, BLOCK_M)
     m_m = o_m < row_end
@@ -231,7 +243,7 @@ def _moe_down_kernel(inter, w2, s2, rows, sorted_assign, expert_offsets, topk_we
     p_w = w2 + i_e.to(tl.int64) * stride_we + o_n[None, :] * stride_wh + o_k[:, None]  # [BLOCK_K, BLOCK_N]
     p_s = s2 + i_e.to(tl.int64) * stride_se + (o_n // 128) * stride_sh  # [BLOCK_N] (FP8_W)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k in range(0, tl.cdiv(I, BLOCK_K)):
+    for k in range(0, tl.where(i_e < E, tl.cdiv(I, BLOCK_K), 0)):
         if EVEN_K:
             b_a = tl.load(p_a, mask=m_m[:, None], other=0.0)
             b_w = tl.load(p_w, mask=m_n[None, :], other=0.0)
@@ -253,6 +265,33 @@ def _moe_down_kernel(inter, w2, s2, rows, sorted_assign, expert_offsets, topk_we
     acc *= tl.load(topk_weights + b_assign, mask=m_m, other=0.0)[:, None]
     p_o = rows + b_assign.to(tl.int64)[:, None] * stride_rows + o_n[None, :]
     tl.store(p_o, acc.to(rows.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
+    if SUM_SLOTS:
+        t = i_b // TOPK
+        tl.debug_barrier()  # every thread's columns are written before the count says so
+        if tl.atomic_add(arrivals + t * num_n + i_n, 1, sem="acq_rel") == TOPK - 1:  # the other slots are in
+            b_sum = tl.zeros([BLOCK_N], dtype=tl.float32)
+            for j in tl.static_range(TOPK):
+                b_sum += tl.load(rows + (t * TOPK + j) * stride_rows + o_n, mask=m_n, other=0.0, cache_modifier=".cg")
+            b_out = _finish_combine(b_sum, shared, shared_gate, t, o_n, m_n, stride_shared, stride_gate,
+                                    out.dtype.element_ty, HAS_SHARED, HAS_GATE)
+            tl.store(out + t * stride_out + o_n, b_out, mask=m_n)
+            tl.atomic_xchg(arrivals + t * num_n + i_n, 0)
+
+
+@triton.jit
+def _finish_combine(acc, shared, shared_gate, t, o_h, m_h, stride_shared, stride_gate, dtype: tl.constexpr,
+                    HAS_SHARED: tl.constexpr, HAS_GATE: tl.constexpr):
+    """The experts' float32 sum acc [BLOCK] of token t's columns o_h (+ sigmoid(shared_gate[t]) *
+    shared[t]), rounded to dtype where the eager model rounds: the sum, the gate, the gated shared
+    output, the total."""
+    if HAS_SHARED:
+        acc = acc.to(dtype).to(tl.float32)
+        b_s = tl.load(shared + t * stride_shared + o_h, mask=m_h, other=0.0).to(tl.float32)
+        if HAS_GATE:
+            b_g = tl.load(shared_gate + t * stride_gate).to(dtype).to(tl.float32)
+            b_s = (tl.sigmoid(b_g).to(dtype).to(tl.float32) * b_s).to(dtype).to(tl.float32)
+        acc += b_s
+    return acc.to(dtype)
 
 
 @triton.jit
@@ -270,24 +309,23 @@ def _combine_kernel(rows, shared, shared_gate, out, stride_shared, stride_gate, 
     acc = tl.zeros([BLOCK_H], dtype=tl.float32)
     for j in tl.static_range(TOP_K):
         acc += tl.load(rows + (t * TOP_K + j) * H + o_h, mask=m_h, other=0.0).to(tl.float32)
-    if HAS_SHARED:
-        acc = acc.to(dtype).to(tl.float32)
-        b_s = tl.load(shared + t * stride_shared + o_h, mask=m_h, other=0.0).to(tl.float32)
-        if HAS_GATE:
-            b_g = tl.load(shared_gate + t * stride_gate).to(dtype).to(tl.float32)
-            b_s = (tl.sigmoid(b_g).to(dtype).to(tl.float32) * b_s).to(dtype).to(tl.float32)
-        acc += b_s
-    tl.store(out + t * stride_out + o_h, acc.to(dtype), mask=m_h)
+    acc = _finish_combine(acc, shared, shared_gate, t, o_h, m_h, stride_shared, stride_gate, dtype, HAS_SHARED,
+                          HAS_GATE)
+    tl.store(out + t * stride_out + o_h, acc, mask=m_h)
+
+
+def _check_shared(shared: torch.Tensor | None, shared_gate: torch.Tensor | None, t: int, h: int) -> None:
+    if shared is not None:
+        assert shared.shape == (t, h) and shared.stride(-1) == 1, f"shared {tuple(shared.shape)} != [{t}, {h}]"
+    if shared_gate is not None:
+        assert shared is not None and shared_gate.shape == (t,), f"shared_gate {tuple(shared_gate.shape)} != [{t}]"
 
 
 def _combine(out_rows: torch.Tensor, t: int, k: int, shared: torch.Tensor | None,
              shared_gate: torch.Tensor | None) -> torch.Tensor:
     h = out_rows.shape[1]
     out = torch.empty((t, h), dtype=out_rows.dtype, device=out_rows.device)
-    if shared is not None:
-        assert shared.shape == (t, h) and shared.stride(-1) == 1, f"shared {tuple(shared.shape)} != [{t}, {h}]"
-    if shared_gate is not None:
-        assert shared is not None and shared_gate.shape == (t,), f"shared_gate {tuple(shared_gate.shape)} != [{t}]"
+    _check_shared(shared, shared_gate, t, h)
     block_h = min(1024, triton.next_power_of_2(h))
     _combine_kernel[(t, triton.cdiv(h, block_h))](
         out_rows, shared, shared_gate, out, 0 if shared is None else shared.stride(0),
@@ -415,12 +453,24 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
         x, w13, s13, inter, sorted_assign, expert_offsets, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0),
         s13.stride(1), inter.stride(0), h, i, e, TOPK=k, GATED=gated, PREC=prec, NUM_BINS=num_bins,
         EVEN_K=h % up["BLOCK_K"] == 0, UNSORTED=unsorted, FP8_W=fp8, **up)
-    # [T*k, H], row t * k + j; the rows of slots routed elsewhere (partial) are never written
-    out_rows = (torch.zeros if partial else torch.empty)((rows, h), dtype=x.dtype, device=x.device)
+    weights = topk_weights.float().contiguous()
+    if unsorted:  # the down kernel sums each token's slots (float32 rows as scratch): no combine launch
+        _check_shared(shared, shared_gate, t, h)
+        out_rows = torch.empty((rows, h), dtype=torch.float32, device=x.device)
+        out = torch.empty_like(x)
+        counters = arrival_counters(x.device, t * triton.cdiv(h, down["BLOCK_N"]))
+    else:  # [T*k, H], row t * k + j; the rows of slots routed elsewhere (partial) are never written
+        out_rows = (torch.zeros if partial else torch.empty)((rows, h), dtype=x.dtype, device=x.device)
+        out = counters = out_rows  # (unused)
     _moe_down_kernel[programs(down, h)](
-        inter, w2, s2, out_rows, sorted_assign, expert_offsets, topk_weights.float().contiguous(), inter.stride(0),
-        w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), out_rows.stride(0), h, i, e, PREC=prec,
-        NUM_BINS=num_bins, EVEN_K=i % down["BLOCK_K"] == 0, UNSORTED=unsorted, FP8_W=fp8, **down)
+        inter, w2, s2, out_rows, sorted_assign, expert_offsets, weights, out, shared, shared_gate, counters,
+        inter.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), out_rows.stride(0), out.stride(0),
+        0 if shared is None else shared.stride(0), 0 if shared_gate is None else shared_gate.stride(0), h, i, e,
+        TOPK=k, PREC=prec, NUM_BINS=num_bins, EVEN_K=i % down["BLOCK_K"] == 0, UNSORTED=unsorted, FP8_W=fp8,
+        SUM_SLOTS=unsorted, HAS_SHARED=shared is not None, HAS_GATE=shared_gate is not None,
+        enable_fp_fusion=False, **down)
+    if unsorted:
+        return out
     if k == 1 and shared is None:
         return out_rows
     return _combine(out_rows, t, k, shared, shared_gate)

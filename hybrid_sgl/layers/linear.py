@@ -13,6 +13,9 @@ order. `load(block, tensor)` takes the block's full checkpoint tensor and copies
 
 At tp size 1 every block is whole and these are plain nn.Linear / nn.Embedding.
 
+At decode sizes a 16-bit linear runs cuBLAS or our few-rows kernel, whichever timed faster for its
+shape (`dense_linear`).
+
 Column and row linears may hold FP8 weights (layers/quantization.py): `to_fp8()` after loading makes
 the weight e4m3 [out, in] with `weight_scale_inv` [ceil(out/128), ceil(in/128)], and the layer's
 matmul becomes the block-scaled FP8 GEMM. The families never see the difference.
@@ -20,16 +23,19 @@ matmul becomes the block-scaled FP8 GEMM. The families never see the difference.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+import triton.testing
 from torch import nn
 
 from hybrid_sgl.distributed import current_tp
 from hybrid_sgl.distributed.sharding import HeadSplit, replicated, vocab_split
 from hybrid_sgl.layers.quantization import came_from_fp8, fp8_linear
 from triton_kernels.fp8_quant import quantize_fp8
+from triton_kernels.fp8_weight_only import DENSE_MAX_ROWS, dense_few_rows_gemm
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,34 @@ def whole(name: str, rows: int, size: int) -> Block:
     return Block(name, rows, replicated(size))
 
 
+_FASTER: dict[tuple, bool] = {}
+
+
+def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear (x [..., K], weight [N, K] -> [..., N]). At decode sizes on CUDA (up to DENSE_MAX_ROWS rows,
+    16-bit) it runs whichever of cuBLAS and our tensor-core kernel ran the shape faster, timed once as
+    CUDA-graph replays on first use (the decode graphs' warm-up runs come before their capture): cuBLAS
+    streams some narrow weights (few columns, long K) at a third of the bandwidth."""
+    rows = x.reshape(-1, x.shape[-1])
+    if not (x.is_cuda and 0 < rows.shape[0] <= DENSE_MAX_ROWS and x.dtype in (torch.bfloat16, torch.float16)
+            and weight.dtype == x.dtype and _ours_is_faster(rows, weight, bias)):
+        return F.linear(x, weight, bias)
+    return dense_few_rows_gemm(x=rows, weight=weight, bias=bias).view(*x.shape[:-1], weight.shape[0])
+
+
+def _ours_is_faster(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    key = (*weight.shape, rows.shape[0], rows.dtype, rows.device, bias is not None)
+    if key not in _FASTER:
+        if torch.cuda.is_current_stream_capturing():  # no timing inside a capture
+            return False
+        x = rows.contiguous()
+        ours = functools.partial(dense_few_rows_gemm, x=x, weight=weight, bias=bias)
+        ours()  # tunes its launch config
+        times = [triton.testing.do_bench_cudagraph(fn, rep=20) for fn in (ours, lambda: F.linear(x, weight, bias))]
+        _FASTER[key] = times[0] < 0.95 * times[1]
+    return _FASTER[key]
+
+
 class QuantizableLinear(nn.Linear):
     """nn.Linear whose weight may turn FP8 after loading. `loaded_fp8`: one entry per weight piece
     loaded, True where it came dequantized from an FP8 checkpoint tensor."""
@@ -77,7 +111,7 @@ class QuantizableLinear(nn.Linear):
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.weight_scale_inv is None:
-            return F.linear(x, self.weight, bias)
+            return dense_linear(x, self.weight, bias)
         return fp8_linear(x, self.weight, self.weight_scale_inv, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

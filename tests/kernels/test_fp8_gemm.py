@@ -5,6 +5,7 @@ against the e4m3 format."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from triton_kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref
 from triton_kernels.fp8_quant import (
@@ -15,7 +16,7 @@ from triton_kernels.fp8_quant import (
     quantize_activations_ref,
     quantize_fp8,
 )
-from triton_kernels.fp8_weight_only import fp8_weight_only_gemm, fp8_weight_only_gemm_ref
+from triton_kernels.fp8_weight_only import dense_few_rows_gemm, fp8_weight_only_gemm, fp8_weight_only_gemm_ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -153,3 +154,17 @@ def test_weight_only_fp16_operands_keep_bf16_inputs_exact(m, n, k):
     ref = fp8_weight_only_gemm_ref(x=x.to(DEVICE), weight=q, weight_scale_inv=s)
     row_max = ref.abs().amax(dim=1, keepdim=True)
     torch.testing.assert_close(y / row_max, ref / row_max, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 130, 200), (2, 40, 700), (16, 33, 260)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_dense_few_rows_gemm_matches_linear(m, n, k, with_bias):
+    """The weight-only kernel unscaled, on a float32 (here) or 16-bit (CUDA) weight, split over K."""
+    g = torch.Generator().manual_seed(m + n)
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    x = torch.randn(m, k, generator=g).to(DEVICE, dtype)
+    w = (torch.randn(n, k, generator=g) / k**0.5).to(DEVICE, dtype)
+    bias = torch.randn(n, generator=g).to(DEVICE, dtype) if with_bias else None
+    ref = F.linear(x.float(), w.float(), None if bias is None else bias.float())
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dense_few_rows_gemm(x=x, weight=w, bias=bias).float(), ref, **tol)

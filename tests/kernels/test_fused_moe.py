@@ -133,12 +133,13 @@ def test_up_and_down_with_different_block_rows():
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("num_tokens", [5, 17])  # the down kernel sums the slots (unsorted), or the combine
 @pytest.mark.parametrize("top_k", [1, 3])
 @pytest.mark.parametrize("gated", [False, True])
-def test_shared_expert_summed_in_the_combine(top_k, gated):
+def test_shared_expert_summed_in_the_combine(num_tokens, top_k, gated):
     """The shared expert's output (scaled by sigmoid of its gate logit, or not) joins the k expert
     rows in one sum; the gate logits may be a strided column of the router's logits."""
-    num_experts, num_tokens = 6, 5
+    num_experts = 6
     w13, w2 = _experts(num_experts, "silu", seed=7)
     weights, ids = _routing(num_tokens, num_experts, top_k, seed=8)
     g = torch.Generator().manual_seed(9)
