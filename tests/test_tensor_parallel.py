@@ -4,7 +4,8 @@ logprobs and prefix-cache hits; configs that do not split are refused with their
 that dies: test_tensor_parallel_server.py).
 
 The cases cover every split: Qwen3.5 (GDN, gated attention, dense MLP), Qwen3.5-MoE at tp 4 (KV
-heads replicated, MoE experts and shared expert), Qwen3-Next with its shared expert stacked with the experts, Nemotron-H (Mamba2 groups split, relu2 MLP,
+heads replicated, MoE experts and shared expert), Qwen3-Next (its shared expert stacked with the
+experts), Nemotron-H (Mamba2 groups split, relu2 MLP,
 sigmoid-routed MoE), Bamba with one Mamba2 group (replicated: the gated norm spans both ranks),
 Falcon-H1 (parallel attention + Mamba2 with folded multipliers), Jamba (Mamba-1 channels, MoE), and
 the composed hybrid (every mixer kind, packed state slots)."""

@@ -89,7 +89,7 @@ class SparseMoE(nn.Module):
         """Checkpoint names: gate.weight, experts.{e}.{gate,up,down}_proj.weight or stacked
         experts.gate_up_proj [E, 2I, H] / experts.down_proj [E, H, I], shared_expert.*,
         shared_expert_gate.weight."""
-        i, rank, rows_of = self.block.local_rows, self.tp.rank, self.block.rows_of
+        rank, rows_of, local = self.tp.rank, self.block.rows_of, slice(0, self.num_local)
         if name == "gate.weight":
             self.router.data[: self.spec.num_experts].copy_(tensor)
         elif m := _EXPERT.fullmatch(name):
@@ -98,9 +98,9 @@ class SparseMoE(nn.Module):
                 self._load_expert(e, m.group(2), tensor)
         elif name == "experts.gate_up_proj":  # [E, 2I, H]
             gate, up = tensor.narrow(0, self.first_expert, self.num_local).chunk(2, dim=1)
-            self.w13.data[: self.num_local].copy_(torch.cat([rows_of(gate, rank, dim=1), rows_of(up, rank, dim=1)], 1))
+            self.w13.data[local].copy_(torch.cat([rows_of(gate, rank, dim=1), rows_of(up, rank, dim=1)], dim=1))
         elif name == "experts.down_proj":  # [E, H, I]
-            self.w2.data[: self.num_local].copy_(rows_of(tensor.narrow(0, self.first_expert, self.num_local), rank, dim=2))
+            self.w2.data[local].copy_(rows_of(tensor.narrow(0, self.first_expert, self.num_local), rank, dim=2))
         elif (m := _SHARED.fullmatch(name)) and self.stacked_shared:
             self._load_expert(self.num_local, m.group(1), tensor)
         elif name.startswith("shared_expert.") and self.shared is not None:
@@ -113,5 +113,5 @@ class SparseMoE(nn.Module):
     def _load_expert(self, e: int, proj: str, tensor: torch.Tensor) -> None:
         """proj (gate_proj, up_proj or down_proj) of local expert e (num_local: the stacked shared expert)."""
         i, rows_of, rank = self.block.local_rows, self.block.rows_of, self.tp.rank
-        target = {"gate_proj": self.w13.data[e, :i], "up_proj": self.w13.data[e, i:], "down_proj": self.w2.data[e]}[proj]
-        target.copy_(rows_of(tensor, rank, dim=1 if proj == "down_proj" else 0))
+        targets = {"gate_proj": self.w13.data[e, :i], "up_proj": self.w13.data[e, i:], "down_proj": self.w2.data[e]}
+        targets[proj].copy_(rows_of(tensor, rank, dim=1 if proj == "down_proj" else 0))
