@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [tests|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [tests|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -86,6 +86,18 @@ for part in ${*:-tests}; do
       offline fp8_35b qwen3_5-35b-a3b-text --batch 1,32 --prompt 512 --output 128 --engine-arg quantization=fp8 \
         --engine-arg enable_fp8_experts=true
       offline bf16_9b qwen3_5-9b-text --batch 1,32 --prompt 512 --output 128 ;;
+    moe3)  # the CUDA tests of the new MoE and linear paths (slowest listed), MoE launch configs at T 1 / 8
+      timeout 300 python3 -m pytest -q -rfE -p no:cacheprovider --durations=12 tests/kernels/test_moe_routing.py \
+        tests/kernels/test_fused_moe.py tests/gpu/test_fused_moe_cuda.py tests/gpu/test_dense_linear_cuda.py \
+        2>&1 | tee "$OUT/tests_moe3.log" | tail -20
+      for fp8 in "" --fp8; do
+        timeout 120 python3 bench/moe_kernels.py --no-profile $fp8 --tokens 1 8 2>&1 | tee "$OUT/moe_tune$fp8.md" \
+          | grep -E "^\||tuning|^  [0-9]" | head -40
+      done ;;
+    e2e35)  # 35B-A3B bf16 and FP8 (experts too) decode
+      offline bf16_35b qwen3_5-35b-a3b-text --batch 1,32 --prompt 512 --output 128
+      offline fp8_35b qwen3_5-35b-a3b-text --batch 1,32 --prompt 512 --output 128 --engine-arg quantization=fp8 \
+        --engine-arg enable_fp8_experts=true ;;
     profile35)  # where a 35B-A3B batch-1 step goes
       timeout 150 python3 bench/decode_profile.py --config configs/qwen3_5-35b-a3b-text --batch 1 --graphs --top 25 \
         2>&1 | quiet | tee "$OUT/profile_35b_b1.md" | tail -32 ;;

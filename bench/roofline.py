@@ -122,18 +122,23 @@ def model_cost(model: torch.nn.Module, config, plan) -> ModelCost:
     lm_head = model.lm_head.weight
     moe = config.moe
     moe_layers = sum(1 for _, ffn in config.layer_plan if ffn == "moe")
-    experts = [p for p in params.values() if moe and p.dim() == 3 and p.shape[0] == moe.num_experts]
+    # [E, ...], or [E + 1, ...] with a stacked shared expert last (layers/moe.py), which every token reads
+    experts = [p for p in params.values() if moe and p.dim() == 3 and p.shape[0] in (moe.num_experts,
+                                                                                   moe.num_experts + 1)]
     if moe_layers and not experts:
         raise ValueError("the config has MoE layers but no stacked [num_experts, ...] parameters were found; "
                          "the cost model cannot tell routed experts from dense weights")
-    expert_numel = sum(p.numel() for p in experts)
-    expert_bytes = sum(p.numel() * p.element_size() for p in experts)
+    routed = [p[: moe.num_experts] for p in experts]
+    stacked_shared = [p[moe.num_experts:] for p in experts]
+    expert_numel = sum(p.numel() for p in routed)
+    expert_bytes = sum(p.numel() * p.element_size() for p in routed)
     weight_bytes = sum(p.numel() * p.element_size() for p in params.values())
     embed_bytes = sum(p.numel() * p.element_size() for p in params.values()
                       if id(p) in embed_ids and p is not lm_head)
     expert_set = {id(p) for p in experts}
     dense_matmul = sum(p.numel() for p in params.values()
                        if p.dim() == 2 and id(p) not in embed_ids and p is not lm_head and id(p) not in expert_set)
+    dense_matmul += sum(p.numel() for p in stacked_shared)
     per_expert = moe_layers * moe.num_experts if moe_layers else 1
     attn = config.attention
     return ModelCost(

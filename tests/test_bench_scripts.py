@@ -61,3 +61,27 @@ def test_serving_completes_requests_and_checks_the_plan(bundled_server, tmp_path
     assert server["max_running_requests"] >= server["peaks"].get("num_running_reqs", 0)
     assert server["preemptions"] == 0
     assert "Pools free after the run:                   yes" in text
+
+
+def test_cost_model_counts_a_stacked_shared_expert_as_dense(tiny_checkpoint):
+    """The shared expert stacked as expert E of [E + 1, ...] is read by every token: dense bytes, not
+    one more routed expert."""
+    from bench.roofline import model_cost
+    from hybrid_sgl.config import ModelConfig
+    from hybrid_sgl.runner.model_runner import ModelRunner
+    from hybrid_sgl.server_args import ServerArgs
+    from hybrid_sgl.testing.tiny_checkpoint import TINY_DIMS, TINY_MOE
+
+    i, h = TINY_MOE["moe_intermediate_size"], TINY_DIMS["hidden_size"]
+    costs = {}
+    for shared in (i, 48):  # stacked, then its own MLP
+        path = tiny_checkpoint("qwen3_next", shared_expert_intermediate_size=shared)
+        config = ModelConfig.from_hf(path)
+        runner = ModelRunner(ServerArgs(model_path=path, device="cpu", dtype="float32").resolved(), config)
+        costs[shared] = model_cost(runner.model, config, runner.plan)
+    for cost in costs.values():
+        assert cost.expert_bytes == 3 * i * h * 4 and cost.expert_params == 3 * i * h
+    stacked, own = costs[i], costs[48]
+    # the same model but for the shared expert's width: 48 - 32 columns of gate, up and down per MoE layer
+    assert own.dense_matmul_params - stacked.dense_matmul_params == stacked.moe_layers * 3 * (48 - i) * h
+    assert own.dense_read_bytes - stacked.dense_read_bytes == stacked.moe_layers * 3 * (48 - i) * h * 4
