@@ -18,6 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from hybrid_sgl.engine import Engine
+from hybrid_sgl.testing.tiny_checkpoint import TINY_MOE
 from tools.fp8_checkpoint import convert
 from triton_kernels.fp8_quant import FP8_DTYPE, dequantize_fp8
 
@@ -226,3 +227,25 @@ def test_enable_fp8_experts_keeps_the_experts_in_fp8(tiny_checkpoint, tmp_path):
         torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="--enable-fp8-experts needs FP8 weights"):
         _run(tiny_checkpoint("qwen3_5_moe"), PROMPTS[:1], enable_fp8_experts=True)
+
+
+def test_stacked_shared_expert_in_fp8(tiny_checkpoint, tmp_path):
+    """A shared expert as wide as the routed ones loads from its FP8 tensors into the last slot of the
+    expert stack: dequantized into --dtype, or kept e4m3 with the routed experts (--enable-fp8-experts,
+    its down projection byte for byte as stored); both serve within the e4m3 roundings of each other."""
+    from hybrid_sgl.layers.moe import SparseMoE
+
+    path = tiny_checkpoint("qwen3_5_moe", shared_expert_intermediate_size=TINY_MOE["moe_intermediate_size"])
+    fp8 = convert(path, str(tmp_path / "fp8"), experts=True)
+    tensors = load_file(os.path.join(fp8, "model.safetensors"))
+    shared = "model.layers.1.mlp.shared_expert.down_proj.weight"
+    assert tensors[shared].dtype == FP8_DTYPE
+    _, ref_logprobs, model = _run(fp8, PROMPTS[:2])
+    moe = [m for m in model.modules() if isinstance(m, SparseMoE)][1]
+    assert moe.stacked_shared and moe.w13.dtype == torch.float32
+    assert torch.equal(moe.w2.data[-1], dequantize_fp8(tensors[shared], tensors[shared + "_scale_inv"]))
+    _, logprobs, model = _run(fp8, PROMPTS[:2], enable_fp8_experts=True)
+    moe = [m for m in model.modules() if isinstance(m, SparseMoE)][1]
+    assert moe.w2.dtype == FP8_DTYPE and moe.w2.shape[0] == moe.spec.num_experts + 1
+    assert torch.equal(moe.w2.data[-1].view(torch.uint8), tensors[shared].view(torch.uint8))
+    _assert_within_e4m3_roundings(logprobs, ref_logprobs)
