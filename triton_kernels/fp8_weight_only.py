@@ -72,8 +72,8 @@ def _gemv_kernel(x, w, s, b, y, M, N, K, stride_xm, stride_wn, stride_sn, stride
 @triton.jit
 def _dot_kernel(x, w, s, b, y, partials, arrivals, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym,
                 HAS_BIAS: tl.constexpr, EXACT_DOT: tl.constexpr, F16_OPERANDS: tl.constexpr, M_BUCKET: tl.constexpr,
-                SCALED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                SPLIT_K: tl.constexpr):
+                SCALED: tl.constexpr, WIDEN_BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     """M <= BLOCK_M (16 to 64): a [BLOCK_N, BLOCK_M] tile of y^T = w @ x^T on the tensor cores, the
     widened weight tile as the register operand; BLOCK_K is the 128-wide scale block, so each step's
     partial sum is scaled per output column. SCALED False: w is in x's dtype (16-bit decode linears,
@@ -81,7 +81,11 @@ def _dot_kernel(x, w, s, b, y, partials, arrivals, M, N, K, stride_xm, stride_wn
     multiplied in full float32 (no tf32). F16_OPERANDS (bf16 x): e4m3 widens to fp16 in one
     instruction per pair (to bf16 it takes several), so both operands go to fp16: each token's tile is
     first scaled by a power of two that brings its largest magnitude to [2**14, 2**15], where bf16's
-    8 significant bits fit fp16's 11 exactly, and the partial sum is scaled back.
+    8 significant bits fit fp16's 11 exactly, and the partial sum is scaled back. WIDEN_BITS (with
+    F16_OPERANDS; not the default, kept to be measured): the e4m3 bits are moved into an fp16's with
+    integer ops instead of the conversion instruction (sign to bit 15, exponent and mantissa shifted
+    left by 7: the fp16 is the e4m3 value times 2**-8, subnormals included), and the 2**8 is folded
+    into the partial sum's scaling.
 
     SPLIT_K > 1 (narrow N, long K: more programs stream the weight): program (i_n, i_k) sums its K
     range into partials [SPLIT_K, BLOCK_M, N] float32 and counts itself in arrivals[i_n]; the last
@@ -104,7 +108,12 @@ def _dot_kernel(x, w, s, b, y, partials, arrivals, M, N, K, stride_xm, stride_wn
             amax = tl.max(tl.abs(b_x.to(tl.float32)), 0)  # [BLOCK_M]
             shift = 14.0 - tl.floor(tl.log2(tl.maximum(amax, 1e-30)))
             b_x16 = (b_x.to(tl.float32) * tl.exp2(shift)[None, :]).to(tl.float16)
-            part = tl.dot(b_w.to(tl.float16), b_x16) * tl.exp2(-shift)[None, :]
+            if WIDEN_BITS:
+                b_u = b_w.to(tl.uint8, bitcast=True).to(tl.uint16)
+                b_w16 = (((b_u & 0x80) << 8) | ((b_u & 0x7F) << 7)).to(tl.float16, bitcast=True)
+                part = tl.dot(b_w16, b_x16) * tl.exp2(8.0 - shift)[None, :]
+            else:
+                part = tl.dot(b_w.to(tl.float16), b_x16) * tl.exp2(-shift)[None, :]
         elif EXACT_DOT:
             part = tl.dot(b_w.to(b_x.dtype), b_x, input_precision="ieee")
         else:
@@ -148,7 +157,7 @@ _dot_tuned = triton.autotune(
              for bn, sk, w, st in [(16, 1, 4, 4), (16, 1, 4, 6), (32, 1, 4, 4), (64, 1, 4, 4), (64, 1, 4, 6),
                                    (128, 1, 4, 4), (32, 2, 4, 4), (64, 2, 4, 4), (32, 4, 4, 4), (64, 4, 4, 4),
                                    (16, 4, 4, 6), (64, 8, 4, 4)]],
-    key=["N", "K", "M_BUCKET", "F16_OPERANDS", "SCALED"], do_bench=_bench())(_dot_kernel)
+    key=["N", "K", "M_BUCKET", "F16_OPERANDS", "SCALED", "WIDEN_BITS"], do_bench=_bench())(_dot_kernel)
 GEMV_MAX_ROWS = 2
 
 
@@ -218,9 +227,9 @@ def _kernel_for(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.T
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor | None, bias: torch.Tensor | None,
-            y: torch.Tensor, kernel: str, f16_operands: bool | None = None) -> None:
+            y: torch.Tensor, kernel: str, f16_operands: bool | None = None, widen_bits: bool = False) -> None:
     """Run `kernel` ("gemv" for 1-2 rows, or "dot") into y; f16_operands None: for bf16 x up to 16 rows.
-    weight_scale_inv None: a 16-bit weight ("dot" only)."""
+    weight_scale_inv None: a 16-bit weight ("dot" only). widen_bits: _dot_kernel's WIDEN_BITS."""
     (m, k), n = x.shape, weight.shape[0]
     scales = weight if weight_scale_inv is None else weight_scale_inv  # (16-bit weights: unread)
     args = (x, weight, scales, bias if bias is not None else y, y, m, n, k,
@@ -238,7 +247,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tenso
     f16 = x.dtype == torch.bfloat16 and bucket == 16 if f16_operands is None else f16_operands
     f16 = f16 and weight_scale_inv is not None  # (16-bit weights multiply as they are)
     flags = dict(HAS_BIAS=bias is not None, EXACT_DOT=x.dtype == torch.float32, F16_OPERANDS=f16, M_BUCKET=bucket,
-                 SCALED=weight_scale_inv is not None, BLOCK_M=bucket, BLOCK_K=FP8_BLOCK)
+                 SCALED=weight_scale_inv is not None, WIDEN_BITS=widen_bits and f16, BLOCK_M=bucket, BLOCK_K=FP8_BLOCK)
     args = args[:5] + (torch.empty(MAX_SPLIT_K * bucket * n, dtype=torch.float32, device=x.device),
                        arrival_counters(x.device, triton.cdiv(n, 16))) + args[5:]
     if x.is_cuda:
