@@ -26,6 +26,7 @@ keeps its default), to check the built-in choices.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Callable
@@ -180,6 +181,24 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def fp8_variants(rows: list[dict], report: Callable[[str], None]) -> None:
+    """The FP8 cases again under the fp16-operand variants of the expert GEMMs: time and error."""
+    report("\n| model | T | served ms | fp16 operands ms | + integer widening ms | errors vs ref |")
+    report("|---|---|---|---|---|---|")
+    for row in rows:
+        e, k, h, i = SHAPES[row["model"].removesuffix(" FP8")]
+        kw = problem(e, k, h, i, row["tokens"], seed=row["tokens"], fp8=True)
+        ref = moe.fused_moe_ref(**kw)
+        times, errs = [], []
+        for bits in (False, True):
+            call = functools.partial(moe._fused_moe_fwd, **kw, activation="silu", fp8_f16_operands=True,
+                                     widen_bits=bits)
+            errs.append(f"{rel_err(call(), ref):.1e}")
+            times.append(bench_ms(graphed(call)))
+        report(f"| {row['model']} | {row['tokens']} | {row['ours']:.3f} | {times[0]:.3f} | {times[1]:.3f} "
+               f"| {row['err']:.1e} / {' / '.join(errs)} |")
+
+
 def run(report: Callable[[str], None] = print, tune: bool = True, profile: bool = True,
         tokens: list[int] = TOKENS, fp8: bool = False) -> list[dict]:
     assert torch.cuda.is_available(), "this benchmark needs a CUDA GPU"
@@ -204,5 +223,9 @@ if __name__ == "__main__":
     ap.add_argument("--no-profile", action="store_true", help="skip the per-kernel split of each call")
     ap.add_argument("--tokens", type=int, nargs="+", default=TOKENS, help="token counts T")
     ap.add_argument("--fp8", action="store_true", help="e4m3 experts with block scales")
+    ap.add_argument("--fp8-variants", action="store_true",
+                    help="with --fp8: also time the fp16-operand variants (conversion, integer widening)")
     args = ap.parse_args()
-    run(print, tune=not args.no_tune, profile=not args.no_profile, tokens=args.tokens, fp8=args.fp8)
+    rows = run(print, tune=not args.no_tune, profile=not args.no_profile, tokens=args.tokens, fp8=args.fp8)
+    if args.fp8 and args.fp8_variants:
+        fp8_variants(rows, print)

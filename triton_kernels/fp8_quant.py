@@ -116,3 +116,29 @@ def quantize_activations(x: torch.Tensor, rows: int | None = None) -> tuple[torc
         x, q, scale, m, k, x.stride(0), q.stride(0), scale.stride(0), scale.stride(1), INV_MAX=INV_FP8_MAX,
         EMULATE_FP8=not x.is_cuda, GROUPS=groups, BLOCK_K=FP8_BLOCK)
     return q, scale
+
+
+# Decode kernels multiply e4m3 weights by 16-bit activations. Widening e4m3 to fp16 takes one conversion
+# instruction per pair (to bf16 it takes several), so bf16 activations may go to fp16 instead: each row of
+# a tile is first scaled by a power of two that brings its largest magnitude to [2**14, 2**15], where
+# bf16's 8 significant bits fit fp16's 11 exactly, and the product is scaled back.
+
+
+@triton.jit
+def f16_rows(b_x, AXIS: tl.constexpr):
+    """b_x: a tile of bf16 values whose rows (tokens) run along the other axis than AXIS -> (fp16 tile,
+    shift [rows]): each row times 2**shift, in fp16 exactly."""
+    amax = tl.max(tl.abs(b_x.to(tl.float32)), AXIS)
+    shift = 14.0 - tl.floor(tl.log2(tl.maximum(amax, 1e-30)))
+    return (b_x.to(tl.float32) * tl.exp2(tl.expand_dims(shift, AXIS))).to(tl.float16), shift
+
+
+@triton.jit
+def e4m3_to_f16(b_w, WIDEN_BITS: tl.constexpr):
+    """e4m3 tile -> (fp16 tile, exponent e): the fp16 values times 2**e are the e4m3 values. WIDEN_BITS:
+    by integer ops on the bits instead of the conversion instruction (sign to bit 15, exponent and
+    mantissa shifted left by 7: the e4m3 value times 2**-8, subnormals included; e = 8)."""
+    if WIDEN_BITS:
+        b_u = b_w.to(tl.uint8, bitcast=True).to(tl.uint16)
+        return (((b_u & 0x80) << 8) | ((b_u & 0x7F) << 7)).to(tl.float16, bitcast=True), 8.0
+    return b_w.to(tl.float16), 0.0

@@ -20,7 +20,7 @@ import triton.language as tl
 import triton.testing
 
 from triton_kernels.arrival_counters import arrival_counters
-from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8
+from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8, e4m3_to_f16, f16_rows
 
 # The GEMMs of more rows quantize activations too (fp8_gemm.py). At 17-64 rows this kernel is slower
 # than bf16 cuBLAS on the H200 (0.47-0.75x) and the e4m3 x e4m3 GEMMs are faster on most shapes, but
@@ -77,15 +77,10 @@ def _dot_kernel(x, w, s, b, y, partials, arrivals, M, N, K, stride_xm, stride_wn
     """M <= BLOCK_M (16 to 64): a [BLOCK_N, BLOCK_M] tile of y^T = w @ x^T on the tensor cores, the
     widened weight tile as the register operand; BLOCK_K is the 128-wide scale block, so each step's
     partial sum is scaled per output column. SCALED False: w is in x's dtype (16-bit decode linears,
-    dense_decode_gemm), unscaled. M_BUCKET only keys the autotuner. EXACT_DOT: float32 x,
-    multiplied in full float32 (no tf32). F16_OPERANDS (bf16 x): e4m3 widens to fp16 in one
-    instruction per pair (to bf16 it takes several), so both operands go to fp16: each token's tile is
-    first scaled by a power of two that brings its largest magnitude to [2**14, 2**15], where bf16's
-    8 significant bits fit fp16's 11 exactly, and the partial sum is scaled back. WIDEN_BITS (with
-    F16_OPERANDS; not the default, kept to be measured): the e4m3 bits are moved into an fp16's with
-    integer ops instead of the conversion instruction (sign to bit 15, exponent and mantissa shifted
-    left by 7: the fp16 is the e4m3 value times 2**-8, subnormals included), and the 2**8 is folded
-    into the partial sum's scaling.
+    dense_few_rows_gemm), unscaled. M_BUCKET only keys the autotuner. EXACT_DOT: float32 x,
+    multiplied in full float32 (no tf32). F16_OPERANDS (bf16 x): both operands go to fp16, each
+    token's tile scaled by a power of two (fp8_quant.py: f16_rows). WIDEN_BITS (with F16_OPERANDS; not
+    the default, kept to be measured): e4m3 widens by integer ops (fp8_quant.py: e4m3_to_f16).
 
     SPLIT_K > 1 (narrow N, long K: more programs stream the weight): program (i_n, i_k) sums its K
     range into partials [SPLIT_K, BLOCK_M, N] float32 and counts itself in arrivals[i_n]; the last
@@ -105,15 +100,9 @@ def _dot_kernel(x, w, s, b, y, partials, arrivals, M, N, K, stride_xm, stride_wn
         b_x = tl.load(p_x + k0, mask=m_k[:, None] & m_m[None, :], other=0.0)
         b_w = tl.load(p_w + k0, mask=m_n[:, None] & m_k[None, :], other=0.0)
         if F16_OPERANDS:
-            amax = tl.max(tl.abs(b_x.to(tl.float32)), 0)  # [BLOCK_M]
-            shift = 14.0 - tl.floor(tl.log2(tl.maximum(amax, 1e-30)))
-            b_x16 = (b_x.to(tl.float32) * tl.exp2(shift)[None, :]).to(tl.float16)
-            if WIDEN_BITS:
-                b_u = b_w.to(tl.uint8, bitcast=True).to(tl.uint16)
-                b_w16 = (((b_u & 0x80) << 8) | ((b_u & 0x7F) << 7)).to(tl.float16, bitcast=True)
-                part = tl.dot(b_w16, b_x16) * tl.exp2(8.0 - shift)[None, :]
-            else:
-                part = tl.dot(b_w.to(tl.float16), b_x16) * tl.exp2(-shift)[None, :]
+            b_x16, shift = f16_rows(b_x, 0)  # [BLOCK_K, BLOCK_M], [BLOCK_M]
+            b_w16, e = e4m3_to_f16(b_w, WIDEN_BITS)
+            part = tl.dot(b_w16, b_x16) * tl.exp2(e - shift)[None, :]
         elif EXACT_DOT:
             part = tl.dot(b_w.to(b_x.dtype), b_x, input_precision="ieee")
         else:

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from triton_kernels.arrival_counters import arrival_counters
-from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8
+from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8, e4m3_to_f16, f16_rows
 
 
 def fused_moe_ref(
@@ -146,14 +146,29 @@ def _locate_block(expert_offsets, i_b, E, BLOCK_M: tl.constexpr, NUM_BINS: tl.co
 
 
 @triton.jit
+def _fp8_weight_dot(b_x, b_w, b_s, PREC: tl.constexpr, F16_OPERANDS: tl.constexpr, WIDEN_BITS: tl.constexpr):
+    """b_x [BLOCK_M, BLOCK_K] activations, b_w [BLOCK_K, BLOCK_N] e4m3 within one scale block, b_s [BLOCK_N]
+    its scales -> b_x @ (b_w * b_s) [BLOCK_M, BLOCK_N] float32. The weight widens to x's dtype, or with
+    F16_OPERANDS (bf16 x) both go to fp16, x's rows scaled by powers of two (fp8_quant.py: f16_rows;
+    WIDEN_BITS: e4m3_to_f16 by integer ops)."""
+    if F16_OPERANDS:
+        b_x16, shift = f16_rows(b_x, 1)
+        b_w16, e = e4m3_to_f16(b_w, WIDEN_BITS)
+        return tl.dot(b_x16, b_w16) * tl.exp2(e - shift)[:, None] * b_s[None, :]
+    return tl.dot(b_x, b_w.to(b_x.dtype), input_precision=PREC) * b_s[None, :]
+
+
+@triton.jit
 def _moe_up_kernel(x, w13, s13, inter, sorted_assign, expert_offsets, stride_x, stride_we, stride_wn, stride_se,
                    stride_sn, stride_inter, H, I, E, TOPK: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
                    NUM_BINS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   EVEN_K: tl.constexpr, UNSORTED: tl.constexpr, FP8_W: tl.constexpr):
+                   EVEN_K: tl.constexpr, UNSORTED: tl.constexpr, FP8_W: tl.constexpr, F16_OPERANDS: tl.constexpr,
+                   WIDEN_BITS: tl.constexpr):
     """One program per (row block, BLOCK_N columns of I): gathers x rows by token, multiplies by the
     expert's w13 rows (gate rows o_n and up rows I + o_n when GATED), applies the activation.
     UNSORTED: block i is assignment i alone (sorted_assign holds topk_ids), its row of inter is i.
-    FP8_W: w13 is e4m3 and s13 [E, rows / 128, H / 128] its block scales."""
+    FP8_W: w13 is e4m3 and s13 [E, rows / 128, H / 128] its block scales; F16_OPERANDS, WIDEN_BITS:
+    as in _fp8_weight_dot."""
     num_n = tl.cdiv(I, BLOCK_N)
     i_b, i_n = tl.program_id(0) // num_n, tl.program_id(0) % num_n
     if UNSORTED:
@@ -187,7 +202,7 @@ def _moe_up_kernel(x, w13, s13, inter, sorted_assign, expert_offsets, stride_x, 
             b_w = tl.load(p_w, mask=m_k[:, None] & m_n[None, :], other=0.0)
         if FP8_W:
             b_s = tl.load(p_s + (k * BLOCK_K) // 128, mask=m_n, other=0.0)
-            acc += tl.dot(b_x, b_w.to(b_x.dtype), input_precision=PREC) * b_s[None, :]
+            acc += _fp8_weight_dot(b_x, b_w, b_s, PREC, F16_OPERANDS, WIDEN_BITS)
         else:
             acc = tl.dot(b_x, b_w, acc, input_precision=PREC)
         if GATED:
@@ -197,7 +212,7 @@ def _moe_up_kernel(x, w13, s13, inter, sorted_assign, expert_offsets, stride_x, 
                 b_u = tl.load(p_w + I * stride_wn, mask=m_k[:, None] & m_n[None, :], other=0.0)
             if FP8_W:
                 b_su = tl.load(p_su + (k * BLOCK_K) // 128, mask=m_n, other=0.0)
-                acc_up += tl.dot(b_x, b_u.to(b_x.dtype), input_precision=PREC) * b_su[None, :]
+                acc_up += _fp8_weight_dot(b_x, b_u, b_su, PREC, F16_OPERANDS, WIDEN_BITS)
             else:
                 acc_up = tl.dot(b_x, b_u, acc_up, input_precision=PREC)
         p_x += BLOCK_K
@@ -216,10 +231,12 @@ def _moe_down_kernel(inter, w2, s2, rows, sorted_assign, expert_offsets, topk_we
                      arrivals, stride_inter, stride_we, stride_wh, stride_se, stride_sh, stride_rows, stride_out,
                      stride_shared, stride_gate, H, I, E, TOPK: tl.constexpr, PREC: tl.constexpr,
                      NUM_BINS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     EVEN_K: tl.constexpr, UNSORTED: tl.constexpr, FP8_W: tl.constexpr, SUM_SLOTS: tl.constexpr,
-                     HAS_SHARED: tl.constexpr, HAS_GATE: tl.constexpr):
+                     EVEN_K: tl.constexpr, UNSORTED: tl.constexpr, FP8_W: tl.constexpr, F16_OPERANDS: tl.constexpr,
+                     WIDEN_BITS: tl.constexpr, SUM_SLOTS: tl.constexpr, HAS_SHARED: tl.constexpr,
+                     HAS_GATE: tl.constexpr):
     """One program per (row block, BLOCK_N columns of H): inter rows @ w2[e]^T times the routing
-    weight, stored at the rows' assignment indices. UNSORTED, FP8_W: as in _moe_up_kernel.
+    weight, stored at the rows' assignment indices. UNSORTED, FP8_W, F16_OPERANDS, WIDEN_BITS: as in
+    _moe_up_kernel.
 
     SUM_SLOTS (UNSORTED only): rows is float32 scratch, and the token's TOPK slots are summed here
     instead of by _combine_kernel. Each program writes its row's columns, then counts itself in
@@ -253,7 +270,7 @@ def _moe_down_kernel(inter, w2, s2, rows, sorted_assign, expert_offsets, topk_we
             b_w = tl.load(p_w, mask=m_k[:, None] & m_n[None, :], other=0.0)
         if FP8_W:
             b_s = tl.load(p_s + (k * BLOCK_K) // 128, mask=m_n, other=0.0)
-            acc += tl.dot(b_a, b_w.to(b_a.dtype), input_precision=PREC) * b_s[None, :]
+            acc += _fp8_weight_dot(b_a, b_w, b_s, PREC, F16_OPERANDS, WIDEN_BITS)
         else:
             acc = tl.dot(b_a, b_w, acc, input_precision=PREC)
         p_a += BLOCK_K
@@ -405,8 +422,11 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
                    topk_ids: torch.Tensor, activation: str, up_config: dict | None = None,
                    down_config: dict | None = None, shared: torch.Tensor | None = None,
                    shared_gate: torch.Tensor | None = None, partial: bool = False,
-                   w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """fused_moe; explicit launch configs (for tuning) force the sorted path."""
+                   w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
+                   fp8_f16_operands: bool = False, widen_bits: bool = False) -> torch.Tensor:
+    """fused_moe; explicit launch configs (for tuning) force the sorted path. fp8_f16_operands, widen_bits:
+    the FP8 experts' fp16-operand variants (_fp8_weight_dot), off in serving until measured faster; x must
+    hold bf16 values."""
     if activation not in ("silu", "relu2"):
         raise ValueError(f"unsupported MoE activation {activation!r}; expected 'silu' or 'relu2'")
     gated = activation == "silu"
@@ -452,7 +472,8 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     _moe_up_kernel[programs(up, i)](
         x, w13, s13, inter, sorted_assign, expert_offsets, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0),
         s13.stride(1), inter.stride(0), h, i, e, TOPK=k, GATED=gated, PREC=prec, NUM_BINS=num_bins,
-        EVEN_K=h % up["BLOCK_K"] == 0, UNSORTED=unsorted, FP8_W=fp8, **up)
+        EVEN_K=h % up["BLOCK_K"] == 0, UNSORTED=unsorted, FP8_W=fp8, F16_OPERANDS=fp8 and fp8_f16_operands,
+        WIDEN_BITS=widen_bits, **up)
     weights = topk_weights.float().contiguous()
     if unsorted:  # the down kernel sums each token's slots (float32 rows as scratch): no combine launch
         _check_shared(shared, shared_gate, t, h)
@@ -467,6 +488,7 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
         inter.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), out_rows.stride(0), out.stride(0),
         0 if shared is None else shared.stride(0), 0 if shared_gate is None else shared_gate.stride(0), h, i, e,
         TOPK=k, PREC=prec, NUM_BINS=num_bins, EVEN_K=i % down["BLOCK_K"] == 0, UNSORTED=unsorted, FP8_W=fp8,
+        F16_OPERANDS=fp8 and fp8_f16_operands, WIDEN_BITS=widen_bits,
         SUM_SLOTS=unsorted, HAS_SHARED=shared is not None, HAS_GATE=shared_gate is not None,
         enable_fp_fusion=False, **down)
     if unsorted:

@@ -208,3 +208,28 @@ def test_fp8_experts_match_their_dequantized_reference(num_tokens, top_k, activa
     wrong = s2.clone()
     wrong[:, 1, 0] *= 2.0  # output rows 128..159, inner columns 0..127
     assert not torch.allclose(fused_moe(**{**kw, "w2_scale": wrong.to(DEVICE)}), ref, rtol=1e-4, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize("num_tokens,widen_bits", [(2, False), (2, True), (40, True)])  # unsorted, sorted
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # the interpreter's sigmoid of large inputs
+def test_fp8_experts_fp16_operands(num_tokens, widen_bits):
+    """The FP8 experts' fp16-operand variants (not served yet): x of bf16 values (here float32 copies)
+    spread over 2**16 goes to fp16 exactly by per-row powers of two; the experts' intermediate rows,
+    rounded to fp16 in the down GEMM, bound the difference from the reference."""
+    from triton_kernels.fp8_quant import quantize_fp8_stacked
+    from triton_kernels.fused_moe import _fused_moe_fwd
+
+    h, i, num_experts, top_k = 160, 136, 4, 2
+    g = torch.Generator().manual_seed(14)
+    w13 = torch.randn(num_experts, 2 * i, h, generator=g) / h**0.5
+    w2 = torch.randn(num_experts, h, i, generator=g) / i**0.5
+    (q13, s13), (q2, s2) = quantize_fp8_stacked(w13), quantize_fp8_stacked(w2)
+    weights, ids = _routing(num_tokens, num_experts, top_k, seed=15)
+    x = (torch.randn(num_tokens, h, generator=g) * torch.logspace(-8, 8, num_tokens, base=2.0)[:, None])
+    kw = dict(x=x.bfloat16().float().to(DEVICE), w13=q13.to(DEVICE), w2=q2.to(DEVICE), topk_weights=weights,
+              topk_ids=ids, w13_scale=s13.to(DEVICE), w2_scale=s2.to(DEVICE))
+    got = _fused_moe_fwd(**kw, activation="silu", fp8_f16_operands=True, widen_bits=widen_bits)
+    ref = fused_moe_ref(**kw)
+    row_max = ref.abs().amax(dim=1, keepdim=True)
+    torch.testing.assert_close(got / row_max, ref / row_max, rtol=0, atol=2e-3)
+    assert not torch.equal(got, fused_moe(**kw))  # the fp16 rounding of the intermediate rows is there
