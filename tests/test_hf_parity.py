@@ -134,11 +134,15 @@ def test_triton_moe_kernels_match_hf(tiny_checkpoint, family):
     run_and_check(path, s, {0: [reqs[0]], 2: [reqs[1]]})
 
 
-@pytest.mark.parametrize("family,backend", [("qwen3_5_moe", "torch"), ("qwen3_next", "triton")])
+@pytest.mark.parametrize("family,backend", [("qwen3_5_moe", "torch"), ("qwen3_next", "triton"),
+                                            ("granitemoehybrid", "triton")])
 def test_shared_expert_stacked_with_the_experts_matches_hf(tiny_checkpoint, family, backend):
     """A shared expert as wide as the routed ones is expert E of the stack, routed to every token with
-    weight sigmoid(its gate): the reference ops and the Triton kernels (interpreter) against HF."""
-    path = tiny_checkpoint(family, shared_expert_intermediate_size=TINY_MOE["moe_intermediate_size"])
+    weight sigmoid(its gate), or 1 without one (Granite): the reference ops and the Triton kernels
+    (interpreter) against HF."""
+    width = TINY_MOE["moe_intermediate_size"]
+    path = tiny_checkpoint(family, **{"shared_intermediate_size" if family == "granitemoehybrid"
+                                      else "shared_expert_intermediate_size": width})
     s = make_scheduler(path, chunked_prefill_size=16, moe_runner_backend=backend)
     moe = next(m for m in s.runner.model.modules() if isinstance(m, SparseMoE))
     assert moe.stacked_shared and moe.shared is None and moe.w13.shape[0] == moe.spec.num_experts + 1
