@@ -101,8 +101,9 @@ def _dot_kernel(x, w, s, b, y, partials, arrivals, M, N, K, stride_xm, stride_wn
         b_w = tl.load(p_w + k0, mask=m_n[:, None] & m_k[None, :], other=0.0)
         if F16_OPERANDS:
             b_x16, shift = f16_rows(b_x, 0)  # [BLOCK_K, BLOCK_M], [BLOCK_M]
-            b_w16, e = e4m3_to_f16(b_w, WIDEN_BITS)
-            part = tl.dot(b_w16, b_x16) * tl.exp2(e - shift)[None, :]
+            if WIDEN_BITS:
+                shift = shift - 8.0
+            part = tl.dot(e4m3_to_f16(b_w, WIDEN_BITS), b_x16) * tl.exp2(-shift)[None, :]
         elif EXACT_DOT:
             part = tl.dot(b_w.to(b_x.dtype), b_x, input_precision="ieee")
         else:

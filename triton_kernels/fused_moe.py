@@ -153,9 +153,12 @@ def _fp8_weight_dot(b_x, b_w, b_s, PREC: tl.constexpr, F16_OPERANDS: tl.constexp
     WIDEN_BITS: e4m3_to_f16 by integer ops)."""
     if F16_OPERANDS:
         b_x16, shift = f16_rows(b_x, 1)
-        b_w16, e = e4m3_to_f16(b_w, WIDEN_BITS)
-        return tl.dot(b_x16, b_w16) * tl.exp2(e - shift)[:, None] * b_s[None, :]
-    return tl.dot(b_x, b_w.to(b_x.dtype), input_precision=PREC) * b_s[None, :]
+        if WIDEN_BITS:
+            shift = shift - 8.0
+        part = tl.dot(b_x16, e4m3_to_f16(b_w, WIDEN_BITS)) * tl.exp2(-shift)[:, None]
+    else:
+        part = tl.dot(b_x, b_w.to(b_x.dtype), input_precision=PREC)
+    return part * b_s[None, :]
 
 
 @triton.jit
