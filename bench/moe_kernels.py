@@ -112,19 +112,32 @@ def down_configs() -> list[dict]:
     return out
 
 
+def unsorted_configs(which: str) -> list[dict]:
+    """The unsorted (decode) path: one row per program, so BLOCK_M stays 16; split K varies too."""
+    shapes = [(16, 128, 4, 4), (32, 128, 4, 4), (16, 64, 4, 5), (32, 64, 4, 4)] if which == "up" else \
+        [(128, 64, 4, 4), (64, 128, 4, 4), (32, 128, 4, 4), (64, 64, 4, 4)]
+    return [dict(BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=st, SPLIT_K=sk)
+            for bn, bk, w, st in shapes for sk in (1, 2, 4)]
+
+
 def short(cfg: dict) -> str:
-    return f"{cfg['BLOCK_M']}/{cfg['BLOCK_N']}/{cfg['BLOCK_K']} w{cfg['num_warps']} s{cfg['num_stages']}"
+    return (f"{cfg['BLOCK_M']}/{cfg['BLOCK_N']}/{cfg['BLOCK_K']} w{cfg['num_warps']} s{cfg['num_stages']}"
+            f"{' split ' + str(cfg['SPLIT_K']) if cfg.get('SPLIT_K', 1) > 1 else ''}")
 
 
 def tune_case(name: str, kw: dict, base_ms: float, report) -> None:
+    """Each GEMM's launch configs with the other's default; the unsorted path's (split K too) where the
+    call takes it."""
     rows = kw["topk_ids"].numel()
     up0, down0 = moe._gemm_configs(rows, kw["w13"].shape[0], DTYPE, kw["x"].device)
-    for which, configs in (("up", up_configs()), ("down", down_configs())):
+    unsorted = rows <= moe.UNSORTED_MAX_ROWS
+    for which in ("up", "down"):
+        configs = unsorted_configs(which) if unsorted else up_configs() if which == "up" else down_configs()
         results = []
         for cfg in configs:
             pair = (cfg, down0) if which == "up" else (up0, cfg)
-            call = lambda pair=pair: moe._fused_moe_fwd(**kw, activation="silu", up_config=pair[0],  # noqa: E731
-                                                        down_config=pair[1])
+            call = functools.partial(moe._fused_moe_fwd, **kw, activation="silu", up_config=pair[0],
+                                     down_config=pair[1], unsorted=unsorted)
             try:
                 results.append((bench_ms(graphed(call)), cfg))
             except Exception as e:  # out of shared memory or registers

@@ -233,3 +233,29 @@ def test_fp8_experts_fp16_operands(num_tokens, widen_bits):
     row_max = ref.abs().amax(dim=1, keepdim=True)
     torch.testing.assert_close(got / row_max, ref / row_max, rtol=0, atol=2e-3)
     assert not torch.equal(got, fused_moe(**kw))  # the fp16 rounding of the intermediate rows is there
+
+
+@pytest.mark.parametrize("split_up,split_down,activation", [(2, 3, "silu"), (3, 2, "relu2")])
+def test_split_k_on_the_unsorted_path(split_up, split_down, activation):
+    """Split K (not served yet): up and down GEMMs of a few tokens in SPLIT_K parts each, the last part
+    to arrive finishing the tile (splits that do not divide the K tiles evenly; a slot routed to another
+    rank's expert and a gated shared expert too); equal to the reference, then again on the same
+    counters."""
+    num_experts, num_tokens, top_k = 5, 3, 2
+    w13, w2 = _experts(num_experts, activation, seed=16)
+    weights, ids = _routing(num_tokens, num_experts, top_k, seed=17)
+    ids[1, 0] = num_experts  # held elsewhere
+    g = torch.Generator().manual_seed(18)
+    x = torch.randn(num_tokens, H, generator=g).to(DEVICE)
+    shared = torch.randn(num_tokens, H, generator=g).to(DEVICE)
+    gate = torch.randn(num_tokens, generator=g).to(DEVICE)
+    kw = dict(x=x, w13=w13, w2=w2, topk_weights=weights, topk_ids=ids, activation=activation, partial=True,
+              shared=shared, shared_gate=gate)
+    tiny = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1)
+    ref = fused_moe_ref(**kw)
+    for _ in range(2):
+        out = _fused_moe_fwd(**kw, up_config={**tiny, "SPLIT_K": split_up},
+                             down_config={**tiny, "SPLIT_K": split_down}, unsorted=True)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(AssertionError, match="unsorted"):
+        _fused_moe_fwd(**kw, up_config={**tiny, "SPLIT_K": 2}, down_config=tiny)
