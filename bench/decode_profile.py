@@ -6,7 +6,8 @@ measured by bench/offline.py is launch gaps (inside the CUDA graph) and host tim
 
 Profiling runs the decode eagerly by default (kernels are the same as in the graph; CUPTI does not
 see inside every graph replay); --graphs keeps the CUDA graphs. Prints the top kernels by device
-time per decode step, their share of the step, and the kernel count per step.
+time per decode step, their share of the step, and the kernel count per step. --shapes (eager only)
+adds the matmuls that reach cuBLAS by their input shapes, so each cuBLAS kernel has its layer.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ def main() -> None:
     p.add_argument("--graphs", action="store_true", help="keep decode CUDA graphs")
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--tp-size", type=int, default=1, help="rank 0's kernels, all-reduces included")
+    p.add_argument("--shapes", action="store_true", help="also the matmul ops by input shape (eager only)")
     a = p.parse_args()
+    assert not (a.shapes and a.graphs), "--shapes needs the eager decode: graph replays record no ops"
     engine = Engine(model_path=a.config, load_format="dummy", skip_tokenizer_init=True, random_seed=0,
                     context_length=a.prompt + a.steps + 8, max_running_requests=a.batch,
                     disable_cuda_graph=not a.graphs, log_level="warning", tp_size=a.tp_size)
@@ -46,9 +49,16 @@ def main() -> None:
     try:
         engine.generate(input_ids=prompts, sampling_params={**params, "max_new_tokens": 4})  # warm-up
         sync()
-        with profile(activities=[ProfilerActivity.CUDA if on_gpu else ProfilerActivity.CPU]) as prof:
-            engine.generate(input_ids=prompts, sampling_params=params)
-            sync()
+        activities = [ProfilerActivity.CUDA if on_gpu else ProfilerActivity.CPU]
+        if a.shapes and on_gpu:
+            activities.append(ProfilerActivity.CPU)
+        prof = profile(activities=activities, record_shapes=a.shapes)
+        # --shapes: started and stopped on the engine thread, which runs the model (CPU ops are recorded
+        # per thread); kernels alone are recorded from here, as before
+        start_stop = engine.run_on_engine if a.shapes else (lambda fn: fn(None))
+        start_stop(lambda s: prof.start())
+        engine.generate(input_ids=prompts, sampling_params=params)
+        start_stop(lambda s: (sync(), prof.stop()))
     finally:
         engine.shutdown()
     per_kernel: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
@@ -56,7 +66,7 @@ def main() -> None:
         if e.device_type.name == ("CUDA" if on_gpu else "CPU") and (on_gpu or e.name.startswith("aten::")):
             per_kernel[e.name][0] += e.device_time_total
             per_kernel[e.name][1] += 1
-    total_us = sum(t for t, _ in per_kernel.values())
+    total_us = max(sum(t for t, _ in per_kernel.values()), 1e-9)  # (0 on CPU)
     count = sum(n for _, n in per_kernel.values())
     print(f"# Decode profile: {a.config}, batch {a.batch}, {a.steps} steps, graphs {'on' if a.graphs else 'off'}\n")
     print(f"device kernel time per step: {total_us / a.steps / 1000:.3f} ms over {count / a.steps:.0f} kernels "
@@ -64,6 +74,13 @@ def main() -> None:
     print("| kernel | ms / step | % | calls / step |\n|---|---|---|---|")
     for name, (t, n) in sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[: a.top]:
         print(f"| {name[:90]} | {t / a.steps / 1000:.4f} | {100 * t / total_us:.1f} | {n / a.steps:.1f} |")
+    if a.shapes:
+        print("\n| matmul op | input shapes | device ms / step | calls / step |\n|---|---|---|---|")
+        ops = [o for o in prof.key_averages(group_by_input_shape=True)
+               if o.key in ("aten::mm", "aten::addmm", "aten::bmm", "aten::_scaled_mm", "aten::_scaled_mm_v2")]
+        for o in sorted(ops, key=lambda o: -o.device_time_total)[: a.top]:
+            ms = o.device_time_total / a.steps / 1000
+            print(f"| {o.key} | {o.input_shapes} | {ms:.4f} | {o.count / a.steps:.1f} |")
 
 
 if __name__ == "__main__":

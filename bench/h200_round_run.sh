@@ -100,9 +100,11 @@ for part in ${*:-tests}; do
       offline bf16_35b qwen3_5-35b-a3b-text --batch 1,32 --prompt 512 --output 128
       offline fp8_35b qwen3_5-35b-a3b-text --batch 1,32 --prompt 512 --output 128 --engine-arg quantization=fp8 \
         --engine-arg enable_fp8_experts=true ;;
-    profile35)  # where a 35B-A3B batch-1 step goes
+    profile35)  # where a 35B-A3B batch-1 step goes; then eagerly, its cuBLAS matmuls by shape
       timeout 150 python3 bench/decode_profile.py --config configs/qwen3_5-35b-a3b-text --batch 1 --graphs --top 25 \
-        2>&1 | quiet | tee "$OUT/profile_35b_b1.md" | tail -32 ;;
+        2>&1 | quiet | tee "$OUT/profile_35b_b1.md" | tail -32
+      timeout 150 python3 bench/decode_profile.py --config configs/qwen3_5-35b-a3b-text --batch 1 --shapes --top 12 \
+        2>&1 | quiet | tee "$OUT/profile_35b_b1_shapes.md" | tail -16 ;;
     fp8kernels)  # the FP8 GEMM against bf16 cuBLAS on the 9B linear shapes
       timeout 200 python3 bench/fp8_kernels.py 2>&1 | tee "$OUT/fp8_kernels.md" | grep -E "^\||copy" ;;
     tp1)  # tp 1 before (884e704, archived into .before/ and carried) and after the tensor-parallel rewrite
