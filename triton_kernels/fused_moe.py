@@ -173,10 +173,13 @@ def _split_k_program(H, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
 
 @triton.jit
 def _activation(acc, acc_up, GATED: tl.constexpr):
+    """silu(gate) * up, or relu(up)**2 (acc_up unused)."""
     if GATED:
-        return acc * tl.sigmoid(acc) * acc_up
-    b_h = tl.maximum(acc, 0.0)
-    return b_h * b_h
+        b_h = acc * tl.sigmoid(acc) * acc_up
+    else:
+        b_h = tl.maximum(acc, 0.0)
+        b_h = b_h * b_h
+    return b_h
 
 
 @triton.jit
