@@ -88,11 +88,10 @@ for part in ${*:-tests}; do
       offline bf16_9b qwen3_5-9b-text --batch 1,32 --prompt 512 --output 128 ;;
     moe3)  # the CUDA tests of the new MoE and linear paths (slowest listed), MoE launch configs at T 1 / 8,
       # the fp16-operand variants of the FP8 experts and of the FP8 decode GEMM
-      timeout 300 python3 -m pytest -q -rfE -p no:cacheprovider --durations=12 tests/kernels/test_moe_routing.py \
-        tests/kernels/test_fused_moe.py tests/gpu/test_fused_moe_cuda.py tests/gpu/test_dense_linear_cuda.py \
-        2>&1 | tee "$OUT/tests_moe3.log" | tail -20
+      timeout 150 python3 -m pytest -q -rfE -p no:cacheprovider --durations=12 tests/kernels/test_moe_routing.py \
+        tests/kernels/test_fused_moe.py tests/gpu/test_dense_linear_cuda.py 2>&1 | tee "$OUT/tests_moe3.log" | tail -20
       for fp8 in "" --fp8; do  # FP8: also the fp16-operand variants of its expert GEMMs
-        timeout 150 python3 bench/moe_kernels.py --no-profile $fp8 ${fp8:+--fp8-variants} --tokens 1 8 2>&1 \
+        timeout 200 python3 bench/moe_kernels.py --no-profile --models 35B $fp8 ${fp8:+--fp8-variants} --tokens 1 8 2>&1 \
           | tee "$OUT/moe_tune$fp8.md" | grep -E "^\||tuning|^  [0-9]" | head -60
       done
       timeout 200 python3 bench/fp8_decode_variants.py 2>&1 | tee "$OUT/fp8_decode_variants.md" | grep -E "^\||copy|Error" ;;

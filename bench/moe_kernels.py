@@ -213,7 +213,8 @@ def fp8_variants(rows: list[dict], report: Callable[[str], None]) -> None:
 
 
 def run(report: Callable[[str], None] = print, tune: bool = True, profile: bool = True,
-        tokens: list[int] = TOKENS, fp8: bool = False) -> list[dict]:
+        tokens: list[int] = TOKENS, fp8: bool = False, models: list[str] | None = None) -> list[dict]:
+    """models: names (or parts of them) of SHAPES to run; None: all."""
     assert torch.cuda.is_available(), "this benchmark needs a CUDA GPU"
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
@@ -222,6 +223,8 @@ def run(report: Callable[[str], None] = print, tune: bool = True, profile: bool 
     report(f"copy bandwidth {copy_bw / 1e12:.2f} TB/s (read + write)")
     rows = []
     for name, shape in SHAPES.items():
+        if models and not any(m in name for m in models):
+            continue
         for num_tokens in tokens:
             rows.append(case(name + (" FP8" if fp8 else ""), shape, num_tokens, copy_bw, tune, profile, report, fp8))
             torch.cuda.empty_cache()
@@ -238,7 +241,9 @@ if __name__ == "__main__":
     ap.add_argument("--fp8", action="store_true", help="e4m3 experts with block scales")
     ap.add_argument("--fp8-variants", action="store_true",
                     help="with --fp8: also time the fp16-operand variants (conversion, integer widening)")
+    ap.add_argument("--models", nargs="+", help="only these expert shapes (names or parts: 35B, 80B)")
     args = ap.parse_args()
-    rows = run(print, tune=not args.no_tune, profile=not args.no_profile, tokens=args.tokens, fp8=args.fp8)
+    rows = run(print, tune=not args.no_tune, profile=not args.no_profile, tokens=args.tokens, fp8=args.fp8,
+               models=args.models)
     if args.fp8 and args.fp8_variants:
         fp8_variants(rows, print)
