@@ -17,6 +17,7 @@ import triton.language as tl
 
 from triton_kernels.arrival_counters import arrival_counters
 from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8, e4m3_to_f16, f16_rows
+from triton_kernels.moe_sort import bins_for, locate_block, max_blocks, sort_by_expert
 
 
 def fused_moe_ref(
@@ -66,12 +67,10 @@ def fused_moe_ref(
 
 # ---------------------------------------------------------------------------------------------
 # Fused path. The T*k (token, slot) assignments a = t * k + j are sorted by expert on the device
-# (a counting sort: per-chunk histograms, then each chunk scatters its assignments to
-# expert start + earlier chunks' share + rank in the chunk, ranks from an in-register sort), so
-# the rows of each expert are contiguous: sorted_assign [T*k], expert_offsets [E + 1]. The two
-# grouped GEMMs walk BLOCK_M-row blocks of those rows; every program finds its block's expert from
-# expert_offsets, so the grids have a fixed worst-case size (no host sync, CUDA-graph safe) and
-# programs past the last block return at once. Up to UNSORTED_MAX_ROWS assignments (decode at small
+# (moe_sort.py), so the rows of each expert are contiguous. The two grouped GEMMs walk BLOCK_M-row
+# blocks of those rows; every program finds its block's expert from expert_offsets, so the grids have
+# a fixed worst-case size (no host sync, CUDA-graph safe) and programs past the last block return at
+# once. Up to UNSORTED_MAX_ROWS assignments (decode at small
 # batch) skip the sort: each assignment is a row block of its own, its expert read from topk_ids; so
 # few rows rarely share an expert, and the sort kernel's launch is the larger cost.
 #   up:   inter[p] = act(x[t(p)] @ w13[e]^T)          [T*k, I] in x's dtype, p a sorted position
@@ -80,69 +79,6 @@ def fused_moe_ref(
 # Unsorted, the down kernel sums the slots itself: rows are float32 scratch and the last of a token's
 # slots to finish a column block adds them in slot order (a counter per token and block, no float
 # atomics), so decode runs two launches. Both orders are fixed: results are deterministic.
-
-
-@triton.jit
-def _expert_count_kernel(topk_ids, counts, M, E, CHUNK: tl.constexpr, NUM_BINS: tl.constexpr):
-    """counts[c, e] = assignments c*CHUNK .. c*CHUNK + CHUNK - 1 routed to expert e. Padding lanes
-    land in bin NUM_BINS - 1 >= E."""
-    i_c = tl.program_id(0)
-    o_a = i_c * CHUNK + tl.arange(0, CHUNK)
-    b_ids = tl.load(topk_ids + o_a, mask=o_a < M, other=NUM_BINS - 1).to(tl.int32)
-    o_e = tl.arange(0, NUM_BINS)
-    tl.store(counts + i_c * E + o_e, tl.histogram(b_ids, NUM_BINS), mask=o_e < E)
-
-
-@triton.jit
-def _expert_sort_kernel(topk_ids, counts, expert_offsets, sorted_assign, M, E, num_chunks,
-                        CHUNK: tl.constexpr, NUM_BINS: tl.constexpr, BLOCK_C: tl.constexpr,
-                        ONE_CHUNK: tl.constexpr):
-    """One program per chunk: scatters the chunk's assignment indices to their expert-sorted
-    positions (ties in assignment order, as a stable sort). Program 0 writes expert_offsets."""
-    i_c = tl.program_id(0)
-    o_e = tl.arange(0, NUM_BINS)
-    o_i = tl.arange(0, CHUNK)
-    o_a = i_c * CHUNK + o_i
-    b_ids = tl.load(topk_ids + o_a, mask=o_a < M, other=NUM_BINS - 1).to(tl.int32)
-    b_hist = tl.where(o_e < E, tl.histogram(b_ids, NUM_BINS), 0)
-    if ONE_CHUNK:
-        b_total = b_hist
-        b_before = tl.zeros([NUM_BINS], dtype=tl.int32)
-    else:  # totals over all chunks and the share of the chunks before this one
-        b_total = tl.zeros([NUM_BINS], dtype=tl.int32)
-        b_before = tl.zeros([NUM_BINS], dtype=tl.int32)
-        for c0 in range(0, num_chunks, BLOCK_C):
-            o_c = c0 + tl.arange(0, BLOCK_C)
-            b_cnt = tl.load(counts + o_c[:, None] * E + o_e[None, :],
-                            mask=(o_c < num_chunks)[:, None] & (o_e < E)[None, :], other=0)
-            b_total += tl.sum(b_cnt, 0)
-            b_before += tl.sum(tl.where((o_c < i_c)[:, None], b_cnt, 0), 0)
-    b_start = tl.cumsum(b_total, 0) - b_total  # first sorted position of each expert; M at index E
-    if i_c == 0:
-        tl.store(expert_offsets + o_e, b_start, mask=o_e <= E)
-    # sorted position = b_start + b_before + rank in the chunk = b_base[e] + position in the sorted chunk
-    b_base = b_start + b_before - (tl.cumsum(b_hist, 0) - b_hist)
-    b_key = tl.sort(b_ids * CHUNK + o_i)  # by expert, then by assignment
-    b_expert = b_key // CHUNK
-    b_dest = tl.gather(b_base, b_expert, 0) + o_i
-    tl.store(sorted_assign + b_dest, i_c * CHUNK + b_key % CHUNK, mask=b_expert < E)
-
-
-@triton.jit
-def _locate_block(expert_offsets, i_b, E, BLOCK_M: tl.constexpr, NUM_BINS: tl.constexpr):
-    """Block i_b of the expert-sorted rows -> (expert, its first row, the expert's end row).
-    Each expert owns cdiv(rows, BLOCK_M) consecutive blocks; expert >= E past the last block."""
-    o_e = tl.arange(0, NUM_BINS)
-    m_e = o_e < E
-    b_begin = tl.load(expert_offsets + o_e, mask=m_e, other=0)
-    b_end = tl.load(expert_offsets + o_e + 1, mask=m_e, other=0)
-    b_blocks = tl.cdiv(b_end - b_begin, BLOCK_M)
-    b_blocks_end = tl.cumsum(b_blocks, 0)
-    i_e = tl.sum((b_blocks_end <= i_b).to(tl.int32), 0)
-    m_sel = o_e == i_e
-    row = tl.sum(tl.where(m_sel, b_begin + (i_b - b_blocks_end + b_blocks) * BLOCK_M, 0), 0)
-    row_end = tl.sum(tl.where(m_sel, b_end, 0), 0)
-    return i_e, row, row_end
 
 
 @triton.jit
@@ -205,7 +141,7 @@ def _moe_up_kernel(x, w13, s13, inter, sorted_assign, expert_offsets, partials, 
     if UNSORTED:
         i_e, row, row_end = tl.load(sorted_assign + i_b), i_b, i_b + 1
     else:
-        i_e, row, row_end = _locate_block(expert_offsets, i_b, E, BLOCK_M, NUM_BINS)
+        i_e, row, row_end = locate_block(expert_offsets, i_b, E, BLOCK_M, NUM_BINS)
     if i_e >= E:
         return
     o_m = row + tl.arange(0, BLOCK_M)
@@ -293,7 +229,7 @@ def _moe_down_kernel(inter, w2, s2, rows, sorted_assign, expert_offsets, topk_we
     if UNSORTED:
         i_e, row, row_end = tl.load(sorted_assign + i_b), i_b, i_b + 1
     else:
-        i_e, row, row_end = _locate_block(expert_offsets, i_b, E, BLOCK_M, NUM_BINS)
+        i_e, row, row_end = locate_block(expert_offsets, i_b, E, BLOCK_M, NUM_BINS)
     if i_e >= E and not SUM_SLOTS:
         return
     o_m = row + tl.arange(0, BLOCK_M)
@@ -397,42 +333,7 @@ def _combine(out_rows: torch.Tensor, t: int, k: int, shared: torch.Tensor | None
     return out
 
 
-def _num_bins(num_experts: int) -> int:
-    return triton.next_power_of_2(num_experts + 1)  # one spare bin for padding lanes
-
-
-def sort_by_expert(*, topk_ids: torch.Tensor, num_experts: int, chunk: int | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """topk_ids: [T, k] ints in [0, num_experts). Returns (sorted_assign [T*k] int32: the
-    assignment indices t * k + j grouped by expert, ascending within an expert; expert_offsets
-    [num_experts + 1] int32: expert e's rows are sorted_assign[offsets[e]:offsets[e + 1]]).
-    chunk (a power of two) is the number of assignments one program sorts."""
-    num_assign = topk_ids.numel()
-    ids = topk_ids.contiguous()
-    if chunk is None:
-        chunk = min(triton.next_power_of_2(max(num_assign, 16)), 1024 if ids.device.type == "cuda" else 16)
-    num_chunks = triton.cdiv(num_assign, chunk)
-    num_bins = _num_bins(num_experts)
-    sorted_assign = torch.empty(num_assign, dtype=torch.int32, device=ids.device)
-    expert_offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=ids.device)
-    counts = torch.empty((num_chunks, num_experts), dtype=torch.int32, device=ids.device)
-    if num_chunks > 1:
-        _expert_count_kernel[(num_chunks,)](ids, counts, num_assign, num_experts, CHUNK=chunk, NUM_BINS=num_bins)
-    _expert_sort_kernel[(num_chunks,)](
-        ids, counts, expert_offsets, sorted_assign, num_assign, num_experts, num_chunks,
-        CHUNK=chunk, NUM_BINS=num_bins, BLOCK_C=max(1, min(triton.next_power_of_2(num_chunks), 8192 // num_bins)),
-        ONE_CHUNK=num_chunks == 1)
-    return sorted_assign, expert_offsets
-
-
 UNSORTED_MAX_ROWS = 32
-
-
-def _max_blocks(num_rows: int, num_experts: int, block_m: int) -> int:
-    """Most BLOCK_M-row blocks num_rows rows can need when each expert's rows start a new block:
-    n touched experts need at most n + (num_rows - n) // block_m, largest at n = min(E, rows)."""
-    touched = min(num_experts, num_rows)
-    return touched + (num_rows - touched) // block_m
 
 
 def _gemm_configs(num_rows: int, num_experts: int, dtype: torch.dtype, device: torch.device) -> tuple[dict, dict]:
@@ -516,11 +417,11 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     s13, s2 = (w13_scale, w2_scale) if fp8 else (w13, w2)  # without FP8 the weights stand in, unread
 
     def programs(config: dict, columns: int, split: int) -> tuple[int]:
-        blocks = rows if unsorted else _max_blocks(rows, e, config["BLOCK_M"])
+        blocks = rows if unsorted else max_blocks(rows, e, config["BLOCK_M"])
         return (blocks * triton.cdiv(columns, config["BLOCK_N"]) * split,)
 
     prec = "tf32x3" if x.dtype == torch.float32 else "tf32"
-    num_bins = _num_bins(e)
+    num_bins = bins_for(e)
     inter = torch.empty((rows, i), dtype=x.dtype, device=x.device)
     if split_up > 1:  # [SPLIT_K, rows, 2, I] float32 parts, a counter per output tile
         up_parts = torch.empty((split_up, rows, 2, i), dtype=torch.float32, device=x.device)

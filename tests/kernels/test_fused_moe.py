@@ -11,8 +11,8 @@ from triton_kernels.fused_moe import (
     _gemm_configs,
     fused_moe,
     fused_moe_ref,
-    sort_by_expert,
 )
+from triton_kernels.moe_sort import sort_by_expert
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 H, I = 40, 24
