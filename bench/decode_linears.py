@@ -15,7 +15,6 @@ import os
 import sys
 
 import torch
-import triton
 import triton.testing
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -55,8 +54,7 @@ def main() -> None:
             t_cublas = triton.testing.do_bench_cudagraph(cublas, rep=50)
             t_ours = triton.testing.do_bench_cudagraph(functools.partial(dense_few_rows_gemm, x=x, weight=w), rep=50)
             linear.dense_linear(x, w, None)
-            key = (n, k, triton.next_power_of_2(m), x.dtype, x.device, False)
-            served = "ours" if linear._FASTER.get(key) else "cuBLAS"
+            served = "ours" if linear.dense_linear_choice(x, w, None) == "ours" else "cuBLAS"
             moved = 2 * (n * k + m * k + m * n)
             p_cublas, p_ours = (f"{moved / (ms * 1e-3) / bw * 100:.0f}" for ms in (t_cublas, t_ours))
             print(f"| {model} | {layer} | {n} x {k} | {m} | {t_cublas * 1e3:.1f} | {p_cublas} | {t_ours * 1e3:.1f} "

@@ -20,6 +20,7 @@ import triton.language as tl
 import triton.testing
 
 from triton_kernels.arrival_counters import arrival_counters
+from triton_kernels.fastest import fastest
 from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8, e4m3_to_f16, f16_rows
 
 # The GEMMs of more rows quantize activations too (fp8_gemm.py). At 17-64 rows this kernel is slower
@@ -193,27 +194,20 @@ def dense_few_rows_gemm(*, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     return y
 
 
-_CHOSEN: dict[tuple, str] = {}
-
-
 def _kernel_for(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor, bias: torch.Tensor | None,
                 y: torch.Tensor) -> str:
     """"dot" above GEMV_MAX_ROWS rows; for fewer, whichever of "gemv" and "dot" ran this shape faster
-    on CUDA (timed once, as CUDA-graph replays, after each kernel's own tuning), "gemv" elsewhere."""
+    on CUDA (fastest.py, after each kernel's own tuning), "gemv" elsewhere."""
     (m, k), n = x.shape, weight.shape[0]
     if m > GEMV_MAX_ROWS:
         return "dot"
     if not x.is_cuda:
         return "gemv"
-    key = (n, k, m, x.dtype, x.device)
-    if key not in _CHOSEN:
-        times = {}
-        for kernel in ("gemv", "dot"):
-            run = functools.partial(_launch, x, weight, weight_scale_inv, bias, y, kernel)
-            run()  # tunes
-            times[kernel] = triton.testing.do_bench_cudagraph(run, rep=20)
-        _CHOSEN[key] = min(times, key=times.get)
-    return _CHOSEN[key]
+    def runs() -> dict:
+        return {kernel: functools.partial(_launch, x, weight, weight_scale_inv, bias, y, kernel)
+                for kernel in ("gemv", "dot")}
+
+    return fastest(("fp8_weight_only", n, k, m, x.dtype, x.device), runs) or "gemv"
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor | None, bias: torch.Tensor | None,

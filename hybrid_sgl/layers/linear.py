@@ -23,18 +23,17 @@ matmul becomes the block-scaled FP8 GEMM. The families never see the difference.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 import triton
-import triton.testing
 from torch import nn
 
 from hybrid_sgl.distributed import current_tp
 from hybrid_sgl.distributed.sharding import HeadSplit, replicated, vocab_split
 from hybrid_sgl.layers.quantization import came_from_fp8, fp8_linear
+from triton_kernels.fastest import chosen, fastest
 from triton_kernels.fp8_quant import quantize_fp8
 from triton_kernels.fp8_weight_only import DENSE_MAX_ROWS, dense_few_rows_gemm
 
@@ -63,14 +62,12 @@ def whole(name: str, rows: int, size: int) -> Block:
     return Block(name, rows, replicated(size))
 
 
-_FASTER: dict[tuple, bool] = {}
-
-
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear (x [..., K], weight [N, K] -> [..., N]). At decode sizes on CUDA (up to DENSE_MAX_ROWS rows,
-    16-bit) it runs whichever of cuBLAS and our tensor-core kernel ran the shape faster, timed once as
-    CUDA-graph replays on first use (the decode graphs' warm-up runs come before their capture): cuBLAS
-    streams some narrow weights (few columns, long K) at a third of the bandwidth."""
+    16-bit) it runs whichever of cuBLAS and our tensor-core kernel ran the shape faster (by 5 %), timed
+    once per row bucket (the next power of two) at the bucket's rows (triton_kernels/fastest.py): the
+    decode graphs' warm-ups time every bucket, so a short prefill later finds its answer instead of
+    stalling. cuBLAS streams some narrow weights (few columns, long K) at a third of the bandwidth."""
     rows = x.reshape(-1, x.shape[-1])
     if not (x.is_cuda and 0 < rows.shape[0] <= DENSE_MAX_ROWS and x.dtype in (torch.bfloat16, torch.float16)
             and weight.dtype == x.dtype and _ours_is_faster(rows, weight, bias)):
@@ -78,20 +75,23 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return dense_few_rows_gemm(x=rows, weight=weight, bias=bias).view(*x.shape[:-1], weight.shape[0])
 
 
+def dense_linear_choice(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str | None:
+    """"cublas" or "ours" once dense_linear has timed x's shape and row bucket, else None."""
+    return chosen(_choice_key(x.reshape(-1, x.shape[-1]), weight, bias))
+
+
+def _choice_key(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
+    return ("dense_linear", *weight.shape, triton.next_power_of_2(rows.shape[0]), rows.dtype, rows.device,
+            bias is not None)
+
+
 def _ours_is_faster(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Timed once per (shape, row bucket: the next power of two), at the bucket's row count: the decode
-    graphs' warm-ups time every bucket, so a short prefill later finds its answer instead of stalling."""
-    bucket = triton.next_power_of_2(rows.shape[0])
-    key = (*weight.shape, bucket, rows.dtype, rows.device, bias is not None)
-    if key not in _FASTER:
-        if torch.cuda.is_current_stream_capturing():  # no timing inside a capture
-            return False
-        x = torch.randn(bucket, rows.shape[1], dtype=rows.dtype, device=rows.device)
-        ours = functools.partial(dense_few_rows_gemm, x=x, weight=weight, bias=bias)
-        ours()  # tunes its launch config
-        times = [triton.testing.do_bench_cudagraph(fn, rep=20) for fn in (ours, lambda: F.linear(x, weight, bias))]
-        _FASTER[key] = times[0] < 0.95 * times[1]
-    return _FASTER[key]
+    def runs() -> dict:  # on random rows of the bucket's count
+        x = torch.randn(triton.next_power_of_2(rows.shape[0]), rows.shape[1], dtype=rows.dtype, device=rows.device)
+        return {"cublas": lambda: F.linear(x, weight, bias),
+                "ours": lambda: dense_few_rows_gemm(x=x, weight=weight, bias=bias)}
+
+    return fastest(_choice_key(rows, weight, bias), runs, margin=0.95) == "ours"
 
 
 class QuantizableLinear(nn.Linear):
