@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 import triton.testing
 
-from triton_kernels.arrival_counters import arrival_counters
+from triton_kernels.arrival_counters import arrival_counters, parts_scratch
 from triton_kernels.fastest import fastest
 from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8, e4m3_to_f16, f16_rows
 
@@ -232,7 +232,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tenso
     f16 = f16 and weight_scale_inv is not None  # (16-bit weights multiply as they are)
     flags = dict(HAS_BIAS=bias is not None, EXACT_DOT=x.dtype == torch.float32, F16_OPERANDS=f16, M_BUCKET=bucket,
                  SCALED=weight_scale_inv is not None, WIDEN_BITS=widen_bits and f16, BLOCK_M=bucket, BLOCK_K=FP8_BLOCK)
-    args = args[:5] + (torch.empty(MAX_SPLIT_K * bucket * n, dtype=torch.float32, device=x.device),
+    args = args[:5] + (parts_scratch(x.device, MAX_SPLIT_K * bucket * n),
                        arrival_counters(x.device, triton.cdiv(n, 16))) + args[5:]
     if x.is_cuda:
         _dot_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](*args, **flags)

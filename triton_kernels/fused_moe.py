@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from triton_kernels.arrival_counters import arrival_counters
+from triton_kernels.arrival_counters import arrival_counters, parts_scratch
 from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8, e4m3_to_f16, f16_rows
 from triton_kernels.moe_sort import bins_for, locate_block, max_blocks, sort_by_expert
 
@@ -424,7 +424,7 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     num_bins = bins_for(e)
     inter = torch.empty((rows, i), dtype=x.dtype, device=x.device)
     if split_up > 1:  # [SPLIT_K, rows, 2, I] float32 parts, a counter per output tile
-        up_parts = torch.empty((split_up, rows, 2, i), dtype=torch.float32, device=x.device)
+        up_parts = parts_scratch(x.device, split_up * rows * 2 * i)
         up_counters = arrival_counters(x.device, rows * triton.cdiv(i, up["BLOCK_N"]))
     else:
         up_parts = up_counters = inter  # (unused)
@@ -436,7 +436,7 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     weights = topk_weights.float().contiguous()
     if unsorted:  # the down kernel sums each token's slots (float32 rows as scratch): no combine launch
         _check_shared(shared, shared_gate, t, h)
-        out_rows = torch.empty((rows * split_down, h), dtype=torch.float32, device=x.device)
+        out_rows = parts_scratch(x.device, rows * split_down * h).view(rows * split_down, h)
         out = torch.empty_like(x)
         counters = arrival_counters(x.device, t * triton.cdiv(h, down["BLOCK_N"]))
     else:  # [T*k, H], row t * k + j; the rows of slots routed elsewhere (partial) are never written
