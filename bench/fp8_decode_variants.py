@@ -18,18 +18,11 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import triton.testing  # noqa: E402
-from fp8_kernels import layer_weights  # noqa: E402
+from fp8_kernels import in_graph_ms, layer_weights  # noqa: E402
 from moe_kernels import copy_bandwidth  # noqa: E402
 
 from triton_kernels.fp8_gemm import _cublas_takes, fp8_gemm  # noqa: E402
 from triton_kernels.fp8_weight_only import _launch, fp8_weight_only_gemm_ref  # noqa: E402
-
-
-def in_graph_ms(fn) -> float:
-    """Mean time of one call among many captured back to back in one CUDA graph, as decode runs them
-    (a replay of a one-call graph mostly measures the replay's launch)."""
-    return triton.testing.do_bench_cudagraph(fn, rep=50)
 
 
 def variants(x, q, s):
