@@ -222,9 +222,10 @@ def test_enable_fp8_experts_keeps_the_experts_in_fp8(tiny_checkpoint, tmp_path):
                        tensors["model.layers.1.mlp.experts.2.down_proj.weight"].view(torch.uint8))
     _, ref_logprobs, _ = _run(fp8, PROMPTS[:2])
     _assert_within_e4m3_roundings(logprobs, ref_logprobs)
-    _, triton_logprobs, _ = _run(fp8, PROMPTS[:2], enable_fp8_experts=True, moe_runner_backend="triton")
-    for got, ref in zip(triton_logprobs, logprobs):  # the fused MoE's FP8 kernels (the interpreter here)
-        torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-4, atol=1e-4)
+    if os.environ.get("TRITON_INTERPRET") == "1":  # on a GPU host, tests/gpu/test_fp8_cuda.py runs them on CUDA
+        _, triton_logprobs, _ = _run(fp8, PROMPTS[:2], enable_fp8_experts=True, moe_runner_backend="triton")
+        for got, ref in zip(triton_logprobs, logprobs):  # the fused MoE's FP8 kernels in the interpreter
+            torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="--enable-fp8-experts needs FP8 weights"):
         _run(tiny_checkpoint("qwen3_5_moe"), PROMPTS[:1], enable_fp8_experts=True)
 
