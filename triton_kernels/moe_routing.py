@@ -4,6 +4,10 @@ over each token's expert logits, the k largest, optionally renormalized to sum t
 One program per token, in one kernel, where eager runs five (softmax, topk's two, sum, divide).
 Experts are picked by k rounds of argmax, so ties go to the lower expert id.
 
+Decode batches (up to 16 tokens) route in one kernel, `route`: the router GEMV and then, in the last
+program to finish its rows, the top-k of every token. Larger batches run the router through cuBLAS and
+the top-k kernel.
+
 A shared expert stacked with the routed ones (layers/moe.py) takes one more slot, k: its id is
 `shared_id` and its weight sigmoid(its gate logit, the column after the experts) or 1 without a gate.
 """
@@ -11,6 +15,8 @@ A shared expert stacked with the routed ones (layers/moe.py) takes one more slot
 import torch
 import triton
 import triton.language as tl
+
+from triton_kernels.arrival_counters import arrival_counters
 
 
 def softmax_topk_ref(*, logits: torch.Tensor, top_k: int, renormalize: bool, num_experts: int | None = None,
@@ -120,3 +126,102 @@ def router_logits(*, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     _router_logits_kernel[(triton.cdiv(r, 4), t)](x, weight, out, r, h, x.stride(0), weight.stride(0), out.stride(0),
                                                   BLOCK_R=4, BLOCK_H=block_h)
     return out
+
+
+def route_ref(*, x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool, num_experts: int,
+              shared_id: int | None = None, shared_gate: bool = False
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x: [T, H]; weight: [R, H] float32, its first num_experts rows the experts' (R = E, or E + 1 with a
+    shared expert's gate row). Returns (weights [T, slots] float32, ids [T, slots] int64, logits [T, R]
+    float32), slots as softmax_topk_ref's."""
+    logits = router_logits_ref(x=x, weight=weight)
+    weights, ids = softmax_topk_ref(logits=logits, top_k=top_k, renormalize=renormalize, num_experts=num_experts,
+                                    shared_id=shared_id, shared_gate=shared_gate)
+    return weights, ids, logits
+
+
+@triton.jit
+def _route_kernel(x, w, logits, weights, ids, arrivals, T, R, H, E, shared_id, stride_x, stride_w,
+                  TOP_K: tl.constexpr, RENORM: tl.constexpr, SLOTS: tl.constexpr, SHARED_GATE: tl.constexpr,
+                  BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
+    """Program i_r: logits [T, BLOCK_R rows] (each weight tile read once for all T tokens). The last
+    program to arrive takes the softmax and top-k of all T tokens at once, [BLOCK_T, BLOCK_E].
+
+    Top-k by k rounds of one max over a key per lane: the probability's float32 bits (positive, so
+    ordered as integers) above BLOCK_E - 1 - expert id, so ties go to the lower id as argmax's do."""
+    i_r = tl.program_id(0)
+    o_r = i_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    o_t = tl.arange(0, BLOCK_T)
+    o_h = tl.arange(0, BLOCK_H)
+    m_r = o_r < R
+    acc = tl.zeros([BLOCK_R, BLOCK_T], dtype=tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        m_h = h0 + o_h < H
+        b_w = tl.load(w + o_r.to(tl.int64)[:, None] * stride_w + h0 + o_h[None, :], mask=m_r[:, None] & m_h[None, :],
+                      other=0.0)
+        for t in range(T):
+            b_x = tl.load(x + t * stride_x + h0 + o_h, mask=m_h, other=0.0).to(tl.float32)
+            part = tl.sum(b_w * b_x[None, :], 1)
+            acc = tl.where(o_t[None, :] == t, acc + part[:, None], acc)
+    m_t = o_t < T
+    tl.store(logits + o_t[None, :] * R + o_r[:, None], acc, mask=m_r[:, None] & m_t[None, :])
+    tl.debug_barrier()  # every thread's logits are written before the count says so
+    if tl.atomic_add(arrivals, 1, sem="acq_rel") == tl.num_programs(0) - 1:  # every program's rows are in
+        o_e = tl.arange(0, BLOCK_E)
+        m_e = o_e < E
+        b_l = tl.load(logits + o_t[:, None] * R + o_e[None, :], mask=m_t[:, None] & m_e[None, :], other=0.0,
+                      cache_modifier=".cg")
+        b_l = tl.where(m_e[None, :], b_l, float("-inf"))
+        b_p = tl.exp(b_l - tl.max(b_l, 1)[:, None])
+        b_p = b_p / tl.sum(b_p, 1)[:, None]
+        key = (b_p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BLOCK_E - 1 - o_e)[None, :]
+        key = tl.where(m_e[None, :], key, -1)  # padding lanes are never picked
+        o_k = tl.arange(0, BLOCK_K)
+        b_wt = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+        b_id = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int64)
+        for j in tl.static_range(TOP_K):
+            best = tl.max(key, 1)
+            b_wt = tl.where(o_k[None, :] == j, (best >> 32).to(tl.int32).to(tl.float32, bitcast=True)[:, None], b_wt)
+            b_id = tl.where(o_k[None, :] == j, (BLOCK_E - 1 - (best & 0xFFFFFFFF))[:, None], b_id)
+            key = tl.where(key == best[:, None], -1, key)
+        if RENORM:
+            b_wt = b_wt / tl.sum(b_wt, 1)[:, None]  # lanes past k hold 0
+        if SLOTS > TOP_K:
+            if SHARED_GATE:
+                gate = tl.sigmoid(tl.load(logits + o_t * R + E, mask=m_t, other=0.0, cache_modifier=".cg"))
+            else:
+                gate = tl.full([BLOCK_T], 1.0, tl.float32)
+            b_wt = tl.where(o_k[None, :] == TOP_K, gate[:, None], b_wt)
+            b_id = tl.where(o_k[None, :] == TOP_K, shared_id, b_id)
+        m_out = m_t[:, None] & (o_k < SLOTS)[None, :]
+        tl.store(weights + o_t[:, None] * SLOTS + o_k[None, :], b_wt, mask=m_out)
+        tl.store(ids + o_t[:, None] * SLOTS + o_k[None, :], b_id, mask=m_out)
+        tl.atomic_xchg(arrivals, 0)
+
+
+def route(*, x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool, num_experts: int,
+          shared_id: int | None = None, shared_gate: bool = False
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """route_ref (same arguments and results): up to ROUTER_KERNEL_MAX_TOKENS tokens in one launch, more
+    through cuBLAS and the top-k kernel."""
+    t, h = x.shape
+    r, e = weight.shape[0], num_experts
+    if t > ROUTER_KERNEL_MAX_TOKENS or t == 0:
+        logits = router_logits_ref(x=x, weight=weight)
+        return *softmax_topk(logits=logits, top_k=top_k, renormalize=renormalize, num_experts=e,
+                             shared_id=shared_id, shared_gate=shared_gate), logits
+    assert weight.shape == (r, h) and weight.dtype == torch.float32 and weight.stride(-1) == 1 and x.stride(-1) == 1
+    assert 0 < top_k <= e <= r, f"top_k={top_k} must be in [1, {e}] and {e} experts at most the {r} router rows"
+    assert not shared_gate or (shared_id is not None and r > e), "the shared gate is row E of the router"
+    slots = top_k + (shared_id is not None)
+    logits = torch.empty((t, r), dtype=torch.float32, device=x.device)
+    weights = torch.empty((t, slots), dtype=torch.float32, device=x.device)
+    ids = torch.empty((t, slots), dtype=torch.int64, device=x.device)
+    block_r = 2
+    _route_kernel[(triton.cdiv(r, block_r),)](
+        x, weight, logits, weights, ids, arrival_counters(x.device, 1), t, r, h, e, shared_id or 0, x.stride(0),
+        weight.stride(0), TOP_K=top_k, RENORM=renormalize, SLOTS=slots, SHARED_GATE=shared_gate, BLOCK_R=block_r,
+        BLOCK_H=min(2048, triton.next_power_of_2(h)), BLOCK_T=triton.next_power_of_2(t),
+        BLOCK_E=triton.next_power_of_2(e), BLOCK_K=triton.next_power_of_2(slots))
+    return weights, ids, logits

@@ -47,8 +47,7 @@ class SSMOps:
 @dataclass(frozen=True)
 class MoEOps:
     name: str
-    router_logits: Callable
-    softmax_topk: Callable
+    route: Callable  # x, router -> (top-k weights, expert ids, router logits)
     fused_moe: Callable
 
 
@@ -108,13 +107,13 @@ def _triton_ssm() -> SSMOps:
 def _torch_moe() -> MoEOps:
     from triton_kernels import fused_moe, moe_routing
 
-    return MoEOps("torch", moe_routing.router_logits_ref, moe_routing.softmax_topk_ref, fused_moe.fused_moe_ref)
+    return MoEOps("torch", moe_routing.route_ref, fused_moe.fused_moe_ref)
 
 
 def _triton_moe() -> MoEOps:
     from triton_kernels import fused_moe, moe_routing
 
-    return MoEOps("triton", moe_routing.router_logits, moe_routing.softmax_topk, fused_moe.fused_moe)
+    return MoEOps("triton", moe_routing.route, fused_moe.fused_moe)
 
 
 REGISTRY: dict[str, dict[str, Callable]] = {

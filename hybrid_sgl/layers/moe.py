@@ -67,10 +67,10 @@ class SparseMoE(nn.Module):
         """x: [T, H] -> (weights [T, k] float32, expert ids [T, k], shared gate logits [T] or None). With
         the shared expert stacked, its slot is one more column, k + 1 (id num_local), and no gate is returned."""
         e = self.spec.num_experts
-        logits = self.ops.router_logits(x=x, weight=self.router)  # [T, E (+ 1)] float32
-        weights, ids = self.ops.softmax_topk(logits=logits, top_k=self.spec.top_k, renormalize=self.spec.norm_topk_prob,
-                                             num_experts=e, shared_id=self.num_local if self.stacked_shared else None,
-                                             shared_gate=self.stacked_shared and self.has_shared_gate)
+        weights, ids, logits = self.ops.route(x=x, weight=self.router, top_k=self.spec.top_k,  # logits [T, E (+ 1)]
+                                              renormalize=self.spec.norm_topk_prob, num_experts=e,
+                                              shared_id=self.num_local if self.stacked_shared else None,
+                                              shared_gate=self.stacked_shared and self.has_shared_gate)
         return weights, ids, logits[:, e] if self.has_shared_gate and not self.stacked_shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,15 @@
 import pytest
 import torch
 
-from triton_kernels.moe_routing import router_logits, router_logits_ref, softmax_topk, softmax_topk_ref
+from triton_kernels.arrival_counters import arrival_counters
+from triton_kernels.moe_routing import (
+    route,
+    route_ref,
+    router_logits,
+    router_logits_ref,
+    softmax_topk,
+    softmax_topk_ref,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -65,3 +73,39 @@ def test_router_logits_match_a_float32_matmul(num_tokens, hidden, rows):
     got = router_logits(x=x, weight=weight)
     assert got.dtype == torch.float32 and got.shape == (num_tokens, rows)
     torch.testing.assert_close(got, router_logits_ref(x=x, weight=weight), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("num_tokens,hidden,experts,top_k,shared", [
+    (1, 2048, 256, 8, "gated"),  # Qwen3.5-35B-A3B at decode: one tile of H, the gate row past the experts
+    (3, 100, 9, 3, None),  # H not a multiple of the tile, odd expert count
+    (16, 72, 12, 4, "ungated"),  # the largest batch the kernel takes, a shared slot weighted 1
+    (17, 40, 6, 2, "gated"),  # past it: cuBLAS and the top-k kernel
+    (5, 64, 5, 5, None),  # k = E
+])
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_route_matches_its_reference(num_tokens, hidden, experts, top_k, shared, renormalize):
+    """One launch: router rows over all tokens, then the top-k of every token in the last program to
+    arrive. Same ids as the reference, weights and logits to float32 rounding, the counter left at 0."""
+    g = torch.Generator().manual_seed(hidden + experts)
+    x = torch.randn(num_tokens, hidden, generator=g).bfloat16().to(DEVICE)
+    weight = torch.randn(experts + (shared == "gated"), hidden, generator=g).div(hidden ** 0.5).to(DEVICE)
+    kw = dict(x=x, weight=weight, top_k=top_k, renormalize=renormalize, num_experts=experts,
+              shared_id=None if shared is None else experts, shared_gate=shared == "gated")
+    weights, ids, logits = route(**kw)
+    ref_weights, ref_ids, ref_logits = route_ref(**kw)
+    slots = top_k + (shared is not None)
+    assert weights.shape == ids.shape == (num_tokens, slots) and ids.dtype == torch.int64
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-4)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_weights, rtol=1e-5, atol=1e-6)
+    assert int(arrival_counters(x.device, 1)[0]) == 0
+
+
+def test_route_breaks_ties_toward_the_lower_expert():
+    """Equal logits: the lower ids win, as argmax picks them (and the routing is deterministic)."""
+    x = torch.ones(2, 16).to(DEVICE)
+    weight = torch.zeros(10, 16).to(DEVICE)
+    weight[7] = 1.0  # expert 7 first, then experts 0 and 1 among the nine tied at 0
+    weights, ids, _ = route(x=x, weight=weight, top_k=3, renormalize=False, num_experts=10)
+    assert ids.tolist() == [[7, 0, 1], [7, 0, 1]]
+    assert weights[:, 1].eq(weights[:, 2]).all() and (weights[:, 0] > weights[:, 1]).all()
