@@ -23,6 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from bench.offline import parse_key_value  # noqa: E402
 from hybrid_sgl import Engine  # noqa: E402
 
 
@@ -36,11 +37,14 @@ def main() -> None:
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--tp-size", type=int, default=1, help="rank 0's kernels, all-reduces included")
     p.add_argument("--shapes", action="store_true", help="also the matmul ops by input shape (eager only)")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="more Engine arguments, as bench/offline.py takes them (e.g. quantization=fp8)")
     a = p.parse_args()
     assert not (a.shapes and a.graphs), "--shapes needs the eager decode: graph replays record no ops"
     engine = Engine(model_path=a.config, load_format="dummy", skip_tokenizer_init=True, random_seed=0,
                     context_length=a.prompt + a.steps + 8, max_running_requests=a.batch,
-                    disable_cuda_graph=not a.graphs, log_level="warning", tp_size=a.tp_size)
+                    disable_cuda_graph=not a.graphs, log_level="warning", tp_size=a.tp_size,
+                    **dict(parse_key_value(item) for item in a.engine_arg))
     vocab = engine.model_config.vocab_size
     prompts = [[(7 * i + j) % (vocab - 1) + 1 for j in range(a.prompt)] for i in range(a.batch)]
     params = {"max_new_tokens": a.steps, "temperature": 0, "ignore_eos": True}

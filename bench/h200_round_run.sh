@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [tests|kernels_left|e2e35b1|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [tests|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -107,6 +107,20 @@ for part in ${*:-tests}; do
       left=$((560 - SECONDS)); [ $left -gt 30 ] && timeout $left python3 -m pytest -q -rfE -p no:cacheprovider \
         tests/kernels/test_moe_routing.py tests/kernels/test_fused_moe.py tests/kernels/test_fp8_gemm.py \
         tests/test_fp8_checkpoint.py tests/test_composed_gpu.py 2>&1 | tee "$OUT/tests_kernels_left.log" | tail -12 ;;
+    final35)  # the one-launch router on CUDA; 35B-A3B bf16 and FP8 at batch 1, each profiled; MoE configs in what is left
+      timeout 150 python3 -m pytest -q -rfE -p no:cacheprovider --durations=8 tests/kernels/test_moe_routing.py \
+        tests/gpu/test_model_cuda.py -k "not bfloat16 and (moe or next or granite or jamba or graphs or route or router \
+        or topk or ref or strided or shared or rejects)" 2>&1 | tee "$OUT/tests_route.log" | tail -12
+      offline bf16_35b_b1 qwen3_5-35b-a3b-text --batch 1 --prompt 512 --output 128
+      offline fp8_35b_b1 qwen3_5-35b-a3b-text --batch 1 --prompt 512 --output 128 --engine-arg quantization=fp8 \
+        --engine-arg enable_fp8_experts=true
+      timeout 100 python3 bench/decode_profile.py --config configs/qwen3_5-35b-a3b-text --batch 1 --graphs --top 16 \
+        2>&1 | quiet | tee "$OUT/profile_35b_b1.md" | tail -20
+      timeout 100 python3 bench/decode_profile.py --config configs/qwen3_5-35b-a3b-text --batch 1 --graphs --top 16 \
+        --engine-arg quantization=fp8 --engine-arg enable_fp8_experts=true 2>&1 | quiet \
+        | tee "$OUT/profile_35b_b1_fp8.md" | tail -20
+      left=$((560 - SECONDS)); [ $left -gt 30 ] && timeout $left python3 bench/moe_kernels.py --no-profile --models 35B \
+        --tokens 1 8 2>&1 | tee "$OUT/moe_tune.md" | grep -E "^\||tuning|^  [0-9]" | head -40 ;;
     profile35)  # where a 35B-A3B batch-1 step goes; then eagerly, its cuBLAS matmuls by shape
       timeout 150 python3 bench/decode_profile.py --config configs/qwen3_5-35b-a3b-text --batch 1 --graphs --top 25 \
         2>&1 | quiet | tee "$OUT/profile_35b_b1.md" | tail -32

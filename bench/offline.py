@@ -83,7 +83,8 @@ def make_prompts(vocab: int):
     return prompts
 
 
-def _pair(item: str) -> tuple[str, object]:
+def parse_key_value(item: str) -> tuple[str, object]:
+    """"KEY=VALUE" -> (KEY, VALUE parsed as JSON where it is JSON, else the string)."""
     key, _, value = item.partition("=")
     return key.strip(), _literal(value.strip())
 
@@ -94,7 +95,7 @@ def engine_kwargs(a: argparse.Namespace, device: str, dtype: str, context_length
               log_level="warning", max_running_requests=a.max_running_requests or max(_ints(a.batch)))
     if a.mem_fraction_static is not None:
         kw["mem_fraction_static"] = a.mem_fraction_static
-    kw.update(_pair(item) for item in a.engine_arg)
+    kw.update(parse_key_value(item) for item in a.engine_arg)
     return kw
 
 
@@ -202,7 +203,7 @@ def run_ours(a: argparse.Namespace, device: torch.device, dtype: str, context_le
                         continue
                     try:
                         case = run_case(engine, timer, cost, ceilings, prompts, batch, prompt, a.output,
-                                        dict(_pair(kv) for kv in a.sampling))
+                                        dict(parse_key_value(kv) for kv in a.sampling))
                     except Exception as e:  # reported with the case; the others still run
                         case = {"status": "error", "reason": f"{type(e).__name__}: {e}"}
                     out["cases"][key] = case
