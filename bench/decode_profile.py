@@ -37,6 +37,8 @@ def main() -> None:
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--tp-size", type=int, default=1, help="rank 0's kernels, all-reduces included")
     p.add_argument("--shapes", action="store_true", help="also the matmul ops by input shape (eager only)")
+    p.add_argument("--sampling", action="append", default=[], metavar="KEY=VALUE",
+                   help="sampling parameters of the profiled requests (default greedy), e.g. temperature=0.7")
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="more Engine arguments, as bench/offline.py takes them (e.g. quantization=fp8)")
     a = p.parse_args()
@@ -47,7 +49,8 @@ def main() -> None:
                     **dict(parse_key_value(item) for item in a.engine_arg))
     vocab = engine.model_config.vocab_size
     prompts = [[(7 * i + j) % (vocab - 1) + 1 for j in range(a.prompt)] for i in range(a.batch)]
-    params = {"max_new_tokens": a.steps, "temperature": 0, "ignore_eos": True}
+    params = {"max_new_tokens": a.steps, "temperature": 0, "ignore_eos": True,
+              **dict(parse_key_value(item) for item in a.sampling)}
     on_gpu = torch.cuda.is_available()
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     try:
@@ -72,7 +75,9 @@ def main() -> None:
             per_kernel[e.name][1] += 1
     total_us = max(sum(t for t, _ in per_kernel.values()), 1e-9)  # (0 on CPU)
     count = sum(n for _, n in per_kernel.values())
-    print(f"# Decode profile: {a.config}, batch {a.batch}, {a.steps} steps, graphs {'on' if a.graphs else 'off'}\n")
+    extra = "".join(f", {item}" for item in a.sampling + a.engine_arg)
+    print(f"# Decode profile: {a.config}, batch {a.batch}, {a.steps} steps, graphs {'on' if a.graphs else 'off'}"
+          f"{extra}\n")
     print(f"device kernel time per step: {total_us / a.steps / 1000:.3f} ms over {count / a.steps:.0f} kernels "
           f"(prefill of {a.prompt} tokens included, amortized)\n")
     print("| kernel | ms / step | % | calls / step |\n|---|---|---|---|")

@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [tests|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -15,6 +15,14 @@ for part in ${*:-tests}; do
     tests)  # every CUDA test: kernels, model parity, graphs, overlap, prefix cache, TP at 1 GPU, composed
       timeout ${TESTS_TIMEOUT:-400} python3 -m pytest -q -rfE -p no:cacheprovider --durations=15 tests/gpu tests/kernels \
         tests/test_composed_gpu.py tests/test_fp8_checkpoint.py 2>&1 | tee "$OUT/tests_gpu.log" | tail -40 ;;
+    tests_gpu|tests_kernels_a|tests_kernels_b)  # the whole CUDA suite in three calls of at most 540 s each
+      case $part in
+        tests_gpu) files="tests/gpu tests/test_composed_gpu.py tests/test_fp8_checkpoint.py" ;;
+        tests_kernels_a) files=$(ls tests/kernels/test_[a-f]*.py) ;;
+        tests_kernels_b) files=$(ls tests/kernels/test_[g-z]*.py) ;;
+      esac
+      timeout ${TESTS_TIMEOUT:-540} python3 -m pytest -q -rfE -p no:cacheprovider --durations=15 $files 2>&1 \
+        | tee "$OUT/$part.log" | tail -30 ;;
     structured)  # 10-field JSON schema at batch 32 against the same batch free, overlap on and off
       for ov in false true; do
         timeout 200 python3 bench/structured.py --batch 32 --output 128 \
@@ -121,6 +129,11 @@ for part in ${*:-tests}; do
         | tee "$OUT/profile_35b_b1_fp8.md" | tail -20
       left=$((560 - SECONDS)); [ $left -gt 30 ] && timeout $left python3 bench/moe_kernels.py --no-profile --models 35B \
         --tokens 1 8 2>&1 | tee "$OUT/moe_tune.md" | grep -E "^\||tuning|^  [0-9]" | head -40 ;;
+    sampleprof)  # where 9B decode at batch 64 spends its time, greedy against temperature 0.7 + top_p 0.9 + top_k 50
+      for sampling in "" "--sampling temperature=0.7 --sampling top_p=0.9 --sampling top_k=50"; do
+        timeout 150 python3 bench/decode_profile.py --batch 64 --graphs --top 25 $sampling 2>&1 | quiet \
+          | tee -a "$OUT/profile_9b_b64_sampling.md" | tail -30
+      done ;;
     profile35)  # where a 35B-A3B batch-1 step goes; then eagerly, its cuBLAS matmuls by shape
       timeout 150 python3 bench/decode_profile.py --config configs/qwen3_5-35b-a3b-text --batch 1 --graphs --top 25 \
         2>&1 | quiet | tee "$OUT/profile_35b_b1.md" | tail -32
