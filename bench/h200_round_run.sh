@@ -103,6 +103,20 @@ for part in ${*:-tests}; do
           | tee "$OUT/moe_tune$fp8.md" | grep -E "^\||tuning|^  [0-9]" | head -60
       done
       timeout 200 python3 bench/fp8_decode_variants.py 2>&1 | tee "$OUT/fp8_decode_variants.md" | grep -E "^\||copy|Error" ;;
+    next1)  # the prepared bf16 decode variants, in one call: router configs, MoE configs with the w2 prefetch
+      # (35B, T 1 and 8), the w2 prefetch's CUDA test; then where sampled decode spends its time
+      timeout 60 python3 -m pytest -q -rfE -p no:cacheprovider tests/gpu/test_fused_moe_cuda.py -k prefetch 2>&1 \
+        | tee "$OUT/tests_prefetch.log" | tail -4
+      timeout 150 python3 bench/route_kernel.py --tokens 1 8 2>&1 | tee "$OUT/route_kernel.md" | grep -E "^\||copy"
+      timeout 150 python3 bench/moe_kernels.py --no-profile --models 35B --tokens 1 8 2>&1 | tee "$OUT/moe_tune.md" \
+        | grep -E "^\||tuning|^  [0-9]" | head -40
+      left=$((560 - SECONDS)); [ $left -gt 60 ] && for sampling in "" "--sampling temperature=0.7 --sampling top_p=0.9 \
+        --sampling top_k=50"; do timeout $((left / 2)) python3 bench/decode_profile.py --batch 64 --graphs --top 25 \
+        $sampling 2>&1 | quiet | tee -a "$OUT/profile_9b_b64_sampling.md" | tail -30; done ;;
+    next2)  # the prepared FP8 variants: the experts' fp16-operand / integer-widening GEMMs, the decode GEMMs
+      timeout 250 python3 bench/moe_kernels.py --no-profile --no-tune --models 35B --fp8 --fp8-variants --tokens 1 8 \
+        2>&1 | tee "$OUT/moe_fp8_variants.md" | grep -E "^\||Error" | head -40
+      timeout 250 python3 bench/fp8_decode_variants.py 2>&1 | tee "$OUT/fp8_decode_variants.md" | grep -E "^\||copy|Error" ;;
     e2e35)  # 35B-A3B bf16 and FP8 (experts too) decode
       offline bf16_35b qwen3_5-35b-a3b-text --batch 1,32 --prompt 512 --output 128
       offline fp8_35b qwen3_5-35b-a3b-text --batch 1,32 --prompt 512 --output 128 --engine-arg quantization=fp8 \
