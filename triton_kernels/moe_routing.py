@@ -92,40 +92,7 @@ def router_logits_ref(*, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.linear(x.float(), weight)
 
 
-@triton.jit
-def _router_logits_kernel(x, w, out, R, H, stride_x, stride_w, stride_o, BLOCK_R: tl.constexpr,
-                          BLOCK_H: tl.constexpr):
-    """Program (i_r, t): logits of BLOCK_R router rows for token t, x widened to float32 in registers."""
-    i_r, t = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    o_r = i_r * BLOCK_R + tl.arange(0, BLOCK_R)
-    o_h = tl.arange(0, BLOCK_H)
-    m_r = o_r < R
-    acc = tl.zeros([BLOCK_R, BLOCK_H], dtype=tl.float32)
-    for h0 in range(0, H, BLOCK_H):
-        m_h = h0 + o_h < H
-        b_x = tl.load(x + t * stride_x + h0 + o_h, mask=m_h, other=0.0).to(tl.float32)
-        b_w = tl.load(w + o_r.to(tl.int64)[:, None] * stride_w + h0 + o_h[None, :], mask=m_r[:, None] & m_h[None, :],
-                      other=0.0)
-        acc += b_w * b_x[None, :]
-    tl.store(out + t * stride_o + o_r, tl.sum(acc, 1), mask=m_r)
-
-
 ROUTER_KERNEL_MAX_TOKENS = 16  # decode batches; more tokens go to cuBLAS, which reads the weight once
-
-
-def router_logits(*, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """router_logits_ref without the float32 copy of x: up to ROUTER_KERNEL_MAX_TOKENS tokens in one
-    Triton kernel (where a cast and cuBLAS's GEMV took two launches), more through the reference."""
-    t, h = x.shape
-    if t > ROUTER_KERNEL_MAX_TOKENS or t == 0:
-        return router_logits_ref(x=x, weight=weight)
-    r = weight.shape[0]
-    assert weight.shape == (r, h) and weight.dtype == torch.float32 and weight.stride(-1) == 1 and x.stride(-1) == 1
-    out = torch.empty((t, r), dtype=torch.float32, device=x.device)
-    block_h = min(512, triton.next_power_of_2(h))
-    _router_logits_kernel[(triton.cdiv(r, 4), t)](x, weight, out, r, h, x.stride(0), weight.stride(0), out.stride(0),
-                                                  BLOCK_R=4, BLOCK_H=block_h)
-    return out
 
 
 def route_ref(*, x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool, num_experts: int,
