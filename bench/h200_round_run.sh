@@ -104,12 +104,14 @@ for part in ${*:-tests}; do
       done
       timeout 200 python3 bench/fp8_decode_variants.py 2>&1 | tee "$OUT/fp8_decode_variants.md" | grep -E "^\||copy|Error" ;;
     next1)  # the prepared bf16 decode variants, in one call: router configs, MoE configs with the w2 prefetch
-      # (35B, T 1 and 8), the w2 prefetch's CUDA test; then where sampled decode spends its time
+      # (35B, T 1 and 8), the w2 prefetch's CUDA test, a GEMV chain with and without PDL; then where sampled
+      # decode spends its time
       timeout 60 python3 -m pytest -q -rfE -p no:cacheprovider tests/gpu/test_fused_moe_cuda.py -k prefetch 2>&1 \
         | tee "$OUT/tests_prefetch.log" | tail -4
       timeout 150 python3 bench/route_kernel.py --tokens 1 8 2>&1 | tee "$OUT/route_kernel.md" | grep -E "^\||copy"
       timeout 150 python3 bench/moe_kernels.py --no-profile --models 35B --tokens 1 8 2>&1 | tee "$OUT/moe_tune.md" \
         | grep -E "^\||tuning|^  [0-9]" | head -40
+      timeout 90 python3 bench/pdl_chain.py 2>&1 | tee "$OUT/pdl_chain.md" | grep -E "^\||copy"
       left=$((560 - SECONDS)); [ $left -gt 60 ] && for sampling in "" "--sampling temperature=0.7 --sampling top_p=0.9 \
         --sampling top_k=50"; do timeout $((left / 2)) python3 bench/decode_profile.py --batch 64 --graphs --top 25 \
         $sampling 2>&1 | quiet | tee -a "$OUT/profile_9b_b64_sampling.md" | tail -30; done ;;
