@@ -1,6 +1,11 @@
 """The xgrammar backend: a GrammarCompiler over the tokenizer's vocabulary, one GrammarMatcher per
 sequence. JSON allows at most MAX_JSON_WHITESPACE whitespace characters in a row, so a sampler that
-favours spaces cannot spin inside an object until max_new_tokens."""
+favours spaces cannot spin inside an object until max_new_tokens.
+
+Every grammar is compiled from EBNF whose negated character classes also exclude the surrogates
+U+D800..U+DFFF. xgrammar matches their 3-byte encodings (ED A0..BF xx), which are not UTF-8: a
+byte-level tokenizer could emit them one byte token at a time and the text would decode to three
+U+FFFD, which breaks the constraint the client asked for (a JSON string's maxLength, for one)."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ MAX_JSON_WHITESPACE = 4
 # which JSON forbids (json.loads rejects them); its unbounded strings already exclude them.
 _BOUNDED_STRING_CHARS = '[^\\"\\\\\\r\\n]'
 _JSON_STRING_CHARS = '[^\\0-\\x1f\\"\\\\\\r\\n]'
+_SURROGATES = "\\uD800-\\uDFFF"
 _LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: (Check failed: .*? is false: )?")
 
 
@@ -47,17 +53,18 @@ class XGrammarBackend(GrammarBackend):
     def compile(self, key: GrammarKey) -> xgr.CompiledGrammar:
         try:
             if key.kind == "regex":
-                return self._compiler.compile_regex(key.spec)
-            if key.kind == "ebnf":
-                return self._compiler.compile_grammar(key.spec)
-            if key.kind == "json":
-                if key.spec == ANY_JSON:
-                    return self._compiler.compile_builtin_json_grammar()
+                ebnf = str(xgr.Grammar.from_regex(key.spec))
+            elif key.kind == "ebnf":
+                ebnf = key.spec
+            elif key.kind == "json" and key.spec == ANY_JSON:
+                ebnf = str(xgr.Grammar.builtin_json_grammar())
+            elif key.kind == "json":
                 json.loads(key.spec)  # a clearer message than the C++ parser's
-                grammar = xgr.Grammar.from_json_schema(key.spec, any_whitespace=True,
-                                                       max_whitespace_cnt=MAX_JSON_WHITESPACE)
-                return self._compiler.compile_grammar(_without_raw_control_chars(grammar))
-            return self._compiler.compile_structural_tag(_structural_tag(key.spec))
+                ebnf = _without_raw_control_chars(xgr.Grammar.from_json_schema(
+                    key.spec, any_whitespace=True, max_whitespace_cnt=MAX_JSON_WHITESPACE))
+            else:
+                ebnf = str(xgr.Grammar.from_structural_tag(_structural_tag(key.spec)))
+            return self._compiler.compile_grammar(without_surrogates(ebnf))
         except json.JSONDecodeError as e:
             raise GrammarError(f"{key.field} is not valid JSON: {e}") from None
         except (RuntimeError, ValueError, TypeError, KeyError) as e:
@@ -95,6 +102,25 @@ def _bound_whitespace(node) -> None:
 def _without_raw_control_chars(grammar: xgr.Grammar) -> str:
     """The grammar as EBNF, its bounded-length JSON strings barred from raw U+0000..U+001F."""
     return str(grammar).replace(_BOUNDED_STRING_CHARS, _JSON_STRING_CHARS)
+
+
+def without_surrogates(ebnf: str) -> str:
+    """ebnf with U+D800..U+DFFF added to every negated character class ([^...] outside string
+    literals and outside other classes)."""
+    out, i, n = [], 0, len(ebnf)
+    while i < n:
+        if ebnf[i] in '"[':  # a string literal or a character class: up to its unescaped end
+            end = '"' if ebnf[i] == '"' else "]"
+            j = i + 1
+            while j < n and ebnf[j] != end:
+                j += 2 if ebnf[j] == "\\" else 1
+            negated = ebnf.startswith("[^", i)
+            out.append(ebnf[i:j] + (_SURROGATES if negated else "") + ebnf[j:j + 1])
+            i = j + 1
+        else:
+            out.append(ebnf[i])
+            i += 1
+    return "".join(out)
 
 
 def _clean(message: str) -> str:
