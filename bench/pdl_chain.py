@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.moe_kernels import copy_bandwidth  # noqa: E402
-from triton_kernels.fused_moe import _prefetch_l2  # noqa: E402
+from triton_kernels.l2_prefetch import lines_per_share, prefetch_l2  # noqa: E402
 
 LAYERS, HIDDEN, IN_PROJ, VALUE = 30, 2048, 12352, 4096
 BLOCK_N, BLOCK_K = 16, 256
@@ -44,7 +44,7 @@ def _gemv_kernel(x, w, y, N, K, PDL: tl.constexpr, PREFETCH: tl.constexpr, LINES
     m_n = o_n < N
     if PDL:
         if PREFETCH:  # this program's rows are one contiguous span of BLOCK_N * K * 2 bytes
-            _prefetch_l2(w + pid.to(tl.int64) * BLOCK_N * K, tl.minimum(N - pid * BLOCK_N, BLOCK_N) * K * 2,
+            prefetch_l2(w + pid.to(tl.int64) * BLOCK_N * K, tl.minimum(N - pid * BLOCK_N, BLOCK_N) * K * 2,
                          pid * 0, 1, LINES)
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()  # the previous kernel's writes (x) are visible past here
@@ -60,7 +60,7 @@ def _gemv_kernel(x, w, y, N, K, PDL: tl.constexpr, PREFETCH: tl.constexpr, LINES
 
 def gemv(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, pdl: bool, prefetch: bool) -> None:
     n, k = w.shape
-    lines = triton.next_power_of_2(triton.cdiv(BLOCK_N * k * w.element_size(), 128))
+    lines = lines_per_share(BLOCK_N * k * w.element_size(), 1)
     _gemv_kernel[(triton.cdiv(n, BLOCK_N),)](x, w, y, n, k, PDL=pdl, PREFETCH=prefetch, LINES=lines,
                                              BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=4, launch_pdl=pdl)
 

@@ -17,6 +17,7 @@ import triton.language as tl
 
 from triton_kernels.arrival_counters import arrival_counters, parts_scratch
 from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8, e4m3_to_f16, f16_rows
+from triton_kernels.l2_prefetch import lines_per_share, prefetch_l2
 from triton_kernels.moe_sort import bins_for, locate_block, max_blocks, sort_by_expert
 
 
@@ -119,18 +120,6 @@ def _activation(acc, acc_up, GATED: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_l2(base, nbytes, part, parts, LINES: tl.constexpr):
-    """Asks L2 for share `part` of `parts` of the nbytes from base, one 128-byte line per lane (LINES
-    lanes cover a share; the spare ones repeat its last line). A hint: it returns nothing and changes no
-    value any load reads. CUDA only (inline PTX); the interpreter cannot run it."""
-    share = tl.cdiv(tl.cdiv(nbytes, parts), 128) * 128
-    o = part.to(tl.int64) * share + tl.minimum(tl.arange(0, LINES) * 128, share - 1)
-    p = base.to(tl.pointer_type(tl.int8)) + tl.minimum(o, nbytes - 1)
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [p], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
-@triton.jit
 def _moe_up_kernel(x, w13, s13, inter, sorted_assign, expert_offsets, partials, arrivals, w2, stride_x, stride_we,
                    stride_wn, stride_se, stride_sn, stride_inter, stride_w2e, w2_bytes, M, H, I, E, TOPK: tl.constexpr,
                    GATED: tl.constexpr, PREC: tl.constexpr, NUM_BINS: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -163,7 +152,7 @@ def _moe_up_kernel(x, w13, s13, inter, sorted_assign, expert_offsets, partials, 
         return
     p_w2 = w2 + i_e.to(tl.int64) * stride_w2e  # (PREFETCH) this expert's down weights
     if PREFETCH == 1:
-        _prefetch_l2(p_w2, w2_bytes, i_n * SPLIT_K + i_k, num_n * SPLIT_K, PREFETCH_LINES)
+        prefetch_l2(p_w2, w2_bytes, i_n * SPLIT_K + i_k, num_n * SPLIT_K, PREFETCH_LINES)
     o_m = row + tl.arange(0, BLOCK_M)
     m_m = o_m < row_end
     if UNSORTED:
@@ -205,7 +194,7 @@ def _moe_up_kernel(x, w13, s13, inter, sorted_assign, expert_offsets, partials, 
         p_x += BLOCK_K
         p_w += BLOCK_K
     if PREFETCH == 2:
-        _prefetch_l2(p_w2, w2_bytes, i_n * SPLIT_K + i_k, num_n * SPLIT_K, PREFETCH_LINES)
+        prefetch_l2(p_w2, w2_bytes, i_n * SPLIT_K + i_k, num_n * SPLIT_K, PREFETCH_LINES)
     if SPLIT_K > 1:  # row i_b alone (UNSORTED): the other rows of the tile are zeros
         p_part = partials + i_b * 2 * I + o_n  # [BLOCK_N] of split 0
         tl.store(p_part + i_k * M * 2 * I, tl.sum(acc, 0), mask=m_n)
@@ -439,8 +428,8 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     if x.device.type != "cuda":  # a hint in inline PTX, which the interpreter cannot run
         prefetch = 0
     assert not prefetch or (unsorted and w2[0].is_contiguous()), "the w2 prefetch: unsorted path, one span per expert"
-    w2_bytes = h * i * w2.element_size()
-    prefetch_lines = triton.next_power_of_2(triton.cdiv(w2_bytes, triton.cdiv(i, up["BLOCK_N"]) * split_up * 128))
+    w2_bytes = h * i * w2.element_size()  # one expert's down weights: the programs of a row share them
+    prefetch_lines = lines_per_share(w2_bytes, triton.cdiv(i, up["BLOCK_N"]) * split_up) if prefetch else 1
     assert not fp8 or FP8_BLOCK % up["BLOCK_K"] == FP8_BLOCK % down["BLOCK_K"] == 0, "K tiles within a scale block"
     s13, s2 = (w13_scale, w2_scale) if fp8 else (w13, w2)  # without FP8 the weights stand in, unread
 

@@ -14,6 +14,7 @@ from tests.kernels.sm90 import compile_sm90_in_subprocess
 
 SCRIPT = r'''
 from triton_kernels import fused_moe as moe, moe_routing as routing
+from triton_kernels.l2_prefetch import lines_per_share
 
 E, K, H, I = 257, 9, 2048, 512  # 256 experts + the stacked shared one, top-8 + its slot
 up_cfg, down_cfg = moe._gemm_configs(K, E, torch.bfloat16, torch.device("cuda"))
@@ -28,7 +29,7 @@ for fp8 in (False, True):
     scale = "*fp32" if fp8 else w
     up_types = dict(x="*bf16", w13=w, s13=scale, inter="*bf16", sorted_assign="*i64", expert_offsets="*i64",
                     partials="*bf16", arrivals="*i32", w2=w)
-    lines = triton.next_power_of_2(triton.cdiv(H * I * (1 if fp8 else 2), triton.cdiv(I, up_cfg["BLOCK_N"]) * 128))
+    lines = lines_per_share(H * I * (1 if fp8 else 2), triton.cdiv(I, up_cfg["BLOCK_N"]))
     for prefetch in (0, 1, 2):
         consts = dict(TOPK=K, GATED=True, PREC="tf32", NUM_BINS=moe.bins_for(E), BLOCK_M=up_cfg["BLOCK_M"],
                       BLOCK_N=up_cfg["BLOCK_N"], BLOCK_K=up_cfg["BLOCK_K"], EVEN_K=True, UNSORTED=True, FP8_W=fp8,
