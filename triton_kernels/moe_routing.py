@@ -37,34 +37,56 @@ def softmax_topk_ref(*, logits: torch.Tensor, top_k: int, renormalize: bool, num
 
 
 @triton.jit
+def _topk_slots(b_l, b_gate, m_e, shared_id, TOP_K: tl.constexpr, RENORM: tl.constexpr, SLOTS: tl.constexpr,
+                SHARED_GATE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    """b_l [BLOCK_T, BLOCK_E] float32 logits of BLOCK_T tokens (finite in every row; lanes ~m_e unused);
+    b_gate [BLOCK_T] the shared gate's logits (SHARED_GATE) -> (weights [BLOCK_T, BLOCK_K] float32, ids
+    [BLOCK_T, BLOCK_K] int64): the softmax's TOP_K largest, renormalized if RENORM, then the shared slot
+    at TOP_K when SLOTS > TOP_K. Picked by TOP_K rounds of one max over a key per lane: the probability's
+    float32 bits (positive, so ordered as integers) above BLOCK_E - 1 - expert id, so ties go to the
+    lower id as argmax's do."""
+    o_e = tl.arange(0, BLOCK_E)
+    b_l = tl.where(m_e[None, :], b_l, float("-inf"))
+    b_p = tl.exp(b_l - tl.max(b_l, 1)[:, None])
+    b_p = b_p / tl.sum(b_p, 1)[:, None]
+    key = (b_p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BLOCK_E - 1 - o_e)[None, :]
+    key = tl.where(m_e[None, :], key, -1)  # padding lanes are never picked
+    o_k = tl.arange(0, BLOCK_K)
+    b_wt = tl.zeros([b_l.shape[0], BLOCK_K], dtype=tl.float32)
+    b_id = tl.zeros([b_l.shape[0], BLOCK_K], dtype=tl.int64)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(key, 1)
+        b_wt = tl.where(o_k[None, :] == j, (best >> 32).to(tl.int32).to(tl.float32, bitcast=True)[:, None], b_wt)
+        b_id = tl.where(o_k[None, :] == j, (BLOCK_E - 1 - (best & 0xFFFFFFFF))[:, None], b_id)
+        key = tl.where(key == best[:, None], -1, key)
+    if RENORM:
+        b_wt = b_wt / tl.sum(b_wt, 1)[:, None]  # lanes past k hold 0
+    if SLOTS > TOP_K:
+        if SHARED_GATE:
+            gate = tl.sigmoid(b_gate)
+        else:
+            gate = tl.full(b_gate.shape, 1.0, tl.float32)
+        b_wt = tl.where(o_k[None, :] == TOP_K, gate[:, None], b_wt)
+        b_id = tl.where(o_k[None, :] == TOP_K, shared_id, b_id)
+    return b_wt, b_id
+
+
+@triton.jit
 def _softmax_topk_kernel(logits, weights, ids, stride_l, E, shared_id, TOP_K: tl.constexpr, RENORM: tl.constexpr,
                          SLOTS: tl.constexpr, SHARED_GATE: tl.constexpr, BLOCK_E: tl.constexpr,
                          BLOCK_K: tl.constexpr):
-    """SLOTS = TOP_K, or TOP_K + 1 with the shared expert's slot last."""
+    """Program t: token t's row as a [1, BLOCK_E] tile through _topk_slots. SLOTS = TOP_K, or TOP_K + 1
+    with the shared expert's slot last."""
     t = tl.program_id(0).to(tl.int64)
     o_e = tl.arange(0, BLOCK_E)
     m_e = o_e < E
-    b_l = tl.load(logits + t * stride_l + o_e, mask=m_e, other=float("-inf")).to(tl.float32)
-    b_p = tl.exp(b_l - tl.max(b_l, 0))
-    b_p = b_p / tl.sum(b_p, 0)
-    b_p = tl.where(m_e, b_p, -1.0)  # padding lanes are never picked
-    o_k = tl.arange(0, BLOCK_K)
-    b_w = tl.zeros([BLOCK_K], dtype=tl.float32)
-    b_i = tl.zeros([BLOCK_K], dtype=tl.int64)
-    for j in tl.static_range(TOP_K):
-        i_best = tl.argmax(b_p, 0)
-        b_w = tl.where(o_k == j, tl.max(b_p, 0), b_w)
-        b_i = tl.where(o_k == j, i_best, b_i)
-        b_p = tl.where(o_e == i_best, -1.0, b_p)
-    if RENORM:
-        b_w = b_w / tl.sum(b_w, 0)  # lanes past k hold 0
-    if SLOTS > TOP_K:
-        if SHARED_GATE:
-            gate = tl.sigmoid(tl.load(logits + t * stride_l + E).to(tl.float32))
-        else:
-            gate = 1.0
-        b_w = tl.where(o_k == TOP_K, gate, b_w)
-        b_i = tl.where(o_k == TOP_K, shared_id, b_i)
+    b_l = tl.load(logits + t * stride_l + o_e, mask=m_e, other=0.0).to(tl.float32)[None, :]
+    if SHARED_GATE:  # [1]
+        b_gate = tl.load(logits + t * stride_l + E + tl.zeros([1], dtype=tl.int32)).to(tl.float32)
+    else:
+        b_gate = tl.zeros([1], dtype=tl.float32)
+    b_w, b_i = _topk_slots(b_l, b_gate, m_e, shared_id, TOP_K, RENORM, SLOTS, SHARED_GATE, BLOCK_E, BLOCK_K)
+    o_k = tl.arange(0, BLOCK_K)[None, :]
     tl.store(weights + t * SLOTS + o_k, b_w, mask=o_k < SLOTS)
     tl.store(ids + t * SLOTS + o_k, b_i, mask=o_k < SLOTS)
 
@@ -113,10 +135,8 @@ def _route_kernel(x, w, logits, weights, ids, arrivals, T, R, H, E, shared_id, s
                   BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
                   BLOCK_K: tl.constexpr):
     """Program i_r: logits [T, BLOCK_R rows] (each weight tile read once for all T tokens). The last
-    program to arrive takes the softmax and top-k of all T tokens at once, [BLOCK_T, BLOCK_E].
-
-    Top-k by k rounds of one max over a key per lane: the probability's float32 bits (positive, so
-    ordered as integers) above BLOCK_E - 1 - expert id, so ties go to the lower id as argmax's do."""
+    program to arrive takes the softmax and top-k of all T tokens at once, [BLOCK_T, BLOCK_E]
+    (_topk_slots)."""
     i_r = tl.program_id(0)
     o_r = i_r * BLOCK_R + tl.arange(0, BLOCK_R)
     o_t = tl.arange(0, BLOCK_T)
@@ -139,28 +159,12 @@ def _route_kernel(x, w, logits, weights, ids, arrivals, T, R, H, E, shared_id, s
         m_e = o_e < E
         b_l = tl.load(logits + o_t[:, None] * R + o_e[None, :], mask=m_t[:, None] & m_e[None, :], other=0.0,
                       cache_modifier=".cg")
-        b_l = tl.where(m_e[None, :], b_l, float("-inf"))
-        b_p = tl.exp(b_l - tl.max(b_l, 1)[:, None])
-        b_p = b_p / tl.sum(b_p, 1)[:, None]
-        key = (b_p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BLOCK_E - 1 - o_e)[None, :]
-        key = tl.where(m_e[None, :], key, -1)  # padding lanes are never picked
+        if SHARED_GATE:
+            b_gate = tl.load(logits + o_t * R + E, mask=m_t, other=0.0, cache_modifier=".cg")
+        else:
+            b_gate = tl.zeros([BLOCK_T], dtype=tl.float32)
+        b_wt, b_id = _topk_slots(b_l, b_gate, m_e, shared_id, TOP_K, RENORM, SLOTS, SHARED_GATE, BLOCK_E, BLOCK_K)
         o_k = tl.arange(0, BLOCK_K)
-        b_wt = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-        b_id = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int64)
-        for j in tl.static_range(TOP_K):
-            best = tl.max(key, 1)
-            b_wt = tl.where(o_k[None, :] == j, (best >> 32).to(tl.int32).to(tl.float32, bitcast=True)[:, None], b_wt)
-            b_id = tl.where(o_k[None, :] == j, (BLOCK_E - 1 - (best & 0xFFFFFFFF))[:, None], b_id)
-            key = tl.where(key == best[:, None], -1, key)
-        if RENORM:
-            b_wt = b_wt / tl.sum(b_wt, 1)[:, None]  # lanes past k hold 0
-        if SLOTS > TOP_K:
-            if SHARED_GATE:
-                gate = tl.sigmoid(tl.load(logits + o_t * R + E, mask=m_t, other=0.0, cache_modifier=".cg"))
-            else:
-                gate = tl.full([BLOCK_T], 1.0, tl.float32)
-            b_wt = tl.where(o_k[None, :] == TOP_K, gate[:, None], b_wt)
-            b_id = tl.where(o_k[None, :] == TOP_K, shared_id, b_id)
         m_out = m_t[:, None] & (o_k < SLOTS)[None, :]
         tl.store(weights + o_t[:, None] * SLOTS + o_k[None, :], b_wt, mask=m_out)
         tl.store(ids + o_t[:, None] * SLOTS + o_k[None, :], b_id, mask=m_out)
