@@ -115,6 +115,16 @@ for part in ${*:-tests}; do
       left=$((560 - SECONDS)); [ $left -gt 60 ] && for sampling in "" "--sampling temperature=0.7 --sampling top_p=0.9 \
         --sampling top_k=50"; do timeout $((left / 2)) python3 bench/decode_profile.py --batch 64 --graphs --top 25 \
         $sampling 2>&1 | quiet | tee -a "$OUT/profile_9b_b64_sampling.md" | tail -30; done ;;
+    day2a)  # where sampled decode spends its time (9B, batch 64), the CUDA tests of the top-k / router / prefetch
+      # changes, the router's launch configs
+      for sampling in "" "--sampling temperature=0.7 --sampling top_p=0.9 --sampling top_k=50"; do
+        timeout 120 python3 bench/decode_profile.py --batch 64 --graphs --top 25 $sampling 2>&1 | quiet \
+          | tee -a "$OUT/profile_9b_b64_sampling.md" | tail -30
+      done
+      timeout 240 python3 -m pytest -q -rfE -p no:cacheprovider --durations=8 tests/kernels/test_moe_routing.py \
+        tests/gpu/test_fused_moe_cuda.py tests/kernels/test_fused_moe.py 2>&1 | tee "$OUT/tests_changed.log" | tail -12
+      left=$((560 - SECONDS)); [ $left -gt 30 ] && timeout $left python3 bench/route_kernel.py --tokens 1 8 2>&1 \
+        | tee "$OUT/route_kernel.md" | grep -E "^\||copy" ;;
     next2)  # the prepared FP8 variants: the experts' fp16-operand / integer-widening GEMMs, the decode GEMMs
       timeout 250 python3 bench/moe_kernels.py --no-profile --no-tune --models 35B --fp8 --fp8-variants --tokens 1 8 \
         2>&1 | tee "$OUT/moe_fp8_variants.md" | grep -E "^\||Error" | head -40
