@@ -125,6 +125,12 @@ for part in ${*:-tests}; do
         tests/gpu/test_fused_moe_cuda.py tests/kernels/test_fused_moe.py 2>&1 | tee "$OUT/tests_changed.log" | tail -12
       left=$((560 - SECONDS)); [ $left -gt 30 ] && timeout $left python3 bench/route_kernel.py --tokens 1 8 2>&1 \
         | tee "$OUT/route_kernel.md" | grep -E "^\||copy" ;;
+    day2b)  # the fused MoE's configs with the w2 prefetch (35B, T 1 and 8), the PDL chain, the FP8 experts' variants
+      timeout 160 python3 bench/moe_kernels.py --no-profile --models 35B --tokens 1 8 2>&1 | tee "$OUT/moe_tune.md" \
+        | grep -E "^\||tuning|^  [0-9]" | head -40
+      timeout 100 python3 bench/pdl_chain.py 2>&1 | tee "$OUT/pdl_chain.md" | grep -E "^\||copy"
+      left=$((540 - SECONDS)); [ $left -gt 30 ] && timeout $left python3 bench/moe_kernels.py --no-profile --no-tune \
+        --models 35B --fp8 --fp8-variants --tokens 1 8 2>&1 | tee "$OUT/moe_fp8_variants.md" | grep -E "^\||Error" | head -40 ;;
     next2)  # the prepared FP8 variants: the experts' fp16-operand / integer-widening GEMMs, the decode GEMMs
       timeout 250 python3 bench/moe_kernels.py --no-profile --no-tune --models 35B --fp8 --fp8-variants --tokens 1 8 \
         2>&1 | tee "$OUT/moe_fp8_variants.md" | grep -E "^\||Error" | head -40
