@@ -2,6 +2,7 @@
 the same draws from the same generators, and token frequencies that a chi-square test cannot tell
 from the reference's exact probabilities."""
 
+import os
 import random
 
 import pytest
@@ -15,6 +16,8 @@ from hybrid_sgl.scheduler.request import Req
 LOGITS = torch.tensor([2.0, 1.6, 1.3, 1.0, 0.7, 0.3, 0.0, -0.4, -0.9, -1.5])
 DRAWS = 20_000
 P_VALUE = 1e-3  # fixed seeds: each verdict is deterministic
+# the Triton draw on these CPU tensors needs the interpreter; on a CUDA host tests/gpu/test_sampler_cuda.py
+interpreted = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="Triton on CPU tensors")
 
 
 def reqs_of(params: dict, n: int, seed: int | None = None, rid: str = "r") -> list[Req]:
@@ -139,6 +142,44 @@ def test_same_seed_gives_the_reference_tokens():
         assert torch.equal(fast, ref), seed
         assert fast.dtype == torch.int64 and fast[7].item() in (0, 5, 7)
         assert fast[5].item() != 2  # eos masked below min_new_tokens
+
+
+@interpreted
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_kernel_draws_are_the_torch_draws(name):
+    """The Triton draw (logit-space boundary, kernels under the interpreter on CPU) takes the same
+    noise from the same generators as the torch path, so it draws the same tokens; the torch path's
+    frequencies are tested above (the CUDA suite repeats the chi-square test on the kernels)."""
+    params, seed, candidates = CONFIGS[name]
+    rows = 64
+    logits = (LOGITS + torch.randn(rows, len(LOGITS), generator=torch.Generator().manual_seed(3)) * 0.3).bfloat16()
+    logits = logits.float()
+    logits[::7] = LOGITS  # and rows of the exact logits
+    drawn = {}
+    for kernels in (False, True):
+        torch.manual_seed(99)
+        drawn[kernels] = sample(logits, reqs_of(params, rows, seed), (), candidates=candidates, kernels=kernels)
+    assert torch.equal(drawn[True], drawn[False]), name
+
+
+@interpreted
+def test_kernel_draws_in_mixed_batches():
+    for seed in range(8):
+        drawn = {}
+        for kernels in (False, True):
+            logits, reqs, mask = mixed_batch(seed)  # fresh generators
+            torch.manual_seed(seed)
+            drawn[kernels] = sample(logits, reqs, eos_ids=(2,), mask=mask, candidates=3, kernels=kernels)
+        assert torch.equal(drawn[True], drawn[False]), seed
+
+
+@interpreted
+def test_kernel_draws_keep_the_lower_ids_of_ties():
+    flat = torch.zeros(40, 10)
+    for params, kept in (({"top_k": 3}, {0, 1, 2}), ({"top_p": 0.25}, {0, 1, 2})):
+        for candidates in (1, 1024):
+            drawn = sample(flat, reqs_of(params, 40, seed=5), (), candidates=candidates, kernels=True)
+            assert set(drawn.tolist()) == kept, (params, candidates)
 
 
 def test_greedy_rows_take_the_argmax():

@@ -174,12 +174,18 @@ def _route_kernel(x, w, logits, weights, ids, arrivals, T, R, H, E, shared_id, s
 ROUTE_CONFIG = dict(BLOCK_R=2, BLOCK_H=2048, num_warps=4)  # measured in serving: 7.5 us at T 1, E 256, H 2048
 
 
+def route_config(num_tokens: int) -> dict:
+    """The launch config for a batch: at 8 tokens and more, 8 router rows per program (on an H200, T = 8:
+    15.3 against 15.9 us at E 256, 18.4 against 21.2 us at E 512; at T = 1 every BLOCK_R was within 2 %)."""
+    return {**ROUTE_CONFIG, "BLOCK_R": 8} if num_tokens >= 8 else ROUTE_CONFIG
+
+
 def route(*, x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool, num_experts: int,
           shared_id: int | None = None, shared_gate: bool = False, config: dict | None = None
           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """route_ref (same arguments and results): up to ROUTER_KERNEL_MAX_TOKENS tokens in one launch, more
     through cuBLAS and the top-k kernel. config: BLOCK_R, BLOCK_H (at most), num_warps (benchmarks vary
-    it; default ROUTE_CONFIG)."""
+    it; default route_config(T))."""
     t, h = x.shape
     r, e = weight.shape[0], num_experts
     if t > ROUTER_KERNEL_MAX_TOKENS or t == 0:
@@ -193,7 +199,7 @@ def route(*, x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: boo
     logits = torch.empty((t, r), dtype=torch.float32, device=x.device)
     weights = torch.empty((t, slots), dtype=torch.float32, device=x.device)
     ids = torch.empty((t, slots), dtype=torch.int64, device=x.device)
-    c = {**ROUTE_CONFIG, **(config or {})}
+    c = {**route_config(t), **(config or {})}
     _route_kernel[(triton.cdiv(r, c["BLOCK_R"]),)](
         x, weight, logits, weights, ids, arrival_counters(x.device, 1), t, r, h, e, shared_id or 0, x.stride(0),
         weight.stride(0), TOP_K=top_k, RENORM=renormalize, SLOTS=slots, SHARED_GATE=shared_gate,

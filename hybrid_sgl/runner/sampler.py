@@ -16,6 +16,11 @@ on the probability itself and needs no order. Both draw the same Exp(1) noise fr
 generators in the same order, so a seed gives the same tokens through either function (up to a
 float near-tie between two tokens' p / E, or a token whose preceding mass is within rounding of
 top_p times the total, where the two sum in a different order).
+
+On CUDA (`kernels=True`) the same boundary is found in logit space (the order of the logits is that of
+the probabilities; ties are exact in both) and two Triton kernels (triton_kernels/sampling.py) take
+the row statistics and the draw, each in one read of the row, instead of materializing the
+probabilities and the [n, V] masks.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from hybrid_sgl.scheduler.request import Req
+from triton_kernels.sampling import draw_kept, row_stats
 
 CANDIDATES = 1024  # tokens searched for a top_p boundary before a row falls back to the full sort
 
@@ -92,13 +98,16 @@ class Sampler:
 
     KEEP = 2
 
-    def __init__(self, candidates: int = CANDIDATES):
+    def __init__(self, candidates: int = CANDIDATES, kernels: bool | None = None):
         self.candidates = candidates
+        self.kernels = kernels  # the Triton draw; None: on CUDA
         self._kept: list[BatchParams] = []  # most recent first
 
     def __call__(self, logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, ...],
                  mask: torch.Tensor | None = None) -> torch.Tensor:
-        return sample(logits, reqs, eos_ids, mask, params=self.params_for(reqs, logits), candidates=self.candidates)
+        kernels = logits.is_cuda if self.kernels is None else self.kernels
+        return sample(logits, reqs, eos_ids, mask, params=self.params_for(reqs, logits), candidates=self.candidates,
+                      kernels=kernels)
 
     def params_for(self, reqs: list[Req], logits: torch.Tensor) -> BatchParams:
         for i, params in enumerate(self._kept):
@@ -111,10 +120,11 @@ class Sampler:
 
 
 def sample(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, ...], mask: torch.Tensor | None = None, *,
-           params: BatchParams | None = None, candidates: int = CANDIDATES) -> torch.Tensor:
+           params: BatchParams | None = None, candidates: int = CANDIDATES, kernels: bool = False) -> torch.Tensor:
     """logits: [N, V] float32 (not modified); mask: [N, ceil(V / 32)] int32 token bitmask on logits'
     device (constrained/bitmask.py), or None; params: BatchParams.build(reqs, V, device) when the caller
-    keeps it (Sampler). Returns next token ids [N] int64 on logits' device, drawn as sample_ref draws."""
+    keeps it (Sampler); kernels: draw with the Triton kernels (CUDA, or the interpreter). Returns next
+    token ids [N] int64 on logits' device, drawn as sample_ref draws."""
     if params is None:
         params = BatchParams.build(reqs, logits.shape[-1], logits.device)
     assert len(params.reqs) == len(reqs) == logits.shape[0], f"{len(reqs)} requests for logits {tuple(logits.shape)}"
@@ -125,8 +135,11 @@ def sample(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, ...], mask
     if not params.sampled:
         return logits.argmax(dim=-1)
     sub = logits if params.rows is None else logits[params.rows]  # [n, V]
-    scores = _kept_probs(sub, reqs, params, candidates)
-    drawn = (scores / _noise(scores, params)).argmax(dim=-1)
+    if kernels:
+        drawn = _draw_with_kernels(sub.float().contiguous(), params, candidates)
+    else:
+        scores = _kept_probs(sub, reqs, params, candidates)
+        drawn = (scores / _noise(scores, params)).argmax(dim=-1)
     if params.rows is None:
         return drawn
     out = logits.argmax(dim=-1)
@@ -160,16 +173,9 @@ def _keep(probs: torch.Tensor, params: BatchParams, candidates: int) -> tuple[to
         return keep, []
     k = min(vocab, max(params.max_top_k, candidates if params.any_top_p_only else 0))
     vals = probs.topk(k, dim=-1).values  # [n, k], descending: the first k of sample_ref's sorted row
-    in_k = torch.arange(k, device=probs.device) < params.top_k  # [n, k]
-    kept_p = vals.masked_fill(~in_k, 0.0)
-    total = kept_p.sum(dim=-1, keepdim=True)  # a top_k row's kept mass
-    if params.any_top_p_only and k < vocab:  # without top_k the total is the whole row's
-        total = torch.where(params.top_p_only[:, None], probs.sum(dim=-1, keepdim=True), total)
-    before = kept_p.cumsum(dim=-1) - kept_p  # mass strictly before each candidate
-    prefix = in_k & (before <= params.top_p * total)  # [n, k], a prefix of each row (rank 0 always)
-    m = prefix.sum(dim=-1, keepdim=True)  # [n, 1] tokens kept by top-k and top-p
-    bound = vals.gather(1, m - 1)  # [n, 1] the smallest kept probability
-    need = m - (vals > bound).sum(dim=-1, keepdim=True)  # how many tokens equal to bound are kept
+    # without top_k, top_p is a fraction of the whole row's mass
+    row_mass = probs.sum(dim=-1, keepdim=True) if params.any_top_p_only and k < vocab else None
+    m, bound, need = _prefix_bound(vals, vals, params.top_k, params.top_p, params.top_p_only, row_mass)
     bound = bound.masked_fill(params.no_k_or_p, -1.0)  # rows without top-k/top-p keep every token
     at = probs == bound
     prefix_keep = (probs > bound) | (at & (at.cumsum(dim=-1, dtype=torch.int32) <= need))
@@ -181,6 +187,56 @@ def _keep(probs: torch.Tensor, params: BatchParams, candidates: int) -> tuple[to
             past &= vals[:, -1] >= threshold[:, 0]  # unless min-p already stops inside the candidates
         fallback = past.nonzero().flatten().tolist()  # the only host sync, and only with such rows
     return keep, fallback
+
+
+def _prefix_bound(keys: torch.Tensor, weights: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                  top_p_only: torch.Tensor, row_mass: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """The prefix that top-k and top-p keep of each row's candidates. keys: [n, k] the candidates'
+    probabilities or logits, descending; weights: [n, k] their probabilities, to any common scale per
+    row; top_k, top_p: [n, 1]; top_p_only: [n] bool, rows whose top_p is a fraction of row_mass [n, 1]
+    (the whole row's mass, on that scale) rather than of the top-k's. Returns (count, bound, need),
+    each [n, 1]: how many tokens are kept, the smallest kept key, and how many tokens equal to it are
+    kept (the lowest ids, as a stable sort keeps them)."""
+    in_k = torch.arange(keys.shape[1], device=keys.device) < top_k  # [n, k]
+    kept = weights.masked_fill(~in_k, 0.0)
+    total = kept.sum(dim=-1, keepdim=True)  # a top_k row's kept mass
+    if row_mass is not None:
+        total = torch.where(top_p_only[:, None], row_mass, total)
+    before = kept.cumsum(dim=-1) - kept  # mass strictly before each candidate
+    count = (in_k & (before <= top_p * total)).sum(dim=-1, keepdim=True)  # a prefix (rank 0 always)
+    bound = keys.gather(1, count - 1)
+    return count, bound, count - (keys > bound).sum(dim=-1, keepdim=True)
+
+
+def _draw_with_kernels(sub: torch.Tensor, params: BatchParams, candidates: int) -> torch.Tensor:
+    """sub: [n, V] float32 logits of the sampled rows. The token each row draws [n] int64: the boundary
+    of top-k / top-p among the torch.topk candidates of the logits (or, for a top_p row whose kept mass
+    reaches past them, of its fully sorted row), then the Triton draw."""
+    n, vocab = sub.shape
+    temperature = params.temperature[:, 0]
+    row_max, mass = row_stats(logits=sub, temperature=temperature)
+    bound = sub.new_full((n, 1), float("-inf"))  # rows without top-k / top-p: every finite logit
+    need = torch.zeros(n, 1, dtype=torch.int64, device=sub.device)
+    if params.max_top_k or params.any_top_p:
+        k = min(vocab, max(params.max_top_k, candidates if params.any_top_p_only else 0))
+        keys = sub.topk(k, dim=-1).values  # [n, k] descending logits
+        weights = torch.exp(keys / params.temperature - row_max[:, None])  # probabilities times the row's mass
+        count, bound, need = _prefix_bound(keys, weights, params.top_k, params.top_p, params.top_p_only,
+                                           mass[:, None] if params.any_top_p_only else None)
+        bound = bound.masked_fill(params.no_k_or_p, float("-inf"))
+        need = need.masked_fill(params.no_k_or_p, 0)
+        if params.any_top_p_only and k < vocab:
+            past = params.top_p_only & (count[:, 0] == k)  # every candidate kept: the boundary may lie beyond
+            if params.any_min_p:
+                past &= weights[:, -1] >= params.min_p[:, 0]  # unless min-p already stops inside the candidates
+            rows = past.nonzero().flatten()  # the only host sync, and only with such rows
+            if rows.numel():
+                keys = sub[rows].sort(dim=-1, descending=True).values
+                weights = torch.exp(keys / params.temperature[rows] - row_max[rows, None])
+                _, bound[rows], need[rows] = _prefix_bound(keys, weights, params.top_k[rows], params.top_p[rows],
+                                                           params.top_p_only[rows], mass[rows, None])
+    return draw_kept(logits=sub, noise=_noise(sub, params), temperature=temperature, row_max=row_max,
+                     bound=bound, need=need, min_p=params.min_p)
 
 
 def _noise(probs: torch.Tensor, params: BatchParams) -> torch.Tensor:

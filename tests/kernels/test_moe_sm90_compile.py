@@ -20,7 +20,7 @@ E, K, H, I = 257, 9, 2048, 512  # 256 experts + the stacked shared one, top-8 + 
 up_cfg, down_cfg = moe._gemm_configs(K, E, torch.bfloat16, torch.device("cuda"))
 types = dict(x="*bf16", w="*fp32", logits="*fp32", weights="*fp32", ids="*i64", arrivals="*i32")
 for t in (1, 16):
-    c = routing.ROUTE_CONFIG
+    c = routing.route_config(t)
     out[f"route T{t}"] = compile_sm90(routing._route_kernel, types, dict(
         TOP_K=8, RENORM=True, SLOTS=9, SHARED_GATE=True, BLOCK_R=c["BLOCK_R"], BLOCK_H=c["BLOCK_H"], BLOCK_T=t,
         BLOCK_E=256, BLOCK_K=16), c["num_warps"], 1)

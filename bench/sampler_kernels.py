@@ -1,0 +1,96 @@
+"""One sampling step at the 9B vocabulary: the Triton draw against the torch path and against greedy's
+argmax, at batch 1 / 32 / 64, with the parts of the Triton draw timed alone. CUDA-event times of the
+median of several steps (the sampler runs eagerly, outside the decode graph, so launches count).
+
+    PYTHONPATH=$PWD python bench/sampler_kernels.py [--vocab 248320] [--batch 1 32 64]
+
+The bytes column is the least the kernel path must move: the logits read twice (row statistics, draw),
+the noise written and read; % copy is against a device-to-device copy measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from hybrid_sgl.runner.sampler import Sampler  # noqa: E402
+from hybrid_sgl.sampling_params import SamplingParams  # noqa: E402
+from hybrid_sgl.scheduler.request import Req  # noqa: E402
+from triton_kernels.sampling import draw_kept, row_stats  # noqa: E402
+
+KNOBS = {
+    "temperature 0.7": {"temperature": 0.7},
+    "+ top_k 50, top_p 0.9": {"temperature": 0.7, "top_k": 50, "top_p": 0.9},
+    "+ top_p 0.9 only": {"temperature": 0.7, "top_p": 0.9},
+    "all four": {"temperature": 0.7, "top_k": 50, "top_p": 0.9, "min_p": 0.05},
+}
+
+
+def time_ms(fn, steps: int = 30) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * nbytes / time_ms(lambda: dst.copy_(src)) / 1e9  # TB/s
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--vocab", type=int, default=248_320)
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 32, 64])
+    p.add_argument("--scale", type=float, default=3.0, help="logit scale: 3 is peaked (top_p within the candidates)")
+    a = p.parse_args()
+    bw = copy_bandwidth()
+    print(f"copy bandwidth {bw:.2f} TB/s, vocabulary {a.vocab}, logits ~ N(0, {a.scale}^2)\n")
+    print("| batch | knobs | greedy argmax ms | torch path ms | kernels ms | kernels / torch | "
+          "row_stats ms | topk ms | noise ms | draw ms | bytes MB | kernels % copy |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for batch in a.batch:
+        logits = torch.randn(batch, a.vocab, device="cuda") * a.scale
+        greedy = time_ms(lambda: logits.argmax(dim=-1))  # noqa: B023 (timed before the loop moves on)
+        for name, knobs in KNOBS.items():
+            print(row(logits, name, knobs, greedy, bw))
+
+
+def row(logits: torch.Tensor, name: str, knobs: dict, greedy: float, bw: float) -> str:
+    batch = logits.shape[0]
+    reqs = [Req(rid=str(i), prompt_ids=[0], params=SamplingParams.from_dict(knobs)) for i in range(batch)]
+    torch_path, kernels = Sampler(kernels=False), Sampler(kernels=True)
+    t_torch = time_ms(lambda: torch_path(logits, reqs, ()))
+    t_kernels = time_ms(lambda: kernels(logits, reqs, ()))
+    t = torch.full((batch,), knobs["temperature"], device="cuda")
+    m, _ = row_stats(logits=logits, temperature=t)
+    t_stats = time_ms(lambda: row_stats(logits=logits, temperature=t))
+    t_topk = time_ms(lambda: logits.topk(50, dim=-1)) if "top_k" in knobs else 0.0
+    noise = torch.empty_like(logits)
+    t_noise = time_ms(lambda: noise.exponential_())
+    bound = torch.full((batch,), float("-inf"), device="cuda")
+    need = torch.zeros(batch, dtype=torch.int64, device="cuda")
+    zeros = torch.zeros(batch, device="cuda")
+    t_draw = time_ms(lambda: draw_kept(logits=logits, noise=noise, temperature=t, row_max=m, bound=bound, need=need,
+                                       min_p=zeros))
+    nbytes = 4 * logits.numel() * 4
+    return (f"| {batch} | {name} | {greedy:.3f} | {t_torch:.3f} | {t_kernels:.3f} | {t_kernels / t_torch:.2f} | "
+            f"{t_stats:.3f} | {t_topk:.3f} | {t_noise:.3f} | {t_draw:.3f} | {nbytes / 1e6:.0f} | "
+            f"{100 * nbytes / (t_kernels * 1e-3) / (bw * 1e12):.0f} |")
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""The sampling kernels against their torch references (interpreter on CPU), on rows that span
+several blocks, with ties that cross block edges, -inf (grammar-masked) logits, and min-p."""
+
+import pytest
+import torch
+
+from triton_kernels.sampling import draw_kept, draw_kept_ref, row_stats, row_stats_ref
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+BLOCK = 64  # small blocks: several per row on the interpreter's small vocabularies
+
+
+def tied_logits(n: int, vocab: int, seed: int) -> torch.Tensor:
+    """[n, V] logits from a few distinct values (many ties), some -inf."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randint(-4, 3, (n, vocab), generator=gen).float() * 0.5
+    logits[torch.rand(n, vocab, generator=gen) < 0.1] = float("-inf")
+    logits[:, 0] = 1.0  # a finite value in every row
+    return logits.to(DEVICE)
+
+
+@pytest.mark.parametrize("vocab", [1, 63, 64, 300])
+def test_row_stats_match_ref(vocab):
+    logits = torch.randn(5, vocab, generator=torch.Generator().manual_seed(vocab)).to(DEVICE) * 4
+    logits[1, : vocab // 2] = float("-inf")  # a row with a masked head, and lanes that stay -inf
+    temperature = torch.tensor([0.7, 1.0, 1.3, 0.05, 2.0], device=DEVICE)
+    m, mass = row_stats(logits=logits, temperature=temperature, block=BLOCK)
+    ref_m, ref_mass = row_stats_ref(logits=logits, temperature=temperature)
+    assert torch.equal(m, ref_m)
+    torch.testing.assert_close(mass, ref_mass, rtol=1e-5, atol=0)
+
+
+def test_row_stats_at_the_default_block():
+    logits = torch.randn(3, 9000, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    temperature = torch.tensor([0.5, 1.0, 3.0], device=DEVICE)
+    m, mass = row_stats(logits=logits, temperature=temperature)
+    ref_m, ref_mass = row_stats_ref(logits=logits, temperature=temperature)
+    assert torch.equal(m, ref_m)
+    torch.testing.assert_close(mass, ref_mass, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_draw_matches_ref_with_ties_across_blocks(seed):
+    n, vocab = 6, 200
+    logits = tied_logits(n, vocab, seed)
+    gen = torch.Generator().manual_seed(100 + seed)
+    temperature = torch.tensor([0.7, 1.0, 1.5, 0.3, 1.0, 2.0], device=DEVICE)
+    row_max, _ = row_stats_ref(logits=logits, temperature=temperature)
+    # bound: a value present in the row (ties at it); need: any count of them, up to all; one row keeps all
+    values = logits.cpu()
+    bound = torch.stack([values[i][torch.randint(vocab, (1,), generator=gen)] for i in range(n)]).view(n)
+    ties = (values == bound[:, None]).sum(-1)
+    need = torch.stack([torch.randint(int(t) + 1, (1,), generator=gen) for t in ties]).view(n)
+    bound[2], need[2] = float("-inf"), 0
+    min_p = torch.tensor([0.0, 0.1, 0.0, 0.5, 0.0, 0.02])
+    noise = torch.empty(n, vocab).exponential_(generator=gen)
+    args = dict(logits=logits, noise=noise.to(DEVICE), temperature=temperature, row_max=row_max,
+                bound=bound.to(DEVICE), need=need.to(DEVICE), min_p=min_p.to(DEVICE))
+    ids = draw_kept(**args, block=BLOCK)
+    assert ids.dtype == torch.int64
+    assert torch.equal(ids, draw_kept_ref(**args))
+
+
+def test_ties_of_the_race_go_to_the_lower_id():
+    """Equal scores in one block and across blocks: the first wins, as torch's argmax."""
+    vocab = 3 * BLOCK
+    logits = torch.zeros(2, vocab, device=DEVICE)
+    noise = torch.ones(2, vocab, device=DEVICE)
+    one = torch.ones(2, device=DEVICE)
+    args = dict(logits=logits, noise=noise, temperature=one, row_max=torch.zeros(2, device=DEVICE),
+                bound=torch.full((2,), float("-inf"), device=DEVICE),
+                need=torch.zeros(2, dtype=torch.int64, device=DEVICE), min_p=torch.zeros(2, device=DEVICE))
+    assert draw_kept(**args, block=BLOCK).tolist() == [0, 0]
+    # kept ties at bound 0: only the first `need` by id; the race's winner then is the last noise minimum
+    noise[:, 5] = 0.5
+    noise[:, BLOCK + 5] = 0.5
+    args["bound"] = torch.zeros(2, device=DEVICE)
+    args["need"] = torch.tensor([BLOCK, BLOCK + 6], device=DEVICE)
+    assert draw_kept(**args, block=BLOCK).tolist() == [5, 5]
+    noise[1, 5] = 1.0
+    assert draw_kept(**args, block=BLOCK).tolist() == [5, BLOCK + 5]
+    assert torch.equal(draw_kept(**args, block=BLOCK), draw_kept_ref(**args))
+
+
+SM90_SCRIPT = r'''
+from triton_kernels import sampling as s
+
+types = dict(l_ptr="*fp32", e_ptr="*fp32", t_ptr="*fp32", m_ptr="*fp32", mass_ptr="*fp32", bound_ptr="*fp32",
+             need_ptr="*i64", min_p_ptr="*fp32", out_ptr="*i64", l_stride="i64", e_stride="i64")
+consts = dict(BLOCK=s.BLOCK)
+out["row_stats"] = compile_sm90(s._row_stats_kernel, types, consts, s.NUM_WARPS, 1)
+out["draw_kept"] = compile_sm90(s._draw_kept_kernel, types, consts, s.NUM_WARPS, 1)
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the tests above run the compiled kernels")
+def test_kernels_compile_for_hopper_without_spills():
+    from tests.kernels.sm90 import compile_sm90_in_subprocess
+
+    results = compile_sm90_in_subprocess(SM90_SCRIPT)
+    assert set(results) == {"row_stats", "draw_kept"}
+    assert all(spilled == 0 for _, spilled in results.values()), results
