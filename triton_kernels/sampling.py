@@ -7,16 +7,22 @@ draw_kept:  per row, the exponential race argmax_i w_i / E_i over the kept token
 
 The sampler finds (bound, need) from the top-k / top-p candidates; these kernels then read the
 logits once each and the noise once, where the torch path writes and reads [n, V] masks several times
-(among them an integer scan over the vocabulary for the ties at the boundary). One program per row
-walks the row in blocks, so the tie count carries from block to block in a register.
+(among them an integer scan over the vocabulary for the ties at the boundary).
+
+Each row is split into chunks of CHUNK entries, one program each, so a batch of one still fills the
+GPU. Row statistics come back per chunk and torch combines them ([n, chunks]); the draw first counts
+each chunk's ties at the bound (a third read, only when some row has top-k / top-p), so that a program
+knows how many ties precede its chunk, and folds its chunk's winner into the row's result by an
+atomic max over (score bits, inverted id).
 """
 
 import torch
 import triton
 import triton.language as tl
 
-BLOCK = 4096  # vocabulary entries per loop step
-NUM_WARPS = 8
+BLOCK = 1024  # vocabulary entries per loop step
+CHUNK = 8192  # vocabulary entries per program: a row takes ceil(V / CHUNK) programs
+NUM_WARPS = 4
 
 
 def row_stats_ref(*, logits: torch.Tensor, temperature: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -28,9 +34,10 @@ def row_stats_ref(*, logits: torch.Tensor, temperature: torch.Tensor) -> tuple[t
 
 
 def draw_kept_ref(*, logits: torch.Tensor, noise: torch.Tensor, temperature: torch.Tensor, row_max: torch.Tensor,
-                  bound: torch.Tensor, need: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+                  bound: torch.Tensor, need: torch.Tensor, min_p: torch.Tensor, ties: bool = True) -> torch.Tensor:
     """logits, noise: [n, V] float32 (noise > 0, Exp(1)); temperature, row_max, bound, min_p: [n] float32;
-    need: [n] int64. Returns the drawn token ids [n] int64."""
+    need: [n] int64; ties: a hint for the kernel (False: every bound is -inf). Returns the drawn token
+    ids [n] int64."""
     w = torch.exp(logits / temperature[:, None] - row_max[:, None])
     tie = logits == bound[:, None]
     keep = (logits > bound[:, None]) | (tie & (tie.cumsum(dim=-1) <= need[:, None]))
@@ -39,82 +46,120 @@ def draw_kept_ref(*, logits: torch.Tensor, noise: torch.Tensor, temperature: tor
 
 
 @triton.jit
-def _row_stats_kernel(l_ptr, l_stride, t_ptr, m_ptr, mass_ptr, vocab, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _row_stats_kernel(l_ptr, l_stride, t_ptr, part_m_ptr, part_s_ptr, vocab, num_chunks, CHUNK: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    """Program (row, c): the max m_c of logits / T over chunk c of the row and sum(exp(logits / T - m_c))."""
+    row, c = tl.program_id(0).to(tl.int64), tl.program_id(1)
     t = tl.load(t_ptr + row)
     o = tl.arange(0, BLOCK)
     m_lane = tl.full([BLOCK], float("-inf"), tl.float32)  # per-lane running max and mass
     s_lane = tl.zeros([BLOCK], tl.float32)
-    for start in range(0, vocab, BLOCK):
+    for start in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, vocab), BLOCK):
         x = tl.load(l_ptr + row * l_stride + start + o, mask=start + o < vocab, other=float("-inf"))
-        x = x / t
+        x = tl.div_rn(x, t)  # rounded as torch divides
         m_new = tl.maximum(m_lane, x)
         m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # a lane without a finite value yet stays at 0
         s_lane = s_lane * tl.exp(m_lane - m_ref) + tl.exp(x - m_ref)
         m_lane = m_new
     m = tl.max(m_lane, 0)
-    mass = tl.sum(s_lane * tl.exp(m_lane - m), 0)
-    tl.store(m_ptr + row, m)
-    tl.store(mass_ptr + row, mass)
+    m_ref = tl.where(m > float("-inf"), m, 0.0)
+    tl.store(part_m_ptr + row * num_chunks + c, m)
+    tl.store(part_s_ptr + row * num_chunks + c, tl.sum(s_lane * tl.exp(m_lane - m_ref), 0))
 
 
 def row_stats(*, logits: torch.Tensor, temperature: torch.Tensor,
-              block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same as row_stats_ref: the same max, and the mass up to summation order."""
+              chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same as row_stats_ref: the same max, and the mass up to summation order. Each program reduces one
+    chunk of a row; torch combines the [n, chunks] partials."""
     n, vocab = logits.shape
     assert logits.dtype == torch.float32 and logits.stride(1) == 1, (logits.dtype, logits.stride())
-    temperature = temperature.reshape(-1).float().contiguous()
-    m = torch.empty(n, dtype=torch.float32, device=logits.device)
-    mass = torch.empty_like(m)
-    block = min(block, triton.next_power_of_2(vocab))
+    block = min(BLOCK, chunk, triton.next_power_of_2(vocab))
+    num_chunks = triton.cdiv(vocab, chunk)
+    part_m = torch.empty(n, num_chunks, dtype=torch.float32, device=logits.device)
+    part_s = torch.empty_like(part_m)
     if n:
-        _row_stats_kernel[(n,)](logits, logits.stride(0), temperature, m, mass, vocab, BLOCK=block,
-                                num_warps=NUM_WARPS)
-    return m, mass
+        _row_stats_kernel[(n, num_chunks)](logits, logits.stride(0), temperature.reshape(-1).float().contiguous(),
+                                           part_m, part_s, vocab, num_chunks, CHUNK=chunk, BLOCK=block,
+                                           num_warps=NUM_WARPS)
+    m = part_m.amax(dim=-1)
+    return m, (part_s * torch.exp(part_m - m[:, None])).sum(dim=-1)
 
 
 @triton.jit
-def _draw_kept_kernel(l_ptr, l_stride, e_ptr, e_stride, t_ptr, m_ptr, bound_ptr, need_ptr, min_p_ptr, out_ptr,
-                      vocab, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _tie_count_kernel(l_ptr, l_stride, bound_ptr, counts_ptr, vocab, num_chunks, CHUNK: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    """Program (row, c): how many logits of chunk c equal the row's bound."""
+    row, c = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    bound = tl.load(bound_ptr + row)
+    o = tl.arange(0, BLOCK)
+    count = tl.zeros([BLOCK], tl.int32)
+    for start in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, vocab), BLOCK):
+        x = tl.load(l_ptr + row * l_stride + start + o, mask=start + o < vocab, other=float("nan"))
+        count += (x == bound).to(tl.int32)
+    tl.store(counts_ptr + row * num_chunks + c, tl.sum(count, 0))
+
+
+@triton.jit
+def _draw_kept_kernel(l_ptr, l_stride, e_ptr, e_stride, t_ptr, m_ptr, bound_ptr, need_ptr, min_p_ptr, counts_ptr,
+                      keys_ptr, vocab, num_chunks, TIES: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                      BLOCK_C: tl.constexpr):
+    """Program (row, c): the race's winner in chunk c, folded into the row's key by an atomic max; the key
+    is the score's float bits (non-negative, so ordered as integers) above 2^32 - 1 - token id."""
+    row, c = tl.program_id(0).to(tl.int64), tl.program_id(1)
     t = tl.load(t_ptr + row)
     m = tl.load(m_ptr + row)
     bound = tl.load(bound_ptr + row)
     need = tl.load(need_ptr + row).to(tl.int32)
     min_p = tl.load(min_p_ptr + row)
+    ties = tl.full([], 0, tl.int32)  # tokens equal to bound before this point of the row
+    if TIES:
+        o_c = tl.arange(0, BLOCK_C)
+        ties = tl.sum(tl.load(counts_ptr + row * num_chunks + o_c, mask=o_c < c, other=0), 0)
     o = tl.arange(0, BLOCK)
-    best = tl.full([], -2.0, tl.float32)
-    best_id = tl.full([], 0, tl.int64)
-    ties = tl.full([], 0, tl.int32)  # tokens equal to bound in the blocks before
-    for start in range(0, vocab, BLOCK):
+    best = tl.full([], -1.0, tl.float32)
+    best_id = tl.full([], 0, tl.int32)
+    for start in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, vocab), BLOCK):
         valid = start + o < vocab
         x = tl.load(l_ptr + row * l_stride + start + o, mask=valid, other=float("-inf"))
         e = tl.load(e_ptr + row * e_stride + start + o, mask=valid, other=1.0)
-        w = tl.exp(x / t - m)
-        tie = (x == bound) & valid
-        rank = ties + tl.cumsum(tie.to(tl.int32), 0)  # 1-based rank among the ties, in id order
-        keep = ((x > bound) | (tie & (rank <= need))) & (w >= min_p) & valid
+        w = tl.exp(tl.div_rn(x, t) - m)
+        keep = x > bound
+        if TIES:
+            tie = (x == bound) & valid
+            keep |= tie & (ties + tl.cumsum(tie.to(tl.int32), 0) <= need)  # the first `need` ties by id
+            ties += tl.sum(tie.to(tl.int32), 0)
+        keep &= (w >= min_p) & valid
         score = tl.where(keep, w / e, -1.0)
         block_best = tl.max(score, 0)
         take = block_best > best  # strictly: an earlier block keeps an equal score (lower id)
-        best_id = tl.where(take, start + tl.argmax(score, 0).to(tl.int64), best_id)
+        best_id = tl.where(take, start + tl.argmax(score, 0), best_id)
         best = tl.where(take, block_best, best)
-        ties += tl.sum(tie.to(tl.int32), 0)
-    tl.store(out_ptr + row, best_id)
+    if best >= 0:
+        key = (best.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (4294967295 - best_id.to(tl.int64))
+        tl.atomic_max(keys_ptr + row, key)
 
 
 def draw_kept(*, logits: torch.Tensor, noise: torch.Tensor, temperature: torch.Tensor, row_max: torch.Tensor,
-              bound: torch.Tensor, need: torch.Tensor, min_p: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
+              bound: torch.Tensor, need: torch.Tensor, min_p: torch.Tensor, ties: bool = True,
+              chunk: int = CHUNK) -> torch.Tensor:
     """Same as draw_kept_ref: the same token, up to a float near-tie of two tokens' w / E (exp may round
-    differently from torch's)."""
+    differently from torch's). ties=False says that every row's bound is -inf (no top-k / top-p), which
+    skips the tie count."""
     n, vocab = logits.shape
     assert logits.dtype == noise.dtype == torch.float32 and noise.shape == logits.shape, (logits.dtype, noise.dtype)
-    assert logits.stride(1) == 1 and noise.stride(1) == 1
-    flat = [t.reshape(-1).contiguous() for t in (temperature.float(), row_max.float(), bound.float(), need,
-                                                 min_p.float())]
-    out = torch.empty(n, dtype=torch.int64, device=logits.device)
-    block = min(block, triton.next_power_of_2(vocab))
+    assert logits.stride(1) == 1 and noise.stride(1) == 1 and vocab < 2 ** 31
+    temperature, row_max, bound, need, min_p = (
+        t.reshape(-1).contiguous() for t in (temperature.float(), row_max.float(), bound.float(), need, min_p.float()))
+    block = min(BLOCK, chunk, triton.next_power_of_2(vocab))
+    num_chunks = triton.cdiv(vocab, chunk)
+    counts = torch.empty(n, num_chunks, dtype=torch.int32, device=logits.device)
+    keys = torch.full((n,), -1, dtype=torch.int64, device=logits.device)
+    if n and ties:
+        _tie_count_kernel[(n, num_chunks)](logits, logits.stride(0), bound, counts, vocab, num_chunks, CHUNK=chunk,
+                                           BLOCK=block, num_warps=NUM_WARPS)
     if n:
-        _draw_kept_kernel[(n,)](logits, logits.stride(0), noise, noise.stride(0), *flat, out, vocab, BLOCK=block,
-                                num_warps=NUM_WARPS)
-    return out
+        _draw_kept_kernel[(n, num_chunks)](logits, logits.stride(0), noise, noise.stride(0), temperature, row_max,
+                                           bound, need, min_p, counts, keys, vocab, num_chunks, TIES=ties,
+                                           CHUNK=chunk, BLOCK=block, BLOCK_C=triton.next_power_of_2(num_chunks),
+                                           num_warps=NUM_WARPS)
+    return 0xFFFFFFFF - (keys & 0xFFFFFFFF)

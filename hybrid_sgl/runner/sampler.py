@@ -236,7 +236,7 @@ def _draw_with_kernels(sub: torch.Tensor, params: BatchParams, candidates: int) 
                 _, bound[rows], need[rows] = _prefix_bound(keys, weights, params.top_k[rows], params.top_p[rows],
                                                            params.top_p_only[rows], mass[rows, None])
     return draw_kept(logits=sub, noise=_noise(sub, params), temperature=temperature, row_max=row_max,
-                     bound=bound, need=need, min_p=params.min_p)
+                     bound=bound, need=need, min_p=params.min_p, ties=bool(params.max_top_k or params.any_top_p))
 
 
 def _noise(probs: torch.Tensor, params: BatchParams) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """The sampling kernels against their torch references (interpreter on CPU), on rows that span
-several blocks, with ties that cross block edges, -inf (grammar-masked) logits, and min-p."""
+several chunks (programs) and several blocks within a chunk, with ties that cross chunk and block
+edges, -inf (grammar-masked) logits, and min-p."""
 
 import pytest
 import torch
@@ -7,7 +8,7 @@ import torch
 from triton_kernels.sampling import draw_kept, draw_kept_ref, row_stats, row_stats_ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-BLOCK = 64  # small blocks: several per row on the interpreter's small vocabularies
+CHUNK = 64  # small chunks: several programs per row on the interpreter's small vocabularies
 
 
 def tied_logits(n: int, vocab: int, seed: int) -> torch.Tensor:
@@ -24,13 +25,13 @@ def test_row_stats_match_ref(vocab):
     logits = torch.randn(5, vocab, generator=torch.Generator().manual_seed(vocab)).to(DEVICE) * 4
     logits[1, : vocab // 2] = float("-inf")  # a row with a masked head, and lanes that stay -inf
     temperature = torch.tensor([0.7, 1.0, 1.3, 0.05, 2.0], device=DEVICE)
-    m, mass = row_stats(logits=logits, temperature=temperature, block=BLOCK)
+    m, mass = row_stats(logits=logits, temperature=temperature, chunk=CHUNK)
     ref_m, ref_mass = row_stats_ref(logits=logits, temperature=temperature)
     assert torch.equal(m, ref_m)
     torch.testing.assert_close(mass, ref_mass, rtol=1e-5, atol=0)
 
 
-def test_row_stats_at_the_default_block():
+def test_row_stats_at_the_default_chunk():  # two chunks of several blocks
     logits = torch.randn(3, 9000, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     temperature = torch.tensor([0.5, 1.0, 3.0], device=DEVICE)
     m, mass = row_stats(logits=logits, temperature=temperature)
@@ -39,9 +40,10 @@ def test_row_stats_at_the_default_block():
     torch.testing.assert_close(mass, ref_mass, rtol=1e-5, atol=0)
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_draw_matches_ref_with_ties_across_blocks(seed):
-    n, vocab = 6, 200
+@pytest.mark.parametrize("seed,vocab,chunk", [(0, 200, CHUNK), (1, 200, CHUNK), (2, 300, CHUNK), (3, 200, 8192),
+                                              (4, 2500, 2048), (5, 2500, 2048)])
+def test_draw_matches_ref_with_ties_across_chunks_and_blocks(seed, vocab, chunk):
+    n = 6
     logits = tied_logits(n, vocab, seed)
     gen = torch.Generator().manual_seed(100 + seed)
     temperature = torch.tensor([0.7, 1.0, 1.5, 0.3, 1.0, 2.0], device=DEVICE)
@@ -56,30 +58,35 @@ def test_draw_matches_ref_with_ties_across_blocks(seed):
     noise = torch.empty(n, vocab).exponential_(generator=gen)
     args = dict(logits=logits, noise=noise.to(DEVICE), temperature=temperature, row_max=row_max,
                 bound=bound.to(DEVICE), need=need.to(DEVICE), min_p=min_p.to(DEVICE))
-    ids = draw_kept(**args, block=BLOCK)
+    ids = draw_kept(**args, chunk=chunk)
     assert ids.dtype == torch.int64
     assert torch.equal(ids, draw_kept_ref(**args))
+    if seed == 0:  # without top-k / top-p rows (every bound -inf) the kernel may skip the tie count
+        args.update(bound=torch.full((n,), float("-inf"), device=DEVICE), need=torch.zeros_like(args["need"]))
+        assert torch.equal(draw_kept(**args, chunk=chunk, ties=False), draw_kept_ref(**args))
 
 
 def test_ties_of_the_race_go_to_the_lower_id():
-    """Equal scores in one block and across blocks: the first wins, as torch's argmax."""
-    vocab = 3 * BLOCK
+    """Equal scores in one chunk and across chunks: the first wins, as torch's argmax."""
+    vocab = 3 * CHUNK
     logits = torch.zeros(2, vocab, device=DEVICE)
     noise = torch.ones(2, vocab, device=DEVICE)
     one = torch.ones(2, device=DEVICE)
     args = dict(logits=logits, noise=noise, temperature=one, row_max=torch.zeros(2, device=DEVICE),
                 bound=torch.full((2,), float("-inf"), device=DEVICE),
                 need=torch.zeros(2, dtype=torch.int64, device=DEVICE), min_p=torch.zeros(2, device=DEVICE))
-    assert draw_kept(**args, block=BLOCK).tolist() == [0, 0]
+    assert draw_kept(**args, chunk=CHUNK).tolist() == [0, 0]
+    wide = dict(args, logits=torch.zeros(2, 2500, device=DEVICE), noise=torch.ones(2, 2500, device=DEVICE))
+    assert draw_kept(**wide, chunk=2048).tolist() == [0, 0]  # blocks of 1024 within a chunk
     # kept ties at bound 0: only the first `need` by id; the race's winner then is the last noise minimum
     noise[:, 5] = 0.5
-    noise[:, BLOCK + 5] = 0.5
+    noise[:, CHUNK + 5] = 0.5
     args["bound"] = torch.zeros(2, device=DEVICE)
-    args["need"] = torch.tensor([BLOCK, BLOCK + 6], device=DEVICE)
-    assert draw_kept(**args, block=BLOCK).tolist() == [5, 5]
+    args["need"] = torch.tensor([CHUNK, CHUNK + 6], device=DEVICE)
+    assert draw_kept(**args, chunk=CHUNK).tolist() == [5, 5]
     noise[1, 5] = 1.0
-    assert draw_kept(**args, block=BLOCK).tolist() == [5, BLOCK + 5]
-    assert torch.equal(draw_kept(**args, block=BLOCK), draw_kept_ref(**args))
+    assert draw_kept(**args, chunk=CHUNK).tolist() == [5, CHUNK + 5]
+    assert torch.equal(draw_kept(**args, chunk=CHUNK), draw_kept_ref(**args))
 
 
 SM90_SCRIPT = r'''
@@ -87,9 +94,13 @@ from triton_kernels import sampling as s
 
 types = dict(l_ptr="*fp32", e_ptr="*fp32", t_ptr="*fp32", m_ptr="*fp32", mass_ptr="*fp32", bound_ptr="*fp32",
              need_ptr="*i64", min_p_ptr="*fp32", out_ptr="*i64", l_stride="i64", e_stride="i64")
-consts = dict(BLOCK=s.BLOCK)
+types.update(part_m_ptr="*fp32", part_s_ptr="*fp32", counts_ptr="*i32", keys_ptr="*i64")
+consts = dict(CHUNK=s.CHUNK, BLOCK=s.BLOCK)
 out["row_stats"] = compile_sm90(s._row_stats_kernel, types, consts, s.NUM_WARPS, 1)
-out["draw_kept"] = compile_sm90(s._draw_kept_kernel, types, consts, s.NUM_WARPS, 1)
+out["tie_count"] = compile_sm90(s._tie_count_kernel, types, consts, s.NUM_WARPS, 1)
+for ties in (False, True):
+    out[f"draw_kept ties {ties}"] = compile_sm90(s._draw_kept_kernel, types, dict(consts, TIES=ties, BLOCK_C=32),
+                                                 s.NUM_WARPS, 1)
 print(json.dumps(out))
 '''
 
@@ -99,5 +110,5 @@ def test_kernels_compile_for_hopper_without_spills():
     from tests.kernels.sm90 import compile_sm90_in_subprocess
 
     results = compile_sm90_in_subprocess(SM90_SCRIPT)
-    assert set(results) == {"row_stats", "draw_kept"}
+    assert set(results) == {"row_stats", "tie_count", "draw_kept ties False", "draw_kept ties True"}
     assert all(spilled == 0 for _, spilled in results.values()), results
