@@ -56,7 +56,7 @@ def _row_stats_kernel(l_ptr, l_stride, t_ptr, part_m_ptr, part_s_ptr, vocab, num
     s_lane = tl.zeros([BLOCK], tl.float32)
     for start in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, vocab), BLOCK):
         x = tl.load(l_ptr + row * l_stride + start + o, mask=start + o < vocab, other=float("-inf"))
-        x = tl.div_rn(x, t)  # rounded as torch divides
+        x = tl.math.div_rn(x, t)  # rounded as torch divides
         m_new = tl.maximum(m_lane, x)
         m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # a lane without a finite value yet stays at 0
         s_lane = s_lane * tl.exp(m_lane - m_ref) + tl.exp(x - m_ref)
@@ -122,7 +122,7 @@ def _draw_kept_kernel(l_ptr, l_stride, e_ptr, e_stride, t_ptr, m_ptr, bound_ptr,
         valid = start + o < vocab
         x = tl.load(l_ptr + row * l_stride + start + o, mask=valid, other=float("-inf"))
         e = tl.load(e_ptr + row * e_stride + start + o, mask=valid, other=1.0)
-        w = tl.exp(tl.div_rn(x, t) - m)
+        w = tl.exp(tl.math.div_rn(x, t) - m)
         keep = x > bound
         if TIES:
             tie = (x == bound) & valid
