@@ -1,11 +1,15 @@
 """One sampling step at the 9B vocabulary: the Triton draw against the torch path and against greedy's
-argmax, at batch 1 / 32 / 64, with the parts of the Triton draw timed alone. CUDA-event times of the
-median of several steps (the sampler runs eagerly, outside the decode graph, so launches count).
+argmax, at batch 1 / 32 / 64, with the parts of the Triton draw timed alone.
 
     PYTHONPATH=$PWD python bench/sampler_kernels.py [--vocab 248320] [--batch 1 32 64]
 
-The bytes column is the least the kernel path must move: the logits read twice (row statistics, draw),
-the noise written and read; % copy is against a device-to-device copy measured in the same run.
+Device time: the calls are queued behind a 50 ms sleep kernel, so the GPU runs them back to back and
+the host's launch time does not count (in serving, the overlap schedule launches sampling while the
+forward still runs, so device time is what a step pays). A call that waits for the device (top_p
+without top_k whose kept mass reaches past the candidates reads rows back) is timed with its wait.
+The bytes column is the least the kernel path moves: the logits read three times (row statistics,
+candidates, draw), the noise written and read; % copy is against a device-to-device copy in the same
+run.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ sys.path.insert(0, ROOT)
 from hybrid_sgl.runner.sampler import Sampler  # noqa: E402
 from hybrid_sgl.sampling_params import SamplingParams  # noqa: E402
 from hybrid_sgl.scheduler.request import Req  # noqa: E402
-from triton_kernels.sampling import draw_kept, row_stats  # noqa: E402
+from triton_kernels.sampling import draw_kept, row_stats, topk_values  # noqa: E402
 
 KNOBS = {
     "temperature 0.7": {"temperature": 0.7},
@@ -32,18 +36,18 @@ KNOBS = {
 }
 
 
-def time_ms(fn, steps: int = 30) -> float:
+def time_ms(fn, calls: int = 20) -> float:
+    """Device ms per call of fn, queued behind a sleep."""
     fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(steps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(100_000_000)  # ~50 ms at 2 GHz: longer than the host takes to queue the calls
+    start.record()
+    for _ in range(calls):
         fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / calls
 
 
 def copy_bandwidth(nbytes: int = 1 << 30) -> float:
@@ -61,8 +65,8 @@ def main() -> None:
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw:.2f} TB/s, vocabulary {a.vocab}, logits ~ N(0, {a.scale}^2)\n")
     print("| batch | knobs | greedy argmax ms | torch path ms | kernels ms | kernels / torch | "
-          "row_stats ms | topk ms | noise ms | draw ms | bytes MB | kernels % copy |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "row_stats ms | torch.topk ms | topk_values ms | noise ms | draw ms | bytes MB | kernels % copy |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for batch in a.batch:
         logits = torch.randn(batch, a.vocab, device="cuda") * a.scale
         greedy = time_ms(lambda: logits.argmax(dim=-1))  # noqa: B023 (timed before the loop moves on)
@@ -80,17 +84,19 @@ def row(logits: torch.Tensor, name: str, knobs: dict, greedy: float, bw: float) 
     m, _ = row_stats(logits=logits, temperature=t)
     t_stats = time_ms(lambda: row_stats(logits=logits, temperature=t))
     t_topk = time_ms(lambda: logits.topk(50, dim=-1)) if "top_k" in knobs else 0.0
+    t_topk_values = time_ms(lambda: topk_values(logits=logits, k=50)) if "top_k" in knobs else 0.0
     noise = torch.empty_like(logits)
     t_noise = time_ms(lambda: noise.exponential_())
     bound = torch.full((batch,), float("-inf"), device="cuda")
     need = torch.zeros(batch, dtype=torch.int64, device="cuda")
     zeros = torch.zeros(batch, device="cuda")
     t_draw = time_ms(lambda: draw_kept(logits=logits, noise=noise, temperature=t, row_max=m, bound=bound, need=need,
-                                       min_p=zeros))
-    nbytes = 4 * logits.numel() * 4
+                                       min_p=zeros, ties=False))
+    nbytes = 5 * logits.numel() * 4
     return (f"| {batch} | {name} | {greedy:.3f} | {t_torch:.3f} | {t_kernels:.3f} | {t_kernels / t_torch:.2f} | "
-            f"{t_stats:.3f} | {t_topk:.3f} | {t_noise:.3f} | {t_draw:.3f} | {nbytes / 1e6:.0f} | "
+            f"{t_stats:.3f} | {t_topk:.3f} | {t_topk_values:.3f} | {t_noise:.3f} | {t_draw:.3f} | {nbytes / 1e6:.0f} | "
             f"{100 * nbytes / (t_kernels * 1e-3) / (bw * 1e12):.0f} |")
+
 
 if __name__ == "__main__":
     main()
