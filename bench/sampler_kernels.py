@@ -8,7 +8,7 @@ the host's launch time does not count (in serving, the overlap schedule launches
 forward still runs, so device time is what a step pays). A call that waits for the device (top_p
 without top_k whose kept mass reaches past the candidates reads rows back) is timed with its wait.
 The bytes column is the least the kernel path moves: the logits read three times (row statistics,
-candidates, draw), the noise written and read; % copy is against a device-to-device copy in the same
+torch.topk's candidates, draw), the noise written and read; % copy is against a device-to-device copy in the same
 run.
 """
 
@@ -26,7 +26,7 @@ sys.path.insert(0, ROOT)
 from hybrid_sgl.runner.sampler import Sampler  # noqa: E402
 from hybrid_sgl.sampling_params import SamplingParams  # noqa: E402
 from hybrid_sgl.scheduler.request import Req  # noqa: E402
-from triton_kernels.sampling import draw_kept, row_stats, topk_values  # noqa: E402
+from triton_kernels.sampling import draw_kept, row_stats  # noqa: E402
 
 KNOBS = {
     "temperature 0.7": {"temperature": 0.7},
@@ -65,8 +65,8 @@ def main() -> None:
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw:.2f} TB/s, vocabulary {a.vocab}, logits ~ N(0, {a.scale}^2)\n")
     print("| batch | knobs | greedy argmax ms | torch path ms | kernels ms | kernels / torch | "
-          "row_stats ms | torch.topk ms | topk_values ms | noise ms | draw ms | bytes MB | kernels % copy |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "row_stats ms | topk ms | noise ms | draw ms | bytes MB | kernels % copy |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for batch in a.batch:
         logits = torch.randn(batch, a.vocab, device="cuda") * a.scale
         greedy = time_ms(lambda: logits.argmax(dim=-1))  # noqa: B023 (timed before the loop moves on)
@@ -84,7 +84,6 @@ def row(logits: torch.Tensor, name: str, knobs: dict, greedy: float, bw: float) 
     m, _ = row_stats(logits=logits, temperature=t)
     t_stats = time_ms(lambda: row_stats(logits=logits, temperature=t))
     t_topk = time_ms(lambda: logits.topk(50, dim=-1)) if "top_k" in knobs else 0.0
-    t_topk_values = time_ms(lambda: topk_values(logits=logits, k=50)) if "top_k" in knobs else 0.0
     noise = torch.empty_like(logits)
     t_noise = time_ms(lambda: noise.exponential_())
     bound = torch.full((batch,), float("-inf"), device="cuda")
@@ -94,7 +93,7 @@ def row(logits: torch.Tensor, name: str, knobs: dict, greedy: float, bw: float) 
                                        min_p=zeros, ties=False))
     nbytes = 5 * logits.numel() * 4
     return (f"| {batch} | {name} | {greedy:.3f} | {t_torch:.3f} | {t_kernels:.3f} | {t_kernels / t_torch:.2f} | "
-            f"{t_stats:.3f} | {t_topk:.3f} | {t_topk_values:.3f} | {t_noise:.3f} | {t_draw:.3f} | {nbytes / 1e6:.0f} | "
+            f"{t_stats:.3f} | {t_topk:.3f} | {t_noise:.3f} | {t_draw:.3f} | {nbytes / 1e6:.0f} | "
             f"{100 * nbytes / (t_kernels * 1e-3) / (bw * 1e12):.0f} |")
 
 

@@ -20,17 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-TOPK_CHUNK = 2048  # vocabulary entries per program of topk_values
-TOPK_MAX = 64  # largest k topk_values takes in Triton (above it, torch.topk)
-HAS_TL_TOPK = hasattr(tl, "topk")  # Triton releases without tl.topk sort the whole chunk instead
 BLOCK = 1024  # vocabulary entries per loop step
 CHUNK = 8192  # vocabulary entries per program: a row takes ceil(V / CHUNK) programs
 NUM_WARPS = 4
-
-
-def topk_values_ref(*, logits: torch.Tensor, k: int) -> torch.Tensor:
-    """logits: [n, V] float32. The k largest logits of each row [n, k], descending."""
-    return logits.topk(k, dim=-1).values
 
 
 def row_stats_ref(*, logits: torch.Tensor, temperature: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,37 +163,3 @@ def draw_kept(*, logits: torch.Tensor, noise: torch.Tensor, temperature: torch.T
                                            CHUNK=chunk, BLOCK=block, BLOCK_C=triton.next_power_of_2(num_chunks),
                                            num_warps=NUM_WARPS)
     return 0xFFFFFFFF - (keys & 0xFFFFFFFF)
-
-
-@triton.jit
-def _chunk_topk_kernel(l_ptr, l_stride, out_ptr, vocab, CHUNK: tl.constexpr, K: tl.constexpr,
-                       HAS_TOPK: tl.constexpr):
-    """Program (row, c): the K largest logits of chunk c, into out[row, c * K:(c + 1) * K]."""
-    row, c = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    o = c * CHUNK + tl.arange(0, CHUNK)
-    x = tl.load(l_ptr + row * l_stride + o, mask=o < vocab, other=float("-inf"))
-    if HAS_TOPK:
-        top = tl.topk(x, K)
-    else:  # the whole chunk sorted; its first K, picked as row 0 of a [CHUNK / K, K] view
-        ranked = tl.reshape(tl.sort(x, descending=True), (CHUNK // K, K))
-        first = tl.arange(0, CHUNK // K)[:, None] == 0
-        top = tl.max(tl.where(first, ranked, float("-inf")), 0)
-    tl.store(out_ptr + (row * tl.num_programs(1) + c) * K + tl.arange(0, K), top)
-
-
-def topk_values(*, logits: torch.Tensor, k: int, chunk: int = TOPK_CHUNK) -> torch.Tensor:
-    """Same as topk_values_ref. For k up to TOPK_MAX, each program keeps the k largest of a chunk of
-    TOPK_CHUNK logits (which hold every row's k largest among them), then torch.topk takes the k largest
-    of those [n, chunks * k] candidates: two short passes where torch.topk's radix select makes several
-    over the whole vocabulary."""
-    n, vocab = logits.shape
-    assert logits.dtype == torch.float32 and logits.stride(1) == 1 and 0 < k <= vocab, (logits.dtype, k, vocab)
-    big_k = triton.next_power_of_2(k)
-    chunk = min(chunk, triton.next_power_of_2(vocab))
-    if big_k > TOPK_MAX or 4 * big_k > chunk or n == 0:
-        return topk_values_ref(logits=logits, k=k)
-    num_chunks = triton.cdiv(vocab, chunk)
-    candidates = torch.empty(n, num_chunks * big_k, dtype=torch.float32, device=logits.device)
-    _chunk_topk_kernel[(n, num_chunks)](logits, logits.stride(0), candidates, vocab, CHUNK=chunk, K=big_k,
-                                        HAS_TOPK=HAS_TL_TOPK, num_warps=NUM_WARPS)
-    return candidates.topk(k, dim=-1).values

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from hybrid_sgl.scheduler.request import Req
-from triton_kernels.sampling import draw_kept, row_stats, topk_values
+from triton_kernels.sampling import draw_kept, row_stats
 
 CANDIDATES = 1024  # tokens searched for a top_p boundary before a row falls back to the full sort
 
@@ -210,8 +210,8 @@ def _prefix_bound(keys: torch.Tensor, weights: torch.Tensor, top_k: torch.Tensor
 
 def _draw_with_kernels(sub: torch.Tensor, params: BatchParams, candidates: int) -> torch.Tensor:
     """sub: [n, V] float32 logits of the sampled rows. The token each row draws [n] int64: the boundary
-    of top-k / top-p among the largest logits (or, for a top_p row whose kept mass reaches past them,
-    of its fully sorted row), then the Triton draw."""
+    of top-k / top-p among the torch.topk candidates of the logits (or, for a top_p row whose kept mass
+    reaches past them, of its fully sorted row), then the Triton draw."""
     n, vocab = sub.shape
     temperature = params.temperature[:, 0]
     row_max, mass = row_stats(logits=sub, temperature=temperature)
@@ -219,7 +219,7 @@ def _draw_with_kernels(sub: torch.Tensor, params: BatchParams, candidates: int) 
     need = torch.zeros(n, 1, dtype=torch.int64, device=sub.device)
     if params.max_top_k or params.any_top_p:
         k = min(vocab, max(params.max_top_k, candidates if params.any_top_p_only else 0))
-        keys = topk_values(logits=sub, k=k)  # [n, k] descending logits
+        keys = sub.topk(k, dim=-1).values  # [n, k] descending logits
         weights = torch.exp(keys / params.temperature - row_max[:, None])  # probabilities times the row's mass
         count, bound, need = _prefix_bound(keys, weights, params.top_k, params.top_p, params.top_p_only,
                                            mass[:, None] if params.any_top_p_only else None)

@@ -5,7 +5,7 @@ edges, -inf (grammar-masked) logits, and min-p."""
 import pytest
 import torch
 
-from triton_kernels.sampling import draw_kept, draw_kept_ref, row_stats, row_stats_ref, topk_values_ref
+from triton_kernels.sampling import draw_kept, draw_kept_ref, row_stats, row_stats_ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CHUNK = 64  # small chunks: several programs per row on the interpreter's small vocabularies
@@ -101,10 +101,6 @@ out["tie_count"] = compile_sm90(s._tie_count_kernel, types, consts, s.NUM_WARPS,
 for ties in (False, True):
     out[f"draw_kept ties {ties}"] = compile_sm90(s._draw_kept_kernel, types, dict(consts, TIES=ties, BLOCK_C=32),
                                                  s.NUM_WARPS, 1)
-for has_topk in (False, True):
-    out[f"chunk_topk tl.topk {has_topk}"] = compile_sm90(s._chunk_topk_kernel, dict(l_ptr="*fp32", out_ptr="*fp32",
-                                                         l_stride="i64"), dict(CHUNK=s.TOPK_CHUNK, K=s.TOPK_MAX,
-                                                         HAS_TOPK=has_topk), s.NUM_WARPS, 1)
 print(json.dumps(out))
 '''
 
@@ -114,20 +110,6 @@ def test_kernels_compile_for_hopper_without_spills():
     from tests.kernels.sm90 import compile_sm90_in_subprocess
 
     results = compile_sm90_in_subprocess(SM90_SCRIPT)
-    assert set(results) == {"row_stats", "tie_count", "draw_kept ties False", "draw_kept ties True",
-                            "chunk_topk tl.topk False", "chunk_topk tl.topk True"}
+    assert set(results) == {"row_stats", "tie_count", "draw_kept ties False", "draw_kept ties True"}
     assert all(spilled == 0 for _, spilled in results.values()), results
 
-
-@pytest.mark.parametrize("vocab,k,chunk,has_topk", [(300, 1, 64, True), (300, 13, 64, True), (300, 13, 64, False),
-                                                    (1000, 50, 256, True), (1000, 64, 256, False),
-                                                    (1000, 65, 256, True), (2500, 50, 2048, True)])
-def test_topk_values_match_ref(vocab, k, chunk, has_topk, monkeypatch):
-    """Chunk candidates then torch.topk: the same values, with ties, -inf and a partial last chunk; k above
-    TOPK_MAX goes to torch.topk. has_topk False: the sort fallback for Triton releases without tl.topk."""
-    from triton_kernels import sampling
-
-    monkeypatch.setattr(sampling, "HAS_TL_TOPK", has_topk and sampling.HAS_TL_TOPK)
-    logits = tied_logits(3, vocab, seed=vocab + k)
-    logits[1] = torch.randn(vocab, generator=torch.Generator().manual_seed(k)).to(DEVICE)
-    assert torch.equal(sampling.topk_values(logits=logits, k=k, chunk=chunk), topk_values_ref(logits=logits, k=k))
