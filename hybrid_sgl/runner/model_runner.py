@@ -239,8 +239,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _warm_up_sampler(self) -> None:
-        """Sample once at the largest batch the memory profile allowed for, with every filter, a seeded
-        and a greedy row: the first sampled steps would otherwise load the kernels (topk, scan, RNG and
+        """Sample at the largest batch the memory profile allowed for, once with every filter, a seeded
+        and a greedy row, once with temperature alone: the first sampled steps would otherwise compile
+        the sampling kernels (with and without top-k / top-p, two variants), load torch's (topk, RNG and
         the fallback sort) and grow the caching allocator by the [rows, V] temporaries. The default
         generator is left as it was."""
         rows = min(self.plan.max_running_requests, self.args.max_running_requests or 256)
@@ -250,8 +251,10 @@ class ModelRunner:
                 for i in range(rows)]
         reqs[min(2, rows - 1)].generator = torch.Generator(device=self.device).manual_seed(0)
         logits = torch.zeros(rows, self.config.vocab_size, device=self.device)  # flat: top_p needs the full sort
+        temperature_only = [Req(rid=f"warm-up-t{i}", prompt_ids=[0], params=knobs[0]) for i in range(rows)]
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            Sampler()(logits, reqs, self.config.eos_token_ids)
+            for batch in (reqs, temperature_only):
+                Sampler()(logits, batch, self.config.eos_token_ids)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
