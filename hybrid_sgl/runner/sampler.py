@@ -185,7 +185,7 @@ def _keep(probs: torch.Tensor, params: BatchParams, candidates: int) -> tuple[to
         past = params.top_p_only & (m[:, 0] == k)  # every candidate kept: the boundary may lie beyond
         if params.any_min_p:
             past &= vals[:, -1] >= threshold[:, 0]  # unless min-p already stops inside the candidates
-        fallback = past.nonzero().flatten().tolist()  # the only host sync, and only with such rows
+        fallback = past.nonzero().flatten().tolist()  # a host sync in every batch with a top_p-only row
     return keep, fallback
 
 
@@ -229,7 +229,7 @@ def _draw_with_kernels(sub: torch.Tensor, params: BatchParams, candidates: int) 
             past = params.top_p_only & (count[:, 0] == k)  # every candidate kept: the boundary may lie beyond
             if params.any_min_p:
                 past &= weights[:, -1] >= params.min_p[:, 0]  # unless min-p already stops inside the candidates
-            rows = past.nonzero().flatten()  # the only host sync, and only with such rows
+            rows = past.nonzero().flatten()  # a host sync in every batch with a top_p-only row
             if rows.numel():
                 keys = sub[rows].sort(dim=-1, descending=True).values
                 weights = torch.exp(keys / params.temperature[rows] - row_max[rows, None])
