@@ -6,7 +6,8 @@ argmax, at batch 1 / 32 / 64, with the parts of the Triton draw timed alone.
 Device time: the calls are queued behind a 50 ms sleep kernel, so the GPU runs them back to back and
 the host's launch time does not count (in serving, the overlap schedule launches sampling while the
 forward still runs, so device time is what a step pays). A call that waits for the device (top_p
-without top_k whose kept mass reaches past the candidates reads rows back) is timed with its wait.
+without top_k reads back which rows need the full sort) is timed with its wait. "+ group candidates"
+is the kernel path with GROUP_CANDIDATES on (the candidates through the group maxima, top_logits).
 The bytes column is the least the kernel path moves: the logits read three times (row statistics,
 torch.topk's candidates, draw), the noise written and read; % copy is against a device-to-device copy in the same
 run.
@@ -23,10 +24,11 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from hybrid_sgl.runner import sampler as sampler_module  # noqa: E402
 from hybrid_sgl.runner.sampler import Sampler  # noqa: E402
 from hybrid_sgl.sampling_params import SamplingParams  # noqa: E402
 from hybrid_sgl.scheduler.request import Req  # noqa: E402
-from triton_kernels.sampling import draw_kept, row_stats  # noqa: E402
+from triton_kernels.sampling import GROUP, draw_kept, row_stats, top_logits  # noqa: E402
 
 KNOBS = {
     "temperature 0.7": {"temperature": 0.7},
@@ -64,9 +66,9 @@ def main() -> None:
     a = p.parse_args()
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw:.2f} TB/s, vocabulary {a.vocab}, logits ~ N(0, {a.scale}^2)\n")
-    print("| batch | knobs | greedy argmax ms | torch path ms | kernels ms | kernels / torch | "
-          "row_stats ms | topk ms | noise ms | draw ms | bytes MB | kernels % copy |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| batch | knobs | greedy argmax ms | torch path ms | kernels ms | kernels / torch | + group candidates ms | "
+          "row_stats ms | topk ms | top_logits ms | noise ms | draw ms | bytes MB | kernels % copy |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for batch in a.batch:
         logits = torch.randn(batch, a.vocab, device="cuda") * a.scale
         greedy = time_ms(lambda: logits.argmax(dim=-1))  # noqa: B023 (timed before the loop moves on)
@@ -80,10 +82,16 @@ def row(logits: torch.Tensor, name: str, knobs: dict, greedy: float, bw: float) 
     torch_path, kernels = Sampler(kernels=False), Sampler(kernels=True)
     t_torch = time_ms(lambda: torch_path(logits, reqs, ()))
     t_kernels = time_ms(lambda: kernels(logits, reqs, ()))
+    sampler_module.GROUP_CANDIDATES = True  # the candidates through the group maxima (off by default)
+    t_groups = time_ms(lambda: Sampler(kernels=True)(logits, reqs, ()))
+    sampler_module.GROUP_CANDIDATES = False
     t = torch.full((batch,), knobs["temperature"], device="cuda")
     m, _ = row_stats(logits=logits, temperature=t)
     t_stats = time_ms(lambda: row_stats(logits=logits, temperature=t))
     t_topk = time_ms(lambda: logits.topk(50, dim=-1)) if "top_k" in knobs else 0.0
+    group_max = torch.empty(batch, -(-logits.shape[1] // GROUP), device="cuda")
+    row_stats(logits=logits, temperature=t, group_max=group_max)
+    t_top_logits = time_ms(lambda: top_logits(logits=logits, group_max=group_max, k=50)) if "top_k" in knobs else 0.0
     noise = torch.empty_like(logits)
     t_noise = time_ms(lambda: noise.exponential_())
     bound = torch.full((batch,), float("-inf"), device="cuda")
@@ -93,7 +101,8 @@ def row(logits: torch.Tensor, name: str, knobs: dict, greedy: float, bw: float) 
                                        min_p=zeros, ties=False))
     nbytes = 5 * logits.numel() * 4
     return (f"| {batch} | {name} | {greedy:.3f} | {t_torch:.3f} | {t_kernels:.3f} | {t_kernels / t_torch:.2f} | "
-            f"{t_stats:.3f} | {t_topk:.3f} | {t_noise:.3f} | {t_draw:.3f} | {nbytes / 1e6:.0f} | "
+            f"{t_groups:.3f} | {t_stats:.3f} | {t_topk:.3f} | {t_top_logits:.3f} | {t_noise:.3f} | {t_draw:.3f} | "
+            f"{nbytes / 1e6:.0f} | "
             f"{100 * nbytes / (t_kernels * 1e-3) / (bw * 1e12):.0f} |")
 
 

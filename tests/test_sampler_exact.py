@@ -11,6 +11,7 @@ import torch
 from hybrid_sgl.runner.sampler import BatchParams, Sampler, _filtered_probs, _keep, _kept_probs, sample, sample_ref
 from hybrid_sgl.sampling_params import SamplingParams
 from hybrid_sgl.scheduler.request import Req
+from triton_kernels.sampling import top_logits
 
 # distinct probabilities, so that the frequencies identify the distribution
 LOGITS = torch.tensor([2.0, 1.6, 1.3, 1.0, 0.7, 0.3, 0.0, -0.4, -0.9, -1.5])
@@ -171,6 +172,32 @@ def test_kernel_draws_in_mixed_batches():
             torch.manual_seed(seed)
             drawn[kernels] = sample(logits, reqs, eos_ids=(2,), mask=mask, candidates=3, kernels=kernels)
         assert torch.equal(drawn[True], drawn[False]), seed
+
+
+@interpreted
+@pytest.mark.parametrize("candidates", [16, 1024])  # 16: top_p rows past the candidates take the full sort
+def test_group_candidates_give_the_torch_draws(candidates, monkeypatch):
+    """The candidates found through the group maxima (GROUP_CANDIDATES) draw what the torch path draws."""
+    from hybrid_sgl.runner import sampler as sampler_module
+
+    calls = []
+    monkeypatch.setattr(sampler_module, "GROUP_CANDIDATES", True)
+    monkeypatch.setattr(sampler_module, "top_logits", lambda **kw: calls.append(kw["k"]) or top_logits(**kw))
+    rows, vocab = 12, 2048
+    logits = (torch.randn(rows, vocab, generator=torch.Generator().manual_seed(candidates)) * 3).bfloat16().float()
+    knobs = [{"temperature": 0.8, "top_k": 1}, {"temperature": 1.2, "top_k": 5, "min_p": 0.05},
+             {"temperature": 0.7, "top_k": 16, "top_p": 0.8}, {"temperature": 1.5, "top_p": 0.9},
+             {"temperature": 1.0, "top_p": 0.5, "min_p": 0.2}, {"temperature": 0.6}]
+    drawn = {}
+    for kernels in (False, True):
+        reqs = [Req(rid=str(i), prompt_ids=[0], params=SamplingParams.from_dict(knobs[i % len(knobs)]))
+                for i in range(rows)]
+        for i, r in enumerate(reqs[::3]):
+            r.generator = torch.Generator().manual_seed(i)
+        torch.manual_seed(8)
+        drawn[kernels] = sample(logits, reqs, (), candidates=candidates, kernels=kernels)
+    assert torch.equal(drawn[True], drawn[False])
+    assert calls == ([16] if candidates == 16 else [])  # 4 * 1024 * GROUP > V: torch.topk
 
 
 @interpreted

@@ -1,6 +1,10 @@
 """The two vocabulary-wide passes of sampling (runner/sampler.py), in logit space and without a sort.
 
-row_stats:  per row, m = max(logits / T) and the mass sum(exp(logits / T - m)), in one read.
+row_stats:  per row, m = max(logits / T) and the mass sum(exp(logits / T - m)), in one read; optionally
+            also the max logit of each group of GROUP consecutive tokens (top_logits' index).
+top_logits: the k largest logits of each row, from the group maxima: the k groups with the largest
+            maxima hold every one of the k largest values (torch.topk over [n, V / GROUP], a gather of
+            k * GROUP logits, torch.topk over those) where torch.topk over [n, V] makes several passes.
 draw_kept:  per row, the exponential race argmax_i w_i / E_i over the kept tokens, w_i = exp(l_i / T - m):
             kept = (l > bound) or (l == bound and among the first `need` such tokens by id), and w_i >= min_p
             (min-p relative to the largest probability, whose w is 1). Ties of the race go to the lower id.
@@ -20,17 +24,38 @@ import torch
 import triton
 import triton.language as tl
 
+GROUP = 16  # tokens per group maximum (top_logits)
 BLOCK = 1024  # vocabulary entries per loop step
 CHUNK = 8192  # vocabulary entries per program: a row takes ceil(V / CHUNK) programs
 NUM_WARPS = 4
 
 
-def row_stats_ref(*, logits: torch.Tensor, temperature: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def row_stats_ref(*, logits: torch.Tensor, temperature: torch.Tensor,
+                  group_max: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """logits: [n, V] float32; temperature: [n] float32 (> 0). Returns (m [n], mass [n]) float32:
-    m = max(logits / T), mass = sum(exp(logits / T - m))."""
+    m = max(logits / T), mass = sum(exp(logits / T - m)). group_max: None, or [n, ceil(V / GROUP)] float32
+    filled with the max logit of each group of GROUP tokens (the last group may be partial)."""
     scaled = logits / temperature[:, None]
     m = scaled.amax(dim=-1)
+    if group_max is not None:
+        n, vocab = logits.shape
+        padded = logits.new_full((n, group_max.shape[1] * GROUP), float("-inf"))
+        padded[:, :vocab] = logits
+        group_max.copy_(padded.view(n, -1, GROUP).amax(dim=-1))
     return m, torch.exp(scaled - m[:, None]).sum(dim=-1)
+
+
+def top_logits(*, logits: torch.Tensor, group_max: torch.Tensor, k: int) -> torch.Tensor:
+    """logits: [n, V] float32; group_max: [n, ceil(V / GROUP)] from row_stats; k <= ceil(V / GROUP).
+    Returns the k largest logits of each row [n, k], descending: the values torch.topk(logits, k) gives.
+    Every logit above the k-th largest value v lies in a group whose max is above v, and there are fewer
+    than k of those, so the k groups with the largest maxima hold them all, and (each selected group with
+    max v holding one) at least as many logits equal to v as the k largest have."""
+    n, vocab = logits.shape
+    groups = group_max.topk(k, dim=-1).indices  # [n, k]
+    offsets = (groups[:, :, None] * GROUP + torch.arange(GROUP, device=logits.device)).view(n, -1)  # [n, k * G]
+    values = logits.gather(1, offsets.clamp(max=vocab - 1)).masked_fill_(offsets >= vocab, float("-inf"))
+    return values.topk(k, dim=-1).values
 
 
 def draw_kept_ref(*, logits: torch.Tensor, noise: torch.Tensor, temperature: torch.Tensor, row_max: torch.Tensor,
@@ -46,9 +71,10 @@ def draw_kept_ref(*, logits: torch.Tensor, noise: torch.Tensor, temperature: tor
 
 
 @triton.jit
-def _row_stats_kernel(l_ptr, l_stride, t_ptr, part_m_ptr, part_s_ptr, vocab, num_chunks, CHUNK: tl.constexpr,
-                      BLOCK: tl.constexpr):
-    """Program (row, c): the max m_c of logits / T over chunk c of the row and sum(exp(logits / T - m_c))."""
+def _row_stats_kernel(l_ptr, l_stride, t_ptr, part_m_ptr, part_s_ptr, group_max_ptr, vocab, num_chunks, num_groups,
+                      CHUNK: tl.constexpr, BLOCK: tl.constexpr, GROUPS: tl.constexpr, GROUP: tl.constexpr):
+    """Program (row, c): the max m_c of logits / T over chunk c of the row and sum(exp(logits / T - m_c));
+    with GROUPS, the max logit of each group of GROUP tokens of the chunk."""
     row, c = tl.program_id(0).to(tl.int64), tl.program_id(1)
     t = tl.load(t_ptr + row)
     o = tl.arange(0, BLOCK)
@@ -56,6 +82,10 @@ def _row_stats_kernel(l_ptr, l_stride, t_ptr, part_m_ptr, part_s_ptr, vocab, num
     s_lane = tl.zeros([BLOCK], tl.float32)
     for start in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, vocab), BLOCK):
         x = tl.load(l_ptr + row * l_stride + start + o, mask=start + o < vocab, other=float("-inf"))
+        if GROUPS:
+            o_g = start // GROUP + tl.arange(0, BLOCK // GROUP)
+            tl.store(group_max_ptr + row * num_groups + o_g, tl.max(tl.reshape(x, (BLOCK // GROUP, GROUP)), 1),
+                     mask=o_g < num_groups)
         x = tl.math.div_rn(x, t)  # rounded as torch divides
         m_new = tl.maximum(m_lane, x)
         m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # a lane without a finite value yet stays at 0
@@ -67,20 +97,24 @@ def _row_stats_kernel(l_ptr, l_stride, t_ptr, part_m_ptr, part_s_ptr, vocab, num
     tl.store(part_s_ptr + row * num_chunks + c, tl.sum(s_lane * tl.exp(m_lane - m_ref), 0))
 
 
-def row_stats(*, logits: torch.Tensor, temperature: torch.Tensor,
+def row_stats(*, logits: torch.Tensor, temperature: torch.Tensor, group_max: torch.Tensor | None = None,
               chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same as row_stats_ref: the same max, and the mass up to summation order. Each program reduces one
-    chunk of a row; torch combines the [n, chunks] partials."""
+    """Same as row_stats_ref: the same max and group maxima, and the mass up to summation order. Each
+    program reduces one chunk of a row; torch combines the [n, chunks] partials."""
     n, vocab = logits.shape
     assert logits.dtype == torch.float32 and logits.stride(1) == 1, (logits.dtype, logits.stride())
-    block = min(BLOCK, chunk, triton.next_power_of_2(vocab))
+    block = max(min(BLOCK, chunk, triton.next_power_of_2(vocab)), GROUP)
+    assert chunk % block == 0, f"chunk {chunk} must be a multiple of the block {block}"
+    num_groups = triton.cdiv(vocab, GROUP)
+    assert group_max is None or (group_max.shape == (n, num_groups) and group_max.is_contiguous()), group_max.shape
     num_chunks = triton.cdiv(vocab, chunk)
     part_m = torch.empty(n, num_chunks, dtype=torch.float32, device=logits.device)
     part_s = torch.empty_like(part_m)
     if n:
         _row_stats_kernel[(n, num_chunks)](logits, logits.stride(0), temperature.reshape(-1).float().contiguous(),
-                                           part_m, part_s, vocab, num_chunks, CHUNK=chunk, BLOCK=block,
-                                           num_warps=NUM_WARPS)
+                                           part_m, part_s, part_m if group_max is None else group_max, vocab,
+                                           num_chunks, num_groups, CHUNK=chunk, BLOCK=block,
+                                           GROUPS=group_max is not None, GROUP=GROUP, num_warps=NUM_WARPS)
     m = part_m.amax(dim=-1)
     return m, (part_s * torch.exp(part_m - m[:, None])).sum(dim=-1)
 

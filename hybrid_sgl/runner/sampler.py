@@ -30,9 +30,12 @@ from dataclasses import dataclass
 import torch
 
 from hybrid_sgl.scheduler.request import Req
-from triton_kernels.sampling import draw_kept, row_stats
+from triton_kernels.sampling import GROUP, draw_kept, row_stats, top_logits
 
 CANDIDATES = 1024  # tokens searched for a top_p boundary before a row falls back to the full sort
+# kernels: find the candidates through the row statistics' group maxima (triton_kernels/sampling.py:
+# top_logits) instead of torch.topk over the vocabulary; off until measured on a GPU
+GROUP_CANDIDATES = False
 
 
 @dataclass
@@ -214,12 +217,17 @@ def _draw_with_kernels(sub: torch.Tensor, params: BatchParams, candidates: int) 
     reaches past them, of its fully sorted row), then the Triton draw."""
     n, vocab = sub.shape
     temperature = params.temperature[:, 0]
-    row_max, mass = row_stats(logits=sub, temperature=temperature)
+    filters = bool(params.max_top_k or params.any_top_p)
+    k = min(vocab, max(params.max_top_k, candidates if params.any_top_p_only else 0))
+    group_max = None
+    if GROUP_CANDIDATES and filters and 4 * k * GROUP <= vocab:
+        group_max = torch.empty(n, -(-vocab // GROUP), dtype=torch.float32, device=sub.device)
+    row_max, mass = row_stats(logits=sub, temperature=temperature, group_max=group_max)
     bound = sub.new_full((n, 1), float("-inf"))  # rows without top-k / top-p: every finite logit
     need = torch.zeros(n, 1, dtype=torch.int64, device=sub.device)
-    if params.max_top_k or params.any_top_p:
-        k = min(vocab, max(params.max_top_k, candidates if params.any_top_p_only else 0))
-        keys = sub.topk(k, dim=-1).values  # [n, k] descending logits
+    if filters:
+        # [n, k] descending logits
+        keys = sub.topk(k, dim=-1).values if group_max is None else top_logits(logits=sub, group_max=group_max, k=k)
         weights = torch.exp(keys / params.temperature - row_max[:, None])  # probabilities times the row's mass
         count, bound, need = _prefix_bound(keys, weights, params.top_k, params.top_p, params.top_p_only,
                                            mass[:, None] if params.any_top_p_only else None)
@@ -236,7 +244,7 @@ def _draw_with_kernels(sub: torch.Tensor, params: BatchParams, candidates: int) 
                 _, bound[rows], need[rows] = _prefix_bound(keys, weights, params.top_k[rows], params.top_p[rows],
                                                            params.top_p_only[rows], mass[rows, None])
     return draw_kept(logits=sub, noise=_noise(sub, params), temperature=temperature, row_max=row_max,
-                     bound=bound, need=need, min_p=params.min_p, ties=bool(params.max_top_k or params.any_top_p))
+                     bound=bound, need=need, min_p=params.min_p, ties=filters)
 
 
 def _noise(probs: torch.Tensor, params: BatchParams) -> torch.Tensor:

@@ -5,7 +5,7 @@ edges, -inf (grammar-masked) logits, and min-p."""
 import pytest
 import torch
 
-from triton_kernels.sampling import draw_kept, draw_kept_ref, row_stats, row_stats_ref
+from triton_kernels.sampling import GROUP, draw_kept, draw_kept_ref, row_stats, row_stats_ref, top_logits
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CHUNK = 64  # small chunks: several programs per row on the interpreter's small vocabularies
@@ -38,6 +38,29 @@ def test_row_stats_at_the_default_chunk():  # two chunks of several blocks
     ref_m, ref_mass = row_stats_ref(logits=logits, temperature=temperature)
     assert torch.equal(m, ref_m)
     torch.testing.assert_close(mass, ref_mass, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("vocab,chunk", [(300, CHUNK), (1000, CHUNK), (2500, 2048), (16, CHUNK)])
+def test_group_maxima_match_ref(vocab, chunk):
+    """Partial last groups, masked (-inf) logits, chunks of one and of several blocks."""
+    logits = tied_logits(4, vocab, seed=vocab)
+    logits[2] = torch.randn(vocab, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    temperature = torch.tensor([0.7, 1.0, 1.3, 2.0], device=DEVICE)
+    groups, ref_groups = (torch.full((4, -(-vocab // GROUP)), 7.0, device=DEVICE) for _ in range(2))
+    m, _ = row_stats(logits=logits, temperature=temperature, group_max=groups, chunk=chunk)
+    ref_m, _ = row_stats_ref(logits=logits, temperature=temperature, group_max=ref_groups)
+    assert torch.equal(m, ref_m)
+    assert torch.equal(groups, ref_groups)
+
+
+@pytest.mark.parametrize("vocab,k", [(300, 1), (300, 18), (1000, 7), (1000, 50), (4000, 64)])
+def test_top_logits_are_torch_topk_values(vocab, k):
+    """Many ties (the k-th value shared by several groups, some of them not selected), -inf, random rows."""
+    logits = tied_logits(4, vocab, seed=vocab + k)
+    logits[3] = torch.randn(vocab, generator=torch.Generator().manual_seed(k)).bfloat16().float().to(DEVICE)
+    groups = torch.empty(4, -(-vocab // GROUP), device=DEVICE)
+    row_stats_ref(logits=logits, temperature=torch.ones(4, device=DEVICE), group_max=groups)
+    assert torch.equal(top_logits(logits=logits, group_max=groups, k=k), logits.topk(k, dim=-1).values)
 
 
 @pytest.mark.parametrize("seed,vocab,chunk", [(0, 200, CHUNK), (1, 200, CHUNK), (2, 300, CHUNK), (3, 200, 8192),
@@ -94,9 +117,11 @@ from triton_kernels import sampling as s
 
 types = dict(l_ptr="*fp32", e_ptr="*fp32", t_ptr="*fp32", m_ptr="*fp32", mass_ptr="*fp32", bound_ptr="*fp32",
              need_ptr="*i64", min_p_ptr="*fp32", out_ptr="*i64", l_stride="i64", e_stride="i64")
-types.update(part_m_ptr="*fp32", part_s_ptr="*fp32", counts_ptr="*i32", keys_ptr="*i64")
+types.update(part_m_ptr="*fp32", part_s_ptr="*fp32", counts_ptr="*i32", keys_ptr="*i64", group_max_ptr="*fp32")
 consts = dict(CHUNK=s.CHUNK, BLOCK=s.BLOCK)
-out["row_stats"] = compile_sm90(s._row_stats_kernel, types, consts, s.NUM_WARPS, 1)
+for groups in (False, True):
+    out[f"row_stats groups {groups}"] = compile_sm90(s._row_stats_kernel, types, dict(consts, GROUPS=groups,
+                                                     GROUP=s.GROUP), s.NUM_WARPS, 1)
 out["tie_count"] = compile_sm90(s._tie_count_kernel, types, consts, s.NUM_WARPS, 1)
 for ties in (False, True):
     out[f"draw_kept ties {ties}"] = compile_sm90(s._draw_kept_kernel, types, dict(consts, TIES=ties, BLOCK_C=32),
@@ -110,6 +135,7 @@ def test_kernels_compile_for_hopper_without_spills():
     from tests.kernels.sm90 import compile_sm90_in_subprocess
 
     results = compile_sm90_in_subprocess(SM90_SCRIPT)
-    assert set(results) == {"row_stats", "tie_count", "draw_kept ties False", "draw_kept ties True"}
+    assert set(results) == {"row_stats groups False", "row_stats groups True", "tie_count", "draw_kept ties False",
+                            "draw_kept ties True"}
     assert all(spilled == 0 for _, spilled in results.values()), results
 
