@@ -9,6 +9,13 @@ offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py int
   timeout 300 python3 bench/offline.py --config "configs/$config" --skip-hf --out "$OUT/offline_$name.json" "$@" \
     2>&1 | quiet | tee "$OUT/offline_$name.md" | sed -n '/## Decode$/,/## End/p' | head -12
 }
+offline_with() {  # offline_with NAME SAMPLER_SETTING CONFIG ARGS...: offline with a runner/sampler.py switch set
+  local name=$1 setting=$2 config=$3; shift 3
+  timeout 300 python3 -c "import runpy, sys; import hybrid_sgl.runner.sampler as s; s.$setting = True; \
+    sys.argv = sys.argv[1:]; sys.path.insert(0, 'bench'); runpy.run_path('bench/offline.py', run_name='__main__')" \
+    bench/offline.py --config "configs/$config" --skip-hf --out "$OUT/offline_$name.json" "$@" 2>&1 | quiet \
+    | tee "$OUT/offline_$name.md" | sed -n '/## Decode$/,/## End/p' | head -12
+}
 
 for part in ${*:-tests}; do
   case $part in
@@ -142,20 +149,22 @@ for part in ${*:-tests}; do
         --sampling top_p=0.9 --sampling top_k=50
       [ -n "${TOP_P_ONLY:-}" ] && offline t07p09_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 \
         --sampling temperature=0.7 --sampling top_p=0.9 ;;
-    day3)  # the sampler's candidates through the group maxima (GROUP_CANDIDATES, off by default): CUDA tests,
-      # the sampler bench, 9B greedy against temperature 0.7 + top_p 0.9 + top_k 50 with the candidates by torch.topk
-      # and by group maxima, batch 1 / 32 / 64, same run
+    day3)  # the sampler's prepared switches (runner/sampler.py, off by default): GROUP_CANDIDATES and
+      # READBACK_FREE_TOP_P. CUDA tests, the sampler bench (peaked and flat rows), then 9B greedy against
+      # top_p+top_k (torch.topk / group candidates) and top_p alone (read-back / searched), batch 1 / 32 / 64
       timeout 150 python3 -m pytest -q -rfE -p no:cacheprovider tests/gpu/test_sampler_cuda.py \
         tests/kernels/test_sampling_kernels.py 2>&1 | tee "$OUT/tests_sampler.log" | tail -6
       timeout 120 python3 bench/sampler_kernels.py 2>&1 | tee "$OUT/sampler_kernels.md" | grep -E "^\||copy|Error"
+      timeout 60 python3 bench/sampler_kernels.py --scale 0.5 --batch 64 2>&1 | tee "$OUT/sampler_kernels_flat.md" \
+        | grep -E "^\||copy|Error"
       offline greedy_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128
-      offline t07p09k50_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 --sampling temperature=0.7 \
-        --sampling top_p=0.9 --sampling top_k=50
-      timeout 300 python3 -c "import runpy, sys; import hybrid_sgl.runner.sampler as s; s.GROUP_CANDIDATES = True; \
-        sys.argv = sys.argv[1:]; sys.path.insert(0, 'bench'); runpy.run_path('bench/offline.py', run_name='__main__')" bench/offline.py \
-        --config configs/qwen3_5-9b-text --skip-hf --out "$OUT/offline_t07p09k50_groups_9b.json" --batch 1,32,64 \
-        --prompt 1024 --output 128 --sampling temperature=0.7 --sampling top_p=0.9 --sampling top_k=50 2>&1 | quiet \
-        | tee "$OUT/offline_t07p09k50_groups_9b.md" | sed -n '/## Decode$/,/## End/p' | head -12 ;;
+      pk="--sampling temperature=0.7 --sampling top_p=0.9"
+      offline t07p09k50_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 $pk --sampling top_k=50
+      offline_with t07p09k50_groups_9b GROUP_CANDIDATES qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 \
+        $pk --sampling top_k=50
+      offline t07p09_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 $pk
+      offline_with t07p09_searched_9b READBACK_FREE_TOP_P qwen3_5-9b-text --batch 1,32,64 --prompt 1024 \
+        --output 128 $pk ;;
     next2)  # the prepared FP8 variants: the experts' fp16-operand / integer-widening GEMMs, the decode GEMMs
       timeout 250 python3 bench/moe_kernels.py --no-profile --no-tune --models 35B --fp8 --fp8-variants --tokens 1 8 \
         2>&1 | tee "$OUT/moe_fp8_variants.md" | grep -E "^\||Error" | head -40

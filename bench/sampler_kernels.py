@@ -7,7 +7,9 @@ Device time: the calls are queued behind a 50 ms sleep kernel, so the GPU runs t
 the host's launch time does not count (in serving, the overlap schedule launches sampling while the
 forward still runs, so device time is what a step pays). A call that waits for the device (top_p
 without top_k reads back which rows need the full sort) is timed with its wait. "+ group candidates"
-is the kernel path with GROUP_CANDIDATES on (the candidates through the group maxima, top_logits).
+is the kernel path with GROUP_CANDIDATES on (the candidates through the group maxima, top_logits);
+"+ readback-free top_p" with READBACK_FREE_TOP_P on (top_p_bound; --scale 0.5 gives flat rows, whose
+top_p boundary lies past the candidates).
 The bytes column is the least the kernel path moves: the logits read three times (row statistics,
 torch.topk's candidates, draw), the noise written and read; % copy is against a device-to-device copy in the same
 run.
@@ -67,8 +69,9 @@ def main() -> None:
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw:.2f} TB/s, vocabulary {a.vocab}, logits ~ N(0, {a.scale}^2)\n")
     print("| batch | knobs | greedy argmax ms | torch path ms | kernels ms | kernels / torch | + group candidates ms | "
-          "row_stats ms | topk ms | top_logits ms | noise ms | draw ms | bytes MB | kernels % copy |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "+ readback-free top_p ms | row_stats ms | topk ms | top_logits ms | noise ms | draw ms | bytes MB | "
+          "kernels % copy |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for batch in a.batch:
         logits = torch.randn(batch, a.vocab, device="cuda") * a.scale
         greedy = time_ms(lambda: logits.argmax(dim=-1))  # noqa: B023 (timed before the loop moves on)
@@ -85,6 +88,9 @@ def row(logits: torch.Tensor, name: str, knobs: dict, greedy: float, bw: float) 
     sampler_module.GROUP_CANDIDATES = True  # the candidates through the group maxima (off by default)
     t_groups = time_ms(lambda: Sampler(kernels=True)(logits, reqs, ()))
     sampler_module.GROUP_CANDIDATES = False
+    sampler_module.READBACK_FREE_TOP_P = True  # top_p rows past the candidates searched on the device
+    t_readback_free = time_ms(lambda: Sampler(kernels=True)(logits, reqs, ()))
+    sampler_module.READBACK_FREE_TOP_P = False
     t = torch.full((batch,), knobs["temperature"], device="cuda")
     m, _ = row_stats(logits=logits, temperature=t)
     t_stats = time_ms(lambda: row_stats(logits=logits, temperature=t))
@@ -101,7 +107,8 @@ def row(logits: torch.Tensor, name: str, knobs: dict, greedy: float, bw: float) 
                                        min_p=zeros, ties=False))
     nbytes = 5 * logits.numel() * 4
     return (f"| {batch} | {name} | {greedy:.3f} | {t_torch:.3f} | {t_kernels:.3f} | {t_kernels / t_torch:.2f} | "
-            f"{t_groups:.3f} | {t_stats:.3f} | {t_topk:.3f} | {t_top_logits:.3f} | {t_noise:.3f} | {t_draw:.3f} | "
+            f"{t_groups:.3f} | {t_readback_free:.3f} | {t_stats:.3f} | {t_topk:.3f} | {t_top_logits:.3f} | "
+            f"{t_noise:.3f} | {t_draw:.3f} | "
             f"{nbytes / 1e6:.0f} | "
             f"{100 * nbytes / (t_kernels * 1e-3) / (bw * 1e12):.0f} |")
 

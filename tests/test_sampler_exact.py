@@ -201,6 +201,27 @@ def test_group_candidates_give_the_torch_draws(candidates, monkeypatch):
 
 
 @interpreted
+@pytest.mark.parametrize("name", ["top_p", "top_p_past_candidates", "seeded", "combined"])
+def test_readback_free_top_p_gives_the_torch_draws(name, monkeypatch):
+    """READBACK_FREE_TOP_P: the rows past the candidates searched by a kernel, with nothing read back."""
+    from hybrid_sgl.runner import sampler as sampler_module
+
+    params, seed, candidates = CONFIGS[name]
+    rows = 64
+    logits = (LOGITS + torch.randn(rows, len(LOGITS), generator=torch.Generator().manual_seed(4)) * 0.3).bfloat16()
+    logits = logits.float()
+    drawn = {}
+    for kernels in (False, True):
+        torch.manual_seed(5)
+        with monkeypatch.context() as patch:
+            if kernels:
+                patch.setattr(sampler_module, "READBACK_FREE_TOP_P", True)
+                patch.setattr(torch.Tensor, "nonzero", lambda *a, **k: pytest.fail("read back"))
+            drawn[kernels] = sample(logits, reqs_of(params, rows, seed), (), candidates=candidates, kernels=kernels)
+    assert torch.equal(drawn[True], drawn[False]), name
+
+
+@interpreted
 def test_kernel_draws_keep_the_lower_ids_of_ties():
     flat = torch.zeros(40, 10)
     for params, kept in (({"top_k": 3}, {0, 1, 2}), ({"top_p": 0.25}, {0, 1, 2})):

@@ -1,7 +1,9 @@
-"""The two vocabulary-wide passes of sampling (runner/sampler.py), in logit space and without a sort.
+"""The vocabulary-wide passes of sampling (runner/sampler.py), in logit space and without a sort.
 
 row_stats:  per row, m = max(logits / T) and the mass sum(exp(logits / T - m)), in one read; optionally
             also the max logit of each group of GROUP consecutive tokens (top_logits' index).
+top_p_bound: for the rows flagged on the device, the top-p boundary searched over the ordered float keys
+            (WAYS thresholds per read of the row), so the host never reads back which rows need it.
 top_logits: the k largest logits of each row, from the group maxima: the k groups with the largest
             maxima hold every one of the k largest values (torch.topk over [n, V / GROUP], a gather of
             k * GROUP logits, torch.topk over those) where torch.topk over [n, V] makes several passes.
@@ -26,6 +28,7 @@ import triton.language as tl
 
 GROUP = 16  # tokens per group maximum (top_logits)
 BLOCK = 1024  # vocabulary entries per loop step
+BOUND_BLOCK = 256  # top_p_bound's loop step (times WAYS thresholds per entry)
 CHUNK = 8192  # vocabulary entries per program: a row takes ceil(V / CHUNK) programs
 NUM_WARPS = 4
 
@@ -197,3 +200,100 @@ def draw_kept(*, logits: torch.Tensor, noise: torch.Tensor, temperature: torch.T
                                            CHUNK=chunk, BLOCK=block, BLOCK_C=triton.next_power_of_2(num_chunks),
                                            num_warps=NUM_WARPS)
     return 0xFFFFFFFF - (keys & 0xFFFFFFFF)
+
+
+def top_p_bound_ref(*, logits: torch.Tensor, temperature: torch.Tensor, row_max: torch.Tensor, target: torch.Tensor,
+                    flag: torch.Tensor, bound: torch.Tensor, need: torch.Tensor) -> None:
+    """The top-p boundary of the flagged rows, from their fully sorted logits, written into bound and need.
+    logits: [n, V] float32; temperature, row_max, target: [n] float32, target = top_p times the row's mass
+    sum(exp(logits / T - row_max)); flag: [n] bool; bound: [n] float32 and need: [n] int64, changed in the
+    flagged rows only: the smallest kept logit, and how many logits equal to it are kept (the lowest ids),
+    where a token is kept while the mass before it in the sorted row is at most target."""
+    rows = flag.nonzero().flatten()
+    keys = logits[rows].sort(dim=-1, descending=True).values
+    w = torch.exp(keys / temperature[rows, None] - row_max[rows, None])
+    count = ((w.cumsum(dim=-1) - w) <= target[rows, None]).sum(dim=-1, keepdim=True)
+    b = keys.gather(1, count - 1)
+    bound[rows] = b[:, 0]
+    need[rows] = (count - (keys > b).sum(dim=-1, keepdim=True))[:, 0]
+
+
+@triton.jit
+def _ordered_key(x):
+    """float32 -> int32 in the same order (-inf lowest; NaN never occurs here); its own inverse on bits."""
+    bits = x.to(tl.int32, bitcast=True)
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
+def _key_value(key):
+    """int64 keys of _ordered_key (in int32 range) -> their float32 values."""
+    bits = key.to(tl.int32)
+    return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _mass_above(l_ptr, l_stride, row, vocab, t, m, v, BLOCK: tl.constexpr, WAYS: tl.constexpr):
+    """v: [WAYS] float32 thresholds. Returns [WAYS]: sum of exp(l / T - m) over the row's logits l > v."""
+    o = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK, WAYS], tl.float32)
+    for start in range(0, vocab, BLOCK):
+        x = tl.load(l_ptr + row * l_stride + start + o, mask=start + o < vocab, other=float("-inf"))
+        w = tl.exp(tl.math.div_rn(x, t) - m)
+        acc += tl.where(x[:, None] > v[None, :], w[:, None], 0.0)
+    return tl.sum(acc, 0)
+
+
+@triton.jit
+def _top_p_bound_kernel(l_ptr, l_stride, t_ptr, m_ptr, target_ptr, flag_ptr, bound_ptr, need_ptr, vocab,
+                        BLOCK: tl.constexpr, WAYS: tl.constexpr):
+    """Program row, for a flagged row: a WAYS-ary search over the ordered float32 keys for the smallest key
+    whose value v has mass(logits > v) <= target; the bound is the smallest logit at or above it, and its
+    ties are kept while the mass before them stays within target. Unflagged rows return at once."""
+    row = tl.program_id(0).to(tl.int64)
+    if tl.load(flag_ptr + row) != 0:
+        t = tl.load(t_ptr + row)
+        m = tl.load(m_ptr + row)
+        target = tl.load(target_ptr + row)
+        lo = _ordered_key(tl.full([], float("-inf"), tl.float32)).to(tl.int64)  # mass above -inf: all
+        hi = _ordered_key(tl.full([], float("inf"), tl.float32)).to(tl.int64)  # mass above +inf: none
+        o_w = tl.arange(0, WAYS)
+        while hi - lo > 1:  # invariant: mass above value(lo) > target >= mass above value(hi)
+            step = tl.maximum((hi - lo) // WAYS, 1)
+            keys = tl.where(o_w == WAYS - 1, hi, tl.minimum(lo + (o_w + 1) * step, hi))  # [WAYS] in (lo, hi]
+            fits = _mass_above(l_ptr, l_stride, row, vocab, t, m, _key_value(keys), BLOCK, WAYS) <= target
+            first = tl.min(tl.where(fits, o_w, WAYS - 1), 0)  # the first probe that fits (hi, the last, does)
+            hi = tl.minimum(tl.sum(tl.where(o_w == first, keys, 0), 0), hi)
+            lo = tl.where(first > 0, tl.sum(tl.where(o_w == first - 1, keys, 0), 0), lo)
+        v0 = _key_value(hi)
+        o = tl.arange(0, BLOCK)
+        b_lane = tl.full([BLOCK], float("inf"), tl.float32)
+        for start in range(0, vocab, BLOCK):
+            x = tl.load(l_ptr + row * l_stride + start + o, mask=start + o < vocab, other=float("-inf"))
+            b_lane = tl.minimum(b_lane, tl.where(x >= v0, x, float("inf")))
+        b = tl.min(b_lane, 0)
+        above = tl.zeros([BLOCK], tl.float32)
+        ties = tl.zeros([BLOCK], tl.int32)
+        for start in range(0, vocab, BLOCK):
+            x = tl.load(l_ptr + row * l_stride + start + o, mask=start + o < vocab, other=float("-inf"))
+            above += tl.where(x > b, tl.exp(tl.math.div_rn(x, t) - m), 0.0)
+            ties += (x == b).to(tl.int32)
+        w_b = tl.exp(tl.math.div_rn(b, t) - m)
+        room = tl.minimum((target - tl.sum(above, 0)) / w_b, vocab).to(tl.int32) + 1  # ties whose mass before fits
+        tl.store(bound_ptr + row, b)
+        tl.store(need_ptr + row, tl.maximum(tl.minimum(tl.sum(ties, 0), room), 1).to(tl.int64))
+
+
+def top_p_bound(*, logits: torch.Tensor, temperature: torch.Tensor, row_max: torch.Tensor, target: torch.Tensor,
+                flag: torch.Tensor, bound: torch.Tensor, need: torch.Tensor, ways: int = 16) -> None:
+    """Same as top_p_bound_ref, without reading the flags back to the host: one program per row, which
+    returns at once unless its row is flagged, and otherwise searches with WAYS thresholds per read of the
+    row (ceil(32 / log2(WAYS)) reads, then two more). The bound is the same logit; need may differ from the
+    reference's where a tie's preceding mass is within rounding of target (summation order)."""
+    n, vocab = logits.shape
+    assert logits.dtype == torch.float32 and logits.stride(1) == 1 and bound.is_contiguous() and need.is_contiguous()
+    if n:
+        _top_p_bound_kernel[(n,)](logits, logits.stride(0), temperature.reshape(-1).float().contiguous(),
+                                  row_max.reshape(-1).float().contiguous(), target.reshape(-1).float().contiguous(),
+                                  flag.reshape(-1).to(torch.int8), bound, need, vocab, BLOCK=BOUND_BLOCK, WAYS=ways,
+                                  num_warps=NUM_WARPS)

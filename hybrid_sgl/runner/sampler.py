@@ -30,12 +30,16 @@ from dataclasses import dataclass
 import torch
 
 from hybrid_sgl.scheduler.request import Req
-from triton_kernels.sampling import GROUP, draw_kept, row_stats, top_logits
+from triton_kernels.sampling import GROUP, draw_kept, row_stats, top_logits, top_p_bound
 
 CANDIDATES = 1024  # tokens searched for a top_p boundary before a row falls back to the full sort
 # kernels: find the candidates through the row statistics' group maxima (triton_kernels/sampling.py:
 # top_logits) instead of torch.topk over the vocabulary; off until measured on a GPU
 GROUP_CANDIDATES = False
+# kernels: the boundary of top_p rows whose kept mass reaches past the candidates searched on the device
+# (triton_kernels/sampling.py: top_p_bound) instead of reading those rows back and sorting them, which
+# stops the overlap schedule in every batch with a top_p-only row; off until measured on a GPU
+READBACK_FREE_TOP_P = False
 
 
 @dataclass
@@ -213,8 +217,8 @@ def _prefix_bound(keys: torch.Tensor, weights: torch.Tensor, top_k: torch.Tensor
 
 def _draw_with_kernels(sub: torch.Tensor, params: BatchParams, candidates: int) -> torch.Tensor:
     """sub: [n, V] float32 logits of the sampled rows. The token each row draws [n] int64: the boundary
-    of top-k / top-p among the torch.topk candidates of the logits (or, for a top_p row whose kept mass
-    reaches past them, of its fully sorted row), then the Triton draw."""
+    of top-k / top-p among the largest logits (for a top_p row whose kept mass reaches past them: of its
+    fully sorted row, or searched by a kernel with READBACK_FREE_TOP_P), then the Triton draw."""
     n, vocab = sub.shape
     temperature = params.temperature[:, 0]
     filters = bool(params.max_top_k or params.any_top_p)
@@ -237,8 +241,10 @@ def _draw_with_kernels(sub: torch.Tensor, params: BatchParams, candidates: int) 
             past = params.top_p_only & (count[:, 0] == k)  # every candidate kept: the boundary may lie beyond
             if params.any_min_p:
                 past &= weights[:, -1] >= params.min_p[:, 0]  # unless min-p already stops inside the candidates
-            rows = past.nonzero().flatten()  # a host sync in every batch with a top_p-only row
-            if rows.numel():
+            if READBACK_FREE_TOP_P:  # those rows searched on the device
+                top_p_bound(logits=sub, temperature=temperature, row_max=row_max, target=params.top_p[:, 0] * mass,
+                            flag=past, bound=bound.view(-1), need=need.view(-1))
+            elif (rows := past.nonzero().flatten()).numel():  # a host sync in every batch with a top_p-only row
                 keys = sub[rows].sort(dim=-1, descending=True).values
                 weights = torch.exp(keys / params.temperature[rows] - row_max[rows, None])
                 _, bound[rows], need[rows] = _prefix_bound(keys, weights, params.top_k[rows], params.top_p[rows],

@@ -17,11 +17,12 @@ VOCAB = 248_320
                                    {"temperature": 0.7, "top_p": 0.9}, {"temperature": 1.2, "min_p": 0.05},
                                    {"temperature": 0.7, "top_k": 50, "top_p": 0.9, "min_p": 0.05}])
 @pytest.mark.parametrize("scale", [0.5, 4.0])  # flat rows (top_p past the candidates) and peaked ones
-@pytest.mark.parametrize("groups", [False, True])  # candidates by torch.topk, or through the group maxima
-def test_kernel_draws_are_the_torch_draws_at_the_real_vocabulary(knobs, scale, groups, monkeypatch):
+@pytest.mark.parametrize("switch", [None, "GROUP_CANDIDATES", "READBACK_FREE_TOP_P"])  # runner/sampler.py's
+def test_kernel_draws_are_the_torch_draws_at_the_real_vocabulary(knobs, scale, switch, monkeypatch):
     from hybrid_sgl.runner import sampler as sampler_module
 
-    monkeypatch.setattr(sampler_module, "GROUP_CANDIDATES", groups)
+    if switch is not None:
+        monkeypatch.setattr(sampler_module, switch, True)
     rows = 48
     gen = torch.Generator(device="cuda").manual_seed(7)
     logits = (torch.randn(rows, VOCAB, device="cuda", generator=gen) * scale).bfloat16().float()  # bf16 ties

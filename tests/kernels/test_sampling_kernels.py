@@ -5,7 +5,16 @@ edges, -inf (grammar-masked) logits, and min-p."""
 import pytest
 import torch
 
-from triton_kernels.sampling import GROUP, draw_kept, draw_kept_ref, row_stats, row_stats_ref, top_logits
+from triton_kernels.sampling import (
+    GROUP,
+    draw_kept,
+    draw_kept_ref,
+    row_stats,
+    row_stats_ref,
+    top_logits,
+    top_p_bound,
+    top_p_bound_ref,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CHUNK = 64  # small chunks: several programs per row on the interpreter's small vocabularies
@@ -112,6 +121,34 @@ def test_ties_of_the_race_go_to_the_lower_id():
     assert torch.equal(draw_kept(**args, chunk=CHUNK), draw_kept_ref(**args))
 
 
+@pytest.mark.parametrize("vocab,ways", [(300, 16), (2000, 16), (2000, 4)])
+def test_top_p_bound_matches_ref(vocab, ways):
+    """Flat, peaked, tied (bf16-rounded and few-valued) and masked rows at several top_p; unflagged rows
+    keep their bound and need."""
+    gen = torch.Generator().manual_seed(vocab + ways)
+    rows = [torch.randn(vocab, generator=gen) * 0.5, torch.randn(vocab, generator=gen) * 4,
+            (torch.randn(vocab, generator=gen) * 2).bfloat16().float(), tied_logits(1, vocab, seed=ways)[0].cpu(),
+            torch.zeros(vocab), torch.randn(vocab, generator=gen)]
+    logits = torch.stack(rows).to(DEVICE)
+    n = logits.shape[0]
+    temperature = torch.tensor([0.7, 1.0, 1.3, 1.0, 1.0, 0.9], device=DEVICE)
+    top_p = torch.tensor([0.9, 0.5, 0.95, 0.6, 0.3, 0.999], device=DEVICE)
+    row_max, mass = row_stats_ref(logits=logits, temperature=temperature)
+    flag = torch.tensor([True, True, True, True, True, False], device=DEVICE)
+    out = {}
+    for name, fn in (("kernel", top_p_bound), ("ref", top_p_bound_ref)):
+        bound = torch.full((n,), -7.0, device=DEVICE)
+        need = torch.full((n,), -1, dtype=torch.int64, device=DEVICE)
+        kw = dict(ways=ways) if name == "kernel" else {}
+        fn(logits=logits, temperature=temperature, row_max=row_max, target=top_p * mass, flag=flag, bound=bound,
+           need=need, **kw)
+        out[name] = bound, need
+    assert torch.equal(out["kernel"][0], out["ref"][0]), out
+    assert torch.equal(out["kernel"][1], out["ref"][1]), out
+    assert out["kernel"][0][-1] == -7.0 and out["kernel"][1][-1] == -1  # the unflagged row is untouched
+    assert out["kernel"][1][4] == int(0.3 * vocab) + 1  # a flat row: ties kept while their mass before fits
+
+
 SM90_SCRIPT = r'''
 from triton_kernels import sampling as s
 
@@ -126,6 +163,9 @@ out["tie_count"] = compile_sm90(s._tie_count_kernel, types, consts, s.NUM_WARPS,
 for ties in (False, True):
     out[f"draw_kept ties {ties}"] = compile_sm90(s._draw_kept_kernel, types, dict(consts, TIES=ties, BLOCK_C=32),
                                                  s.NUM_WARPS, 1)
+out["top_p_bound"] = compile_sm90(s._top_p_bound_kernel, dict(types, target_ptr="*fp32", flag_ptr="*i8",
+                                                                bound_ptr="*fp32", need_ptr="*i64"),
+                                  dict(BLOCK=s.BOUND_BLOCK, WAYS=16), s.NUM_WARPS, 1)
 print(json.dumps(out))
 '''
 
@@ -136,6 +176,6 @@ def test_kernels_compile_for_hopper_without_spills():
 
     results = compile_sm90_in_subprocess(SM90_SCRIPT)
     assert set(results) == {"row_stats groups False", "row_stats groups True", "tie_count", "draw_kept ties False",
-                            "draw_kept ties True"}
+                            "draw_kept ties True", "top_p_bound"}
     assert all(spilled == 0 for _, spilled in results.values()), results
 
