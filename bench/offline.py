@@ -13,7 +13,9 @@ measured on their own steps:
   measured copy bandwidth), see bench/roofline.py;
 - prefill tok/s and MFU: prompt tokens / wall time of the extend steps, FLOPs of those steps /
   their wall time / measured matmul peak;
-- step overhead: per decode step, device time of the model forward vs the rest (host_ms).
+- step overhead: per decode step, device time of the model forward vs the rest (host_ms); in the
+  JSON also the 90th percentile and slowest step, and the steps over 1.2x the median with the time
+  they add (where a mean-based tok/s parts from the median step).
 HF runs for --hf-batches only, after our engine is shut down and freed.
 """
 
@@ -127,9 +129,13 @@ def decode_summary(records, batch: int, cost, ceilings) -> dict:
     medians = {f"{name}_ms": _median_ms([getattr(r, attr) for r in steps]) for name, attr in (
         ("step", "wall_s"), ("forward", "forward_s"), ("host", "host_s"), ("schedule", "schedule_s"),
         ("build", "build_s"), ("run_host", "run_s"))}
+    walls = sorted(r.wall_s for r in steps)
+    slow = [w for w in walls if w > 1.2 * statistics.median(walls)]  # steps that pull the mean off the median
     return {"steps": len(steps), "whole_batch": whole_batch, "tok_s": tokens / wall,
             "roofline_tok_s": tokens / roof_s, "roofline_fraction": roof_s / wall,
             "bytes_per_step": moved / len(steps), **medians,
+            "step_p90_ms": 1e3 * walls[int(0.9 * (len(walls) - 1))], "step_max_ms": 1e3 * walls[-1],
+            "slow_steps": len(slow), "slow_steps_excess_ms": 1e3 * (sum(slow) - len(slow) * statistics.median(walls)),
             "forward_kind": statistics.mode([r.forward_kind for r in steps])}
 
 

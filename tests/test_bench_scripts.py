@@ -35,6 +35,8 @@ def test_offline_reports_decode_prefill_and_step_times(tmp_path):
     assert decode["whole_batch"] and decode["steps"] == 3  # 4 tokens: the first comes from the prefill step
     assert decode["tok_s"] > 0 and decode["roofline_fraction"] > 0
     assert decode["forward_ms"] > 0 and decode["step_ms"] >= decode["forward_ms"]
+    assert decode["step_max_ms"] >= decode["step_p90_ms"] >= decode["step_ms"] and decode["slow_steps"] <= 3
+    assert decode["slow_steps_excess_ms"] >= 0
     assert prefill["tokens"] == 8 and prefill["tok_s"] > 0 and prefill["mfu"] > 0
     assert result["hf"] == {"skipped": "--skip-hf"}
     for heading in ("## Decode", "## Prefill", "## Decode step time", "| 1 | 8 |"):
