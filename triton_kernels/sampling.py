@@ -288,8 +288,8 @@ def top_p_bound(*, logits: torch.Tensor, temperature: torch.Tensor, row_max: tor
                 flag: torch.Tensor, bound: torch.Tensor, need: torch.Tensor, ways: int = 16) -> None:
     """Same as top_p_bound_ref, without reading the flags back to the host: one program per row, which
     returns at once unless its row is flagged, and otherwise searches with WAYS thresholds per read of the
-    row (ceil(32 / log2(WAYS)) reads, then two more). The bound is the same logit; need may differ from the
-    reference's where a tie's preceding mass is within rounding of target (summation order)."""
+    row (about 32 / log2(WAYS) reads, then two more). Bound and need are the reference's except where target
+    is within rounding of a cumulative mass (the two sum in different orders)."""
     n, vocab = logits.shape
     assert logits.dtype == torch.float32 and logits.stride(1) == 1 and bound.is_contiguous() and need.is_contiguous()
     if n:
