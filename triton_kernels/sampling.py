@@ -210,6 +210,8 @@ def top_p_bound_ref(*, logits: torch.Tensor, temperature: torch.Tensor, row_max:
     flagged rows only: the smallest kept logit, and how many logits equal to it are kept (the lowest ids),
     where a token is kept while the mass before it in the sorted row is at most target."""
     rows = flag.nonzero().flatten()
+    if not rows.numel():
+        return
     keys = logits[rows].sort(dim=-1, descending=True).values
     w = torch.exp(keys / temperature[rows, None] - row_max[rows, None])
     count = ((w.cumsum(dim=-1) - w) <= target[rows, None]).sum(dim=-1, keepdim=True)

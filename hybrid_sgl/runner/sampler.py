@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from hybrid_sgl.scheduler.request import Req
-from triton_kernels.sampling import GROUP, draw_kept, row_stats, top_logits, top_p_bound
+from triton_kernels.sampling import GROUP, draw_kept, row_stats, top_logits, top_p_bound, top_p_bound_ref
 
 CANDIDATES = 1024  # tokens searched for a top_p boundary before a row falls back to the full sort
 # kernels: find the candidates through the row statistics' group maxima (triton_kernels/sampling.py:
@@ -227,9 +227,9 @@ def _draw_with_kernels(sub: torch.Tensor, params: BatchParams, candidates: int) 
     if GROUP_CANDIDATES and filters and 4 * k * GROUP <= vocab:
         group_max = torch.empty(n, -(-vocab // GROUP), dtype=torch.float32, device=sub.device)
     row_max, mass = row_stats(logits=sub, temperature=temperature, group_max=group_max)
-    bound = sub.new_full((n, 1), float("-inf"))  # rows without top-k / top-p: every finite logit
-    need = torch.zeros(n, 1, dtype=torch.int64, device=sub.device)
-    if filters:
+    if not filters:  # every finite logit
+        bound, need = sub.new_full((n, 1), float("-inf")), torch.zeros(n, 1, dtype=torch.int64, device=sub.device)
+    else:
         # [n, k] descending logits
         keys = sub.topk(k, dim=-1).values if group_max is None else top_logits(logits=sub, group_max=group_max, k=k)
         weights = torch.exp(keys / params.temperature - row_max[:, None])  # probabilities times the row's mass
@@ -241,14 +241,11 @@ def _draw_with_kernels(sub: torch.Tensor, params: BatchParams, candidates: int) 
             past = params.top_p_only & (count[:, 0] == k)  # every candidate kept: the boundary may lie beyond
             if params.any_min_p:
                 past &= weights[:, -1] >= params.min_p[:, 0]  # unless min-p already stops inside the candidates
-            if READBACK_FREE_TOP_P:  # those rows searched on the device
-                top_p_bound(logits=sub, temperature=temperature, row_max=row_max, target=params.top_p[:, 0] * mass,
-                            flag=past, bound=bound.view(-1), need=need.view(-1))
-            elif (rows := past.nonzero().flatten()).numel():  # a host sync in every batch with a top_p-only row
-                keys = sub[rows].sort(dim=-1, descending=True).values
-                weights = torch.exp(keys / params.temperature[rows] - row_max[rows, None])
-                _, bound[rows], need[rows] = _prefix_bound(keys, weights, params.top_k[rows], params.top_p[rows],
-                                                           params.top_p_only[rows], mass[rows, None])
+            # those rows searched on the device, or (the reference) read back and fully sorted: a host sync in
+            # every batch with a top_p-only row
+            (top_p_bound if READBACK_FREE_TOP_P else top_p_bound_ref)(
+                logits=sub, temperature=temperature, row_max=row_max, target=params.top_p[:, 0] * mass, flag=past,
+                bound=bound.view(-1), need=need.view(-1))
     return draw_kept(logits=sub, noise=_noise(sub, params), temperature=temperature, row_max=row_max,
                      bound=bound, need=need, min_p=params.min_p, ties=filters)
 
