@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [day3|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -110,20 +110,8 @@ for part in ${*:-tests}; do
           | tee "$OUT/moe_tune$fp8.md" | grep -E "^\||tuning|^  [0-9]" | head -60
       done
       timeout 200 python3 bench/fp8_decode_variants.py 2>&1 | tee "$OUT/fp8_decode_variants.md" | grep -E "^\||copy|Error" ;;
-    next1)  # the prepared bf16 decode variants, in one call: router configs, MoE configs with the w2 prefetch
-      # (35B, T 1 and 8), the w2 prefetch's CUDA test, a GEMV chain with and without PDL; then where sampled
-      # decode spends its time
-      timeout 60 python3 -m pytest -q -rfE -p no:cacheprovider tests/gpu/test_fused_moe_cuda.py -k prefetch 2>&1 \
-        | tee "$OUT/tests_prefetch.log" | tail -4
-      timeout 150 python3 bench/route_kernel.py --tokens 1 8 2>&1 | tee "$OUT/route_kernel.md" | grep -E "^\||copy"
-      timeout 150 python3 bench/moe_kernels.py --no-profile --models 35B --tokens 1 8 2>&1 | tee "$OUT/moe_tune.md" \
-        | grep -E "^\||tuning|^  [0-9]" | head -40
-      timeout 90 python3 bench/pdl_chain.py 2>&1 | tee "$OUT/pdl_chain.md" | grep -E "^\||copy"
-      left=$((560 - SECONDS)); [ $left -gt 60 ] && for sampling in "" "--sampling temperature=0.7 --sampling top_p=0.9 \
-        --sampling top_k=50"; do timeout $((left / 2)) python3 bench/decode_profile.py --batch 64 --graphs --top 25 \
-        $sampling 2>&1 | quiet | tee -a "$OUT/profile_9b_b64_sampling.md" | tail -30; done ;;
-    day2a)  # where sampled decode spends its time (9B, batch 64), the CUDA tests of the top-k / router / prefetch
-      # changes, the router's launch configs
+    day2a)  # where sampled decode spends its time (9B, batch 64), the CUDA tests of the top-k / router changes,
+      # the router's launch configs
       for sampling in "" "--sampling temperature=0.7 --sampling top_p=0.9 --sampling top_k=50"; do
         timeout 120 python3 bench/decode_profile.py --batch 64 --graphs --top 25 $sampling 2>&1 | quiet \
           | tee -a "$OUT/profile_9b_b64_sampling.md" | tail -30
@@ -132,7 +120,7 @@ for part in ${*:-tests}; do
         tests/gpu/test_fused_moe_cuda.py tests/kernels/test_fused_moe.py 2>&1 | tee "$OUT/tests_changed.log" | tail -12
       left=$((560 - SECONDS)); [ $left -gt 30 ] && timeout $left python3 bench/route_kernel.py --tokens 1 8 2>&1 \
         | tee "$OUT/route_kernel.md" | grep -E "^\||copy" ;;
-    day2b)  # the fused MoE's configs with the w2 prefetch (35B, T 1 and 8), the PDL chain, the FP8 experts' variants
+    day2b)  # the fused MoE's configs (35B, T 1 and 8), the PDL chain, the FP8 experts' variants
       timeout 160 python3 bench/moe_kernels.py --no-profile --models 35B --tokens 1 8 2>&1 | tee "$OUT/moe_tune.md" \
         | grep -E "^\||tuning|^  [0-9]" | head -40
       timeout 100 python3 bench/pdl_chain.py 2>&1 | tee "$OUT/pdl_chain.md" | grep -E "^\||copy"
@@ -165,10 +153,6 @@ for part in ${*:-tests}; do
       offline t07p09_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 $pk
       offline_with t07p09_searched_9b READBACK_FREE_TOP_P qwen3_5-9b-text --batch 1,32,64 --prompt 1024 \
         --output 128 $pk ;;
-    next2)  # the prepared FP8 variants: the experts' fp16-operand / integer-widening GEMMs, the decode GEMMs
-      timeout 250 python3 bench/moe_kernels.py --no-profile --no-tune --models 35B --fp8 --fp8-variants --tokens 1 8 \
-        2>&1 | tee "$OUT/moe_fp8_variants.md" | grep -E "^\||Error" | head -40
-      timeout 250 python3 bench/fp8_decode_variants.py 2>&1 | tee "$OUT/fp8_decode_variants.md" | grep -E "^\||copy|Error" ;;
     e2e35)  # 35B-A3B bf16 and FP8 (experts too) decode
       offline bf16_35b qwen3_5-35b-a3b-text --batch 1,32 --prompt 512 --output 128
       offline fp8_35b qwen3_5-35b-a3b-text --batch 1,32 --prompt 512 --output 128 --engine-arg quantization=fp8 \

@@ -122,20 +122,17 @@ def unsorted_configs(which: str) -> list[dict]:
 
 def short(cfg: dict) -> str:
     return (f"{cfg['BLOCK_M']}/{cfg['BLOCK_N']}/{cfg['BLOCK_K']} w{cfg['num_warps']} s{cfg['num_stages']}"
-            f"{' split ' + str(cfg['SPLIT_K']) if cfg.get('SPLIT_K', 1) > 1 else ''}"
-            f"{' w2 prefetch ' + ('first' if cfg['PREFETCH'] == 1 else 'last') if cfg.get('PREFETCH') else ''}")
+            f"{' split ' + str(cfg['SPLIT_K']) if cfg.get('SPLIT_K', 1) > 1 else ''}")
 
 
 def tune_case(name: str, kw: dict, base_ms: float, report) -> None:
-    """Each GEMM's launch configs with the other's default; the unsorted path's (split K, and the up
-    GEMM's w2 prefetch) where the call takes it."""
+    """Each GEMM's launch configs with the other's default; the unsorted path's (split K too) where the
+    call takes it."""
     rows = kw["topk_ids"].numel()
     up0, down0 = moe._gemm_configs(rows, kw["w13"].shape[0], DTYPE, kw["x"].device)
     unsorted = rows <= moe.UNSORTED_MAX_ROWS
     for which in ("up", "down"):
         configs = unsorted_configs(which) if unsorted else up_configs() if which == "up" else down_configs()
-        if unsorted and which == "up":  # the default, asking L2 for w2 before or after its K loop
-            configs = configs + [{**up0, "PREFETCH": p} for p in (1, 2)]
         results = []
         for cfg in configs:
             pair = (cfg, down0) if which == "up" else (up0, cfg)
@@ -148,7 +145,7 @@ def tune_case(name: str, kw: dict, base_ms: float, report) -> None:
         results.sort(key=lambda r: r[0])
         default = up0 if which == "up" else down0
         report(f"\n{name} {which} GEMM tuning (default {short(default)}: whole call {base_ms:.3f} ms)")
-        for ms, cfg in results[:5] + [r for r in results[5:] if r[1].get("PREFETCH")]:  # the prefetch rows always
+        for ms, cfg in results[:5]:
             report(f"  {ms:.3f} ms  {short(cfg)}")
 
 

@@ -29,10 +29,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.moe_kernels import copy_bandwidth  # noqa: E402
-from triton_kernels.l2_prefetch import lines_per_share, prefetch_l2  # noqa: E402
 
 LAYERS, HIDDEN, IN_PROJ, VALUE = 30, 2048, 12352, 4096
 BLOCK_N, BLOCK_K = 16, 256
+LINE = 128  # bytes per L2 prefetch
+
+
+@triton.jit
+def prefetch_l2(base, nbytes, LINES: tl.constexpr):
+    """Asks L2 for the nbytes from base, one line per lane (LINES lanes; the spare ones repeat the last
+    line): a hint in inline PTX that changes no value any load reads."""
+    o = tl.minimum(tl.arange(0, LINES).to(tl.int64) * 128, nbytes - 1)  # LINE bytes apart
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
+                              [base.to(tl.pointer_type(tl.int8)) + o], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -44,8 +53,7 @@ def _gemv_kernel(x, w, y, N, K, PDL: tl.constexpr, PREFETCH: tl.constexpr, LINES
     m_n = o_n < N
     if PDL:
         if PREFETCH:  # this program's rows are one contiguous span of BLOCK_N * K * 2 bytes
-            prefetch_l2(w + pid.to(tl.int64) * BLOCK_N * K, tl.minimum(N - pid * BLOCK_N, BLOCK_N) * K * 2,
-                         pid * 0, 1, LINES)
+            prefetch_l2(w + pid.to(tl.int64) * BLOCK_N * K, tl.minimum(N - pid * BLOCK_N, BLOCK_N) * K * 2, LINES)
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()  # the previous kernel's writes (x) are visible past here
     o_k = tl.arange(0, BLOCK_K)
@@ -60,7 +68,7 @@ def _gemv_kernel(x, w, y, N, K, PDL: tl.constexpr, PREFETCH: tl.constexpr, LINES
 
 def gemv(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, pdl: bool, prefetch: bool) -> None:
     n, k = w.shape
-    lines = lines_per_share(BLOCK_N * k * w.element_size(), 1)
+    lines = triton.next_power_of_2(triton.cdiv(BLOCK_N * k * w.element_size(), LINE))
     _gemv_kernel[(triton.cdiv(n, BLOCK_N),)](x, w, y, n, k, PDL=pdl, PREFETCH=prefetch, LINES=lines,
                                              BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=4, launch_pdl=pdl)
 

@@ -17,7 +17,6 @@ import triton.language as tl
 
 from triton_kernels.arrival_counters import arrival_counters, parts_scratch
 from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8, e4m3_to_f16, f16_rows
-from triton_kernels.l2_prefetch import lines_per_share, prefetch_l2
 from triton_kernels.moe_sort import bins_for, locate_block, max_blocks, sort_by_expert
 
 
@@ -120,12 +119,11 @@ def _activation(acc, acc_up, GATED: tl.constexpr):
 
 
 @triton.jit
-def _moe_up_kernel(x, w13, s13, inter, sorted_assign, expert_offsets, partials, arrivals, w2, stride_x, stride_we,
-                   stride_wn, stride_se, stride_sn, stride_inter, stride_w2e, w2_bytes, M, H, I, E, TOPK: tl.constexpr,
-                   GATED: tl.constexpr, PREC: tl.constexpr, NUM_BINS: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, UNSORTED: tl.constexpr,
-                   FP8_W: tl.constexpr, F16_OPERANDS: tl.constexpr, WIDEN_BITS: tl.constexpr, SPLIT_K: tl.constexpr,
-                   PREFETCH: tl.constexpr, PREFETCH_LINES: tl.constexpr):
+def _moe_up_kernel(x, w13, s13, inter, sorted_assign, expert_offsets, partials, arrivals, stride_x, stride_we,
+                   stride_wn, stride_se, stride_sn, stride_inter, M, H, I, E, TOPK: tl.constexpr, GATED: tl.constexpr,
+                   PREC: tl.constexpr, NUM_BINS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, UNSORTED: tl.constexpr, FP8_W: tl.constexpr,
+                   F16_OPERANDS: tl.constexpr, WIDEN_BITS: tl.constexpr, SPLIT_K: tl.constexpr):
     """One program per (row block, BLOCK_N columns of I): gathers x rows by token, multiplies by the
     expert's w13 rows (gate rows o_n and up rows I + o_n when GATED), applies the activation.
     UNSORTED: block i is assignment i alone (sorted_assign holds topk_ids), its row of inter is i.
@@ -136,11 +134,7 @@ def _moe_up_kernel(x, w13, s13, inter, sorted_assign, expert_offsets, partials, 
     output tile, each over part of H, so that more programs with shorter K loops stream the weights.
     Each writes its float32 gate and up sums to partials [SPLIT_K, M, 2, I] and counts itself in
     arrivals[row * num_n + i_n]; the last to arrive adds the parts in split order, applies the
-    activation, writes inter and sets the count back to 0.
-
-    PREFETCH (UNSORTED only; not the default, kept to be measured): the programs of an assignment ask
-    L2 for its expert's w2 (w2_bytes each, split evenly between them), so that the down launch reads
-    it from L2: 1 before the K loop, 2 after it."""
+    activation, writes inter and sets the count back to 0."""
     num_n = tl.cdiv(I, BLOCK_N)
     pid, i_k, k_first, k_end = _split_k_program(H, BLOCK_K, SPLIT_K)
     i_b, i_n = pid // num_n, pid % num_n
@@ -150,9 +144,6 @@ def _moe_up_kernel(x, w13, s13, inter, sorted_assign, expert_offsets, partials, 
         i_e, row, row_end = locate_block(expert_offsets, i_b, E, BLOCK_M, NUM_BINS)
     if i_e >= E:
         return
-    p_w2 = w2 + i_e.to(tl.int64) * stride_w2e  # (PREFETCH) this expert's down weights
-    if PREFETCH == 1:
-        prefetch_l2(p_w2, w2_bytes, i_n * SPLIT_K + i_k, num_n * SPLIT_K, PREFETCH_LINES)
     o_m = row + tl.arange(0, BLOCK_M)
     m_m = o_m < row_end
     if UNSORTED:
@@ -193,8 +184,6 @@ def _moe_up_kernel(x, w13, s13, inter, sorted_assign, expert_offsets, partials, 
                 acc_up = tl.dot(b_x, b_u, acc_up, input_precision=PREC)
         p_x += BLOCK_K
         p_w += BLOCK_K
-    if PREFETCH == 2:
-        prefetch_l2(p_w2, w2_bytes, i_n * SPLIT_K + i_k, num_n * SPLIT_K, PREFETCH_LINES)
     if SPLIT_K > 1:  # row i_b alone (UNSORTED): the other rows of the tile are zeros
         p_part = partials + i_b * 2 * I + o_n  # [BLOCK_N] of split 0
         tl.store(p_part + i_k * M * 2 * I, tl.sum(acc, 0), mask=m_n)
@@ -383,12 +372,12 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
                    w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
                    fp8_f16_operands: bool = False, widen_bits: bool = False,
                    unsorted: bool | None = None) -> torch.Tensor:
-    """fused_moe, with what the benchmarks vary. Launch configs: dicts of BLOCK_M/N/K, num_warps,
-    num_stages; on the unsorted path only, SPLIT_K, and PREFETCH in the up config. Explicit configs take
-    the sorted path unless `unsorted` says otherwise (None: unsorted up to UNSORTED_MAX_ROWS assignments
-    with the default configs). fp8_f16_operands, widen_bits: the FP8 experts' fp16-operand variants (_fp8_weight_dot);
-    x must hold bf16 values. SPLIT_K above 1, PREFETCH, fp8_f16_operands and widen_bits are off in serving
-    until measured faster; PREFETCH is ignored off CUDA."""
+    """fused_moe, with what the benchmarks vary. Launch configs (dicts of BLOCK_M/N/K, num_warps,
+    num_stages and SPLIT_K, the last on the unsorted path only); explicit ones take the sorted path unless
+    `unsorted` says otherwise (None: unsorted up to UNSORTED_MAX_ROWS assignments with the default
+    configs). fp8_f16_operands, widen_bits: the FP8 experts' fp16-operand variants (_fp8_weight_dot);
+    x must hold bf16 values. SPLIT_K above 1, fp8_f16_operands and widen_bits are off in serving until
+    measured faster."""
     if activation not in ("silu", "relu2"):
         raise ValueError(f"unsupported MoE activation {activation!r}; expected 'silu' or 'relu2'")
     gated = activation == "silu"
@@ -424,12 +413,6 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     up, down = dict(up_config or default_up), dict(down_config or default_down)
     split_up, split_down = up.pop("SPLIT_K", 1), down.pop("SPLIT_K", 1)
     assert unsorted or split_up == split_down == 1, "split K is for the unsorted path"
-    prefetch = up.pop("PREFETCH", 0)
-    if x.device.type != "cuda":  # a hint in inline PTX, which the interpreter cannot run
-        prefetch = 0
-    assert not prefetch or (unsorted and w2[0].is_contiguous()), "the w2 prefetch: unsorted path, one span per expert"
-    w2_bytes = h * i * w2.element_size()  # one expert's down weights: the programs of a row share them
-    prefetch_lines = lines_per_share(w2_bytes, triton.cdiv(i, up["BLOCK_N"]) * split_up) if prefetch else 1
     assert not fp8 or FP8_BLOCK % up["BLOCK_K"] == FP8_BLOCK % down["BLOCK_K"] == 0, "K tiles within a scale block"
     s13, s2 = (w13_scale, w2_scale) if fp8 else (w13, w2)  # without FP8 the weights stand in, unread
 
@@ -446,11 +429,10 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     else:
         up_parts = up_counters = inter  # (unused)
     _moe_up_kernel[programs(up, i, split_up)](
-        x, w13, s13, inter, sorted_assign, expert_offsets, up_parts, up_counters, w2, x.stride(0), w13.stride(0),
-        w13.stride(1), s13.stride(0), s13.stride(1), inter.stride(0), w2.stride(0), w2_bytes, rows, h, i, e, TOPK=k,
-        GATED=gated, PREC=prec, NUM_BINS=num_bins, EVEN_K=h % up["BLOCK_K"] == 0, UNSORTED=unsorted, FP8_W=fp8,
-        F16_OPERANDS=fp8 and fp8_f16_operands, WIDEN_BITS=widen_bits, SPLIT_K=split_up, PREFETCH=prefetch,
-        PREFETCH_LINES=prefetch_lines, **up)
+        x, w13, s13, inter, sorted_assign, expert_offsets, up_parts, up_counters, x.stride(0), w13.stride(0),
+        w13.stride(1), s13.stride(0), s13.stride(1), inter.stride(0), rows, h, i, e, TOPK=k, GATED=gated, PREC=prec,
+        NUM_BINS=num_bins, EVEN_K=h % up["BLOCK_K"] == 0, UNSORTED=unsorted, FP8_W=fp8,
+        F16_OPERANDS=fp8 and fp8_f16_operands, WIDEN_BITS=widen_bits, SPLIT_K=split_up, **up)
     weights = topk_weights.float().contiguous()
     if unsorted:  # the down kernel sums each token's slots (float32 rows as scratch): no combine launch
         _check_shared(shared, shared_gate, t, h)

@@ -5,7 +5,7 @@ tolerance, and replayed from a CUDA graph with new inputs. Skipped without CUDA.
 import pytest
 import torch
 
-from triton_kernels.fused_moe import _fused_moe_fwd, _gemm_configs, fused_moe, fused_moe_ref
+from triton_kernels.fused_moe import fused_moe, fused_moe_ref
 
 pytestmark = pytest.mark.gpu
 
@@ -78,18 +78,3 @@ def test_cuda_graph_replay_with_new_inputs(num_tokens):
         graph.replay()
         exact = fused_moe_ref(**_float32(static))
         assert _rel_err(out, exact) < 1e-2, f"replay {seed}: {_rel_err(out, exact):.2e}"
-
-
-@pytest.mark.parametrize("prefetch", [1, 2])
-@pytest.mark.parametrize("num_tokens", [1, 3])
-def test_w2_prefetch_changes_no_result(prefetch, num_tokens):
-    """The up GEMM asking L2 for the down GEMM's weights (a variant kept to be measured) is a hint:
-    the output is bitwise that of the default launch."""
-    kw = _problem("qwen3_5_35b_a3b", num_tokens, torch.bfloat16)
-    rows = kw["topk_ids"].numel()
-    up, down = _gemm_configs(rows, kw["w2"].shape[0], torch.bfloat16, torch.device("cuda"))
-    args = [kw[n] for n in ("x", "w13", "w2", "topk_weights", "topk_ids", "activation")]
-    plain = _fused_moe_fwd(*args, up_config=up, down_config=down, unsorted=True)
-    hinted = _fused_moe_fwd(*args, up_config={**up, "PREFETCH": prefetch}, down_config=down, unsorted=True)
-    assert torch.equal(plain, hinted)
-    torch.testing.assert_close(plain, fused_moe(**kw))

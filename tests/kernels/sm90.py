@@ -4,8 +4,7 @@ what only the compiler sees (the interpreter runs the logic). It runs in a subpr
 TRITON_INTERPRET=1 (set by conftest on CPU) replaces @triton.jit functions with interpreted ones.
 
 A test passes a script body that fills `out[name] = compile_sm90(kernel, types, constexprs,
-num_warps, num_stages)` (or anything JSON holds, e.g. from `build_sm90(...).asm["ptx"]`) and prints
-`json.dumps(out)`; arguments not in `types` are i32."""
+num_warps, num_stages)` and prints `json.dumps(out)`; arguments not in `types` are i32."""
 
 import json
 import os
@@ -24,20 +23,16 @@ from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
-def build_sm90(kernel, types, constexprs, num_warps, num_stages):
-    """kernel compiled for sm_90a (its PTX: .asm["ptx"]); arguments not in types are i32."""
+def compile_sm90(kernel, types, constexprs, num_warps, num_stages):
+    """(registers, spilled bytes) of kernel built for sm_90a; arguments not in types are i32."""
     fn = kernel
     while not isinstance(fn, JITFunction):
         fn = fn.fn
     sig = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
     aligned = [n for n in fn.arg_names if types.get(n, "").startswith("*") or n.startswith("stride")]
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
-                          target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
-
-def compile_sm90(kernel, types, constexprs, num_warps, num_stages):
-    """(registers, spilled bytes) of kernel built for sm_90a; arguments not in types are i32."""
-    ck = build_sm90(kernel, types, constexprs, num_warps, num_stages)
+    ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
+                        target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(ck.asm["ptx"])
         f.flush()
