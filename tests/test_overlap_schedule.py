@@ -5,8 +5,13 @@ with the pools intact after every step and empty at the end."""
 import pytest
 import torch
 
+from hybrid_sgl.config import ModelConfig
+from hybrid_sgl.runner.model_runner import ModelRunner
 from hybrid_sgl.sampling_params import SamplingParams
+from hybrid_sgl.scheduler.prefix_sharing import prefix_sharing_for
 from hybrid_sgl.scheduler.request import Req
+from hybrid_sgl.scheduler.scheduler import Scheduler
+from hybrid_sgl.server_args import ServerArgs
 from tests.test_hf_parity import make_scheduler, prompt_of
 
 
@@ -101,3 +106,39 @@ def engine_text(path: str, ids: list[int]) -> str:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path).decode(ids)
+
+
+def test_overlap_goes_on_when_cached_prefixes_fill_the_pool(tiny_checkpoint):
+    """A pool full of unused cached prefixes: the blind follow-up step evicts them, as the plain step
+    would, instead of falling back to a step that waits for the host (one per page boundary)."""
+    path = tiny_checkpoint("qwen3_5")
+
+    def scheduler() -> Scheduler:
+        # 4 requests of 64 tokens take 4 pages each, plus a page of admission headroom: 20 pages fit one batch
+        args = ServerArgs(model_path=path, device="cpu", dtype="float32", page_size=16,
+                          max_total_tokens=20 * 16).resolved()
+        runner = ModelRunner(args, ModelConfig.from_hf(path))
+        return Scheduler(runner, chunked_prefill_size=-1, overlap=True, sharing=prefix_sharing_for(
+            runner, disable=False, snapshot_interval=None, policy=args.schedule_policy))
+
+    def batch(seed: int) -> list[Req]:
+        params = SamplingParams(max_new_tokens=34, temperature=0, ignore_eos=True)
+        return [Req(rid=f"b{seed}-{i}", prompt_ids=prompt_of(30, seed + i, 400), params=params) for i in range(4)]
+
+    def decode(s: Scheduler, reqs: list[Req]) -> int:
+        before = s.num_overlapped_steps
+        for req in reqs:
+            s.add(req)
+        while s.has_work:
+            s.step()
+            s.check_integrity()
+        return s.num_overlapped_steps - before
+
+    expected = batch(100)
+    steps = decode(scheduler(), expected)
+    s = scheduler()
+    decode(s, batch(0))
+    assert s.cache_stats()["evictable_pages"] >= 8  # the first batch's prompts and outputs stay cached
+    second = batch(100)
+    assert decode(s, second) == steps > 20
+    assert [r.output_ids for r in second] == [r.output_ids for r in expected]

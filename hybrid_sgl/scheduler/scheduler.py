@@ -208,7 +208,8 @@ class Scheduler:
     def _follow_up(self, pending: PendingDecode) -> tuple[list[BatchItem], list[int]] | None:
         """The next decode batch, built before `pending`'s tokens are known: its requests go on
         unless they stop by length at `pending`. None when the next step needs the host's answer
-        first (prompt work or arrivals waiting, a decoding request outside `pending`, too few pages)."""
+        first (prompt work or arrivals waiting, a decoding request outside `pending`, too few pages even after
+        evicting cached prefixes)."""
         if self.waiting or any(r.status is ReqStatus.RUNNING and not r.is_decoding for r in self.running):
             return None
         items, rows, pages = [], [], 0
@@ -225,7 +226,9 @@ class Scheduler:
         in_flight = {id(it.req) for it in pending.items}
         if not items or any(r.is_decoding and id(r) not in in_flight for r in self.running):
             return None
-        if pages > self.allocator.num_free_pages:
+        # unused cached prefixes may go now: no request in flight holds them, and the step in flight is
+        # queued before any write into a page handed on here
+        if not self._ensure_free_pages(pages):
             return None  # would need preemption: decide it with the tokens in hand
         for it in items:
             self.allocator.grow(it.req.slot, it.end)
