@@ -79,18 +79,25 @@ def main() -> None:
             print(row(logits, name, knobs, greedy, bw))
 
 
+def switched(sampler: Sampler, switch: str, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
+    """sampler's draw with one of runner/sampler.py's switches (off by default) on."""
+    setattr(sampler_module, switch, True)
+    try:
+        return sampler(logits, reqs, ())
+    finally:
+        setattr(sampler_module, switch, False)
+
+
 def row(logits: torch.Tensor, name: str, knobs: dict, greedy: float, bw: float) -> str:
     batch = logits.shape[0]
     reqs = [Req(rid=str(i), prompt_ids=[0], params=SamplingParams.from_dict(knobs)) for i in range(batch)]
     torch_path, kernels = Sampler(kernels=False), Sampler(kernels=True)
     t_torch = time_ms(lambda: torch_path(logits, reqs, ()))
     t_kernels = time_ms(lambda: kernels(logits, reqs, ()))
-    sampler_module.GROUP_CANDIDATES = True  # the candidates through the group maxima (off by default)
-    t_groups = time_ms(lambda: Sampler(kernels=True)(logits, reqs, ()))
-    sampler_module.GROUP_CANDIDATES = False
-    sampler_module.READBACK_FREE_TOP_P = True  # top_p rows past the candidates searched on the device
-    t_readback_free = time_ms(lambda: Sampler(kernels=True)(logits, reqs, ()))
-    sampler_module.READBACK_FREE_TOP_P = False
+    # each switch flipped around the same Sampler, whose batch parameters stay built (a fresh Sampler per call
+    # would copy them to the device each call, and that copy waits for the queue)
+    t_groups = time_ms(lambda: switched(kernels, "GROUP_CANDIDATES", logits, reqs))
+    t_readback_free = time_ms(lambda: switched(kernels, "READBACK_FREE_TOP_P", logits, reqs))
     t = torch.full((batch,), knobs["temperature"], device="cuda")
     m, _ = row_stats(logits=logits, temperature=t)
     t_stats = time_ms(lambda: row_stats(logits=logits, temperature=t))
