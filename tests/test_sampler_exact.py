@@ -203,7 +203,8 @@ def test_group_candidates_give_the_torch_draws(candidates, monkeypatch):
 @interpreted
 @pytest.mark.parametrize("name", ["top_p", "top_p_past_candidates", "seeded", "combined"])
 def test_readback_free_top_p_gives_the_torch_draws(name, monkeypatch):
-    """READBACK_FREE_TOP_P: the rows past the candidates searched by a kernel, with nothing read back."""
+    """READBACK_FREE_TOP_P: every top_p row without top_k searched by a kernel over its whole row, with nothing
+    read back and (in a batch of such rows) no candidates taken."""
     from hybrid_sgl.runner import sampler as sampler_module
 
     params, seed, candidates = CONFIGS[name]
@@ -217,6 +218,8 @@ def test_readback_free_top_p_gives_the_torch_draws(name, monkeypatch):
             if kernels:
                 patch.setattr(sampler_module, "READBACK_FREE_TOP_P", True)
                 patch.setattr(torch.Tensor, "nonzero", lambda *a, **k: pytest.fail("read back"))
+                if "top_k" not in params:
+                    patch.setattr(torch.Tensor, "topk", lambda *a, **k: pytest.fail("candidates taken"))
             drawn[kernels] = sample(logits, reqs_of(params, rows, seed), (), candidates=candidates, kernels=kernels)
     assert torch.equal(drawn[True], drawn[False]), name
 

@@ -2,8 +2,8 @@
 
 row_stats:  per row, m = max(logits / T) and the mass sum(exp(logits / T - m)), in one read; optionally
             also the max logit of each group of GROUP consecutive tokens (top_logits' index).
-top_p_bound: for the rows flagged on the device, the top-p boundary searched over the ordered float keys
-            (WAYS thresholds per read of the row), so the host never reads back which rows need it.
+top_p_bound: for the rows flagged on the device, the top-p boundary found by a radix search over the ordered
+            float keys (one digit per read of the row), so the host never reads back which rows need it.
 top_logits: the k largest logits of each row, from the group maxima: the k groups with the largest
             maxima hold every one of the k largest values (torch.topk over [n, V / GROUP], a gather of
             k * GROUP logits, torch.topk over those) where torch.topk over [n, V] makes several passes.
@@ -28,7 +28,7 @@ import triton.language as tl
 
 GROUP = 16  # tokens per group maximum (top_logits)
 BLOCK = 1024  # vocabulary entries per loop step
-BOUND_BLOCK = 256  # top_p_bound's loop step (times WAYS thresholds per entry)
+BOUND_BLOCK = 256  # top_p_bound's loop step (times the radix's buckets per entry)
 CHUNK = 8192  # vocabulary entries per program: a row takes ceil(V / CHUNK) programs
 NUM_WARPS = 4
 
@@ -221,81 +221,125 @@ def top_p_bound_ref(*, logits: torch.Tensor, temperature: torch.Tensor, row_max:
 
 
 @triton.jit
-def _ordered_key(x):
-    """float32 -> int32 in the same order (-inf lowest; NaN never occurs here); its own inverse on bits."""
+def _radix_key(x):
+    """float32 -> int64 in [0, 2^32), in the same order (-inf lowest; NaN never occurs here)."""
     bits = x.to(tl.int32, bitcast=True)
-    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) + 2147483648
 
 
 @triton.jit
-def _key_value(key):
-    """int64 keys of _ordered_key (in int32 range) -> their float32 values."""
-    bits = key.to(tl.int32)
+def _radix_value(key):
+    """The float32 whose _radix_key is key (int64)."""
+    bits = (key - 2147483648).to(tl.int32)
     return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _mass_above(l_ptr, l_stride, row, vocab, t, m, v, BLOCK: tl.constexpr, WAYS: tl.constexpr):
-    """v: [WAYS] float32 thresholds. Returns [WAYS]: sum of exp(l / T - m) over the row's logits l > v."""
-    o = tl.arange(0, BLOCK)
-    acc = tl.zeros([BLOCK, WAYS], tl.float32)
-    for start in range(0, vocab, BLOCK):
-        x = tl.load(l_ptr + row * l_stride + start + o, mask=start + o < vocab, other=float("-inf"))
-        w = tl.exp(tl.math.div_rn(x, t) - m)
-        acc += tl.where(x[:, None] > v[None, :], w[:, None], 0.0)
-    return tl.sum(acc, 0)
+def _radix_choose(hist_ptr, prefix_ptr, above_ptr, target, row, n, num_chunks, buf, shift,
+                  BLOCK_C: tl.constexpr, RADIX: tl.constexpr):
+    """The previous pass's digit (at bit `shift`) of the boundary's key: of the buckets that hold mass, the
+    lowest whose mass above it (the mass above the prefix, plus the higher buckets') is at most target.
+    Returns the prefix with that digit set, the mass above it (above the new prefix's range), and the digit."""
+    o_c = tl.arange(0, BLOCK_C)
+    o_r = tl.arange(0, RADIX)
+    base = (buf * n + row) * num_chunks
+    h = tl.sum(tl.load(hist_ptr + (base + o_c[:, None]) * RADIX + o_r[None, :], mask=o_c[:, None] < num_chunks,
+                       other=0.0), 0)  # [RADIX], summed over the chunks in order
+    prefix = tl.load(prefix_ptr + buf * n + row)
+    above = tl.load(above_ptr + buf * n + row)
+    higher = tl.sum(tl.where(o_r[None, :] > o_r[:, None], h[None, :], 0.0), 1)  # [RADIX] mass in higher buckets
+    fits = (h > 0) & (above + higher <= target)
+    digit = tl.min(tl.where(fits, o_r, RADIX - 1), 0)  # the highest bucket with mass always fits
+    return prefix | (digit.to(tl.int64) << shift), above + tl.sum(tl.where(o_r == digit, higher, 0.0), 0), digit
 
 
 @triton.jit
-def _top_p_bound_kernel(l_ptr, l_stride, t_ptr, m_ptr, target_ptr, flag_ptr, bound_ptr, need_ptr, vocab,
-                        BLOCK: tl.constexpr, WAYS: tl.constexpr):
-    """Program row, for a flagged row: a WAYS-ary search over the ordered float32 keys for the smallest key
-    whose value v has mass(logits > v) <= target; the bound is the smallest logit at or above it, and its
-    ties are kept while the mass before them stays within target. Unflagged rows return at once."""
-    row = tl.program_id(0).to(tl.int64)
+def _top_p_pass_kernel(l_ptr, l_stride, t_ptr, m_ptr, target_ptr, flag_ptr, hist_ptr, count_ptr, prefix_ptr,
+                       above_ptr, n, vocab, num_chunks, p, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                       BLOCK_C: tl.constexpr, RADIX: tl.constexpr, DIGIT_BITS: tl.constexpr, LAST: tl.constexpr):
+    """Pass p, program (row, c) of a flagged row: take the previous pass's digit (from every chunk's
+    histogram, in buffer (p - 1) % 2), then the mass histogram of the next digit over the chunk's logits
+    whose key has the prefix so far (buffer p % 2; LAST: also the counts). Program c = 0 keeps the prefix."""
+    row, c = tl.program_id(0).to(tl.int64), tl.program_id(1)
     if tl.load(flag_ptr + row) != 0:
         t = tl.load(t_ptr + row)
         m = tl.load(m_ptr + row)
-        target = tl.load(target_ptr + row)
-        lo = _ordered_key(tl.full([], float("-inf"), tl.float32)).to(tl.int64)  # mass above -inf: all
-        hi = _ordered_key(tl.full([], float("inf"), tl.float32)).to(tl.int64)  # mass above +inf: none
-        o_w = tl.arange(0, WAYS)
-        while hi - lo > 1:  # invariant: mass above value(lo) > target >= mass above value(hi)
-            step = tl.maximum((hi - lo) // WAYS, 1)
-            keys = tl.where(o_w == WAYS - 1, hi, tl.minimum(lo + (o_w + 1) * step, hi))  # [WAYS] in (lo, hi]
-            fits = _mass_above(l_ptr, l_stride, row, vocab, t, m, _key_value(keys), BLOCK, WAYS) <= target
-            first = tl.min(tl.where(fits, o_w, WAYS - 1), 0)  # the first probe that fits (hi, the last, does)
-            hi = tl.minimum(tl.sum(tl.where(o_w == first, keys, 0), 0), hi)
-            lo = tl.where(first > 0, tl.sum(tl.where(o_w == first - 1, keys, 0), 0), lo)
-        v0 = _key_value(hi)
+        shift = 32 - DIGIT_BITS * (p + 1)
+        prefix = tl.full([], 0, tl.int64)
+        if p > 0:
+            prefix, above, _ = _radix_choose(hist_ptr, prefix_ptr, above_ptr, tl.load(target_ptr + row), row, n,
+                                             num_chunks, (p - 1) % 2, shift + DIGIT_BITS, BLOCK_C, RADIX)
+            if c == 0:
+                tl.store(prefix_ptr + (p % 2) * n + row, prefix)
+                tl.store(above_ptr + (p % 2) * n + row, above)
+        elif c == 0:
+            tl.store(prefix_ptr + row, prefix)
+            tl.store(above_ptr + row, 0.0)
         o = tl.arange(0, BLOCK)
-        b_lane = tl.full([BLOCK], float("inf"), tl.float32)
-        for start in range(0, vocab, BLOCK):
+        o_r = tl.arange(0, RADIX)
+        acc = tl.zeros([BLOCK, RADIX], tl.float32)
+        cnt = tl.zeros([BLOCK, RADIX], tl.int32)
+        for start in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, vocab), BLOCK):
             x = tl.load(l_ptr + row * l_stride + start + o, mask=start + o < vocab, other=float("-inf"))
-            b_lane = tl.minimum(b_lane, tl.where(x >= v0, x, float("inf")))
-        b = tl.min(b_lane, 0)
-        above = tl.zeros([BLOCK], tl.float32)
-        ties = tl.zeros([BLOCK], tl.int32)
-        for start in range(0, vocab, BLOCK):
-            x = tl.load(l_ptr + row * l_stride + start + o, mask=start + o < vocab, other=float("-inf"))
-            above += tl.where(x > b, tl.exp(tl.math.div_rn(x, t) - m), 0.0)
-            ties += (x == b).to(tl.int32)
-        w_b = tl.exp(tl.math.div_rn(b, t) - m)
-        room = tl.minimum((target - tl.sum(above, 0)) / w_b, vocab).to(tl.int32) + 1  # ties whose mass before fits
+            key = _radix_key(x)
+            match = ((key >> (shift + DIGIT_BITS)) == (prefix >> (shift + DIGIT_BITS))) & (start + o < vocab)
+            if tl.max(match.to(tl.int32), 0) > 0:  # after the first passes most blocks hold none of the prefix
+                hit = match[:, None] & (((key >> shift) & (RADIX - 1))[:, None] == o_r[None, :])  # [BLOCK, RADIX]
+                acc += tl.where(hit, tl.exp(tl.math.div_rn(x, t) - m)[:, None], 0.0)
+                if LAST:
+                    cnt += hit.to(tl.int32)
+        out = ((p % 2) * n + row) * num_chunks + c
+        tl.store(hist_ptr + out * RADIX + o_r, tl.sum(acc, 0))
+        if LAST:
+            tl.store(count_ptr + (row * num_chunks + c) * RADIX + o_r, tl.sum(cnt, 0))
+
+
+@triton.jit
+def _top_p_final_kernel(t_ptr, m_ptr, target_ptr, flag_ptr, hist_ptr, count_ptr, prefix_ptr, above_ptr, bound_ptr,
+                        need_ptr, n, vocab, num_chunks, p, BLOCK_C: tl.constexpr, RADIX: tl.constexpr):
+    """Program row, for a flagged row: the last digit, so the boundary's key; the bound is its value, and its
+    ties are kept (the lowest ids first) while the mass before them stays within target."""
+    row = tl.program_id(0).to(tl.int64)
+    if tl.load(flag_ptr + row) != 0:
+        target = tl.load(target_ptr + row)
+        key, above, digit = _radix_choose(hist_ptr, prefix_ptr, above_ptr, target, row, n, num_chunks, (p - 1) % 2, 0,
+                                          BLOCK_C, RADIX)
+        o_c = tl.arange(0, BLOCK_C)
+        ties = tl.sum(tl.load(count_ptr + (row * num_chunks + o_c) * RADIX + digit, mask=o_c < num_chunks, other=0), 0)
+        b = _radix_value(key)
+        w_b = tl.exp(tl.math.div_rn(b, tl.load(t_ptr + row)) - tl.load(m_ptr + row))
+        room = tl.minimum((target - above) / w_b, vocab).to(tl.int32) + 1  # ties whose mass before fits
         tl.store(bound_ptr + row, b)
-        tl.store(need_ptr + row, tl.maximum(tl.minimum(tl.sum(ties, 0), room), 1).to(tl.int64))
+        tl.store(need_ptr + row, tl.maximum(tl.minimum(ties, room), 1).to(tl.int64))
 
 
 def top_p_bound(*, logits: torch.Tensor, temperature: torch.Tensor, row_max: torch.Tensor, target: torch.Tensor,
-                flag: torch.Tensor, bound: torch.Tensor, need: torch.Tensor, ways: int = 16) -> None:
-    """Same as top_p_bound_ref, without reading the flags back to the host: one program per row, which
-    returns at once unless its row is flagged, and otherwise searches with WAYS thresholds per read of the
-    row (about 32 / log2(WAYS) reads, then two more). Bound and need are the reference's except where target
-    is within rounding of a cumulative mass (the two sum in different orders)."""
+                flag: torch.Tensor, bound: torch.Tensor, need: torch.Tensor, digit_bits: int = 4,
+                chunk: int = CHUNK) -> None:
+    """Same as top_p_bound_ref, without reading the flags back to the host: a radix search for the boundary's
+    key (the float's bits, ordered), digit_bits per pass (32 / digit_bits passes and a last small kernel).
+    Each pass reads the flagged rows' logits once, a program per chunk of a row, into per-chunk mass
+    histograms of the next digit; unflagged rows' programs return at once. Bound and need are the
+    reference's except where target is within rounding of a cumulative mass (the two sum in different orders)."""
     n, vocab = logits.shape
     assert logits.dtype == torch.float32 and logits.stride(1) == 1 and bound.is_contiguous() and need.is_contiguous()
-    if n:
-        _top_p_bound_kernel[(n,)](logits, logits.stride(0), temperature.reshape(-1).float().contiguous(),
-                                  row_max.reshape(-1).float().contiguous(), target.reshape(-1).float().contiguous(),
-                                  flag.reshape(-1).to(torch.int8), bound, need, vocab, BLOCK=BOUND_BLOCK, WAYS=ways,
-                                  num_warps=NUM_WARPS)
+    assert 32 % digit_bits == 0, digit_bits
+    if not n:
+        return
+    radix, passes = 1 << digit_bits, 32 // digit_bits
+    block = min(BOUND_BLOCK, chunk, triton.next_power_of_2(vocab))
+    num_chunks = triton.cdiv(vocab, chunk)
+    dev = logits.device
+    hist = torch.empty(2, n, num_chunks, radix, dtype=torch.float32, device=dev)
+    count = torch.empty(n, num_chunks, radix, dtype=torch.int32, device=dev)
+    prefix = torch.empty(2, n, dtype=torch.int64, device=dev)
+    above = torch.empty(2, n, dtype=torch.float32, device=dev)
+    rows = (temperature.reshape(-1).float().contiguous(), row_max.reshape(-1).float().contiguous(),
+            target.reshape(-1).float().contiguous(), flag.reshape(-1).to(torch.int8))
+    block_c = triton.next_power_of_2(num_chunks)
+    for p in range(passes):
+        _top_p_pass_kernel[(n, num_chunks)](logits, logits.stride(0), *rows, hist, count, prefix, above, n, vocab,
+                                            num_chunks, p, CHUNK=chunk, BLOCK=block, BLOCK_C=block_c, RADIX=radix,
+                                            DIGIT_BITS=digit_bits, LAST=p == passes - 1, num_warps=NUM_WARPS)
+    _top_p_final_kernel[(n,)](*rows, hist, count, prefix, above, bound, need, n, vocab, num_chunks, passes,
+                              BLOCK_C=block_c, RADIX=radix, num_warps=1)

@@ -121,13 +121,13 @@ def test_ties_of_the_race_go_to_the_lower_id():
     assert torch.equal(draw_kept(**args, chunk=CHUNK), draw_kept_ref(**args))
 
 
-@pytest.mark.parametrize("vocab,ways", [(300, 16), (2000, 16), (2000, 4)])
-def test_top_p_bound_matches_ref(vocab, ways):
-    """Flat, peaked, tied (bf16-rounded and few-valued) and masked rows at several top_p; unflagged rows
-    keep their bound and need."""
-    gen = torch.Generator().manual_seed(vocab + ways)
+@pytest.mark.parametrize("vocab,digit_bits,chunk", [(300, 4, 128), (2000, 4, 512), (2000, 8, 8192)])
+def test_top_p_bound_matches_ref(vocab, digit_bits, chunk):
+    """Flat, peaked, tied (bf16-rounded and few-valued) and masked rows at several top_p, over one or several
+    chunks; unflagged rows keep their bound and need."""
+    gen = torch.Generator().manual_seed(vocab + digit_bits)
     rows = [torch.randn(vocab, generator=gen) * 0.5, torch.randn(vocab, generator=gen) * 4,
-            (torch.randn(vocab, generator=gen) * 2).bfloat16().float(), tied_logits(1, vocab, seed=ways)[0].cpu(),
+            (torch.randn(vocab, generator=gen) * 2).bfloat16().float(), tied_logits(1, vocab, seed=digit_bits)[0].cpu(),
             torch.zeros(vocab), torch.randn(vocab, generator=gen)]
     logits = torch.stack(rows).to(DEVICE)
     n = logits.shape[0]
@@ -139,7 +139,7 @@ def test_top_p_bound_matches_ref(vocab, ways):
     for name, fn in (("kernel", top_p_bound), ("ref", top_p_bound_ref)):
         bound = torch.full((n,), -7.0, device=DEVICE)
         need = torch.full((n,), -1, dtype=torch.int64, device=DEVICE)
-        kw = dict(ways=ways) if name == "kernel" else {}
+        kw = dict(digit_bits=digit_bits, chunk=chunk) if name == "kernel" else {}
         fn(logits=logits, temperature=temperature, row_max=row_max, target=top_p * mass, flag=flag, bound=bound,
            need=need, **kw)
         out[name] = bound, need
@@ -163,9 +163,12 @@ out["tie_count"] = compile_sm90(s._tie_count_kernel, types, consts, s.NUM_WARPS,
 for ties in (False, True):
     out[f"draw_kept ties {ties}"] = compile_sm90(s._draw_kept_kernel, types, dict(consts, TIES=ties, BLOCK_C=32),
                                                  s.NUM_WARPS, 1)
-out["top_p_bound"] = compile_sm90(s._top_p_bound_kernel, dict(types, target_ptr="*fp32", flag_ptr="*i8",
-                                                                bound_ptr="*fp32", need_ptr="*i64"),
-                                  dict(BLOCK=s.BOUND_BLOCK, WAYS=16), s.NUM_WARPS, 1)
+top_p = dict(types, target_ptr="*fp32", flag_ptr="*i8", hist_ptr="*fp32", count_ptr="*i32", prefix_ptr="*i64",
+             above_ptr="*fp32")
+for last in (False, True):
+    out[f"top_p_pass last {last}"] = compile_sm90(s._top_p_pass_kernel, top_p, dict(
+        CHUNK=s.CHUNK, BLOCK=s.BOUND_BLOCK, BLOCK_C=32, RADIX=16, DIGIT_BITS=4, LAST=last), s.NUM_WARPS, 1)
+out["top_p_final"] = compile_sm90(s._top_p_final_kernel, top_p, dict(BLOCK_C=32, RADIX=16), 1, 1)
 print(json.dumps(out))
 '''
 
@@ -176,6 +179,7 @@ def test_kernels_compile_for_hopper_without_spills():
 
     results = compile_sm90_in_subprocess(SM90_SCRIPT)
     assert set(results) == {"row_stats groups False", "row_stats groups True", "tie_count", "draw_kept ties False",
-                            "draw_kept ties True", "top_p_bound"}
+                            "draw_kept ties True", "top_p_pass last False", "top_p_pass last True",
+                            "top_p_final"}
     assert all(spilled == 0 for _, spilled in results.values()), results
 
