@@ -14,7 +14,7 @@ measured on their own steps:
 - prefill tok/s and MFU: prompt tokens / wall time of the extend steps, FLOPs of those steps /
   their wall time / measured matmul peak;
 - step overhead: per decode step, device time of the model forward vs the rest (host_ms); in the
-  JSON also the 90th percentile and slowest step, and the steps over 1.2x the median with the time
+  JSON also each step's times, the 90th percentile and slowest step, and the steps over 1.2x the median with the time
   they add (where a mean-based tok/s parts from the median step).
 HF runs for --hf-batches only, after our engine is shut down and freed.
 """
@@ -136,7 +136,9 @@ def decode_summary(records, batch: int, cost, ceilings) -> dict:
             "bytes_per_step": moved / len(steps), **medians,
             "step_p90_ms": 1e3 * walls[int(0.9 * (len(walls) - 1))], "step_max_ms": 1e3 * walls[-1],
             "slow_steps": len(slow), "slow_steps_excess_ms": 1e3 * (sum(slow) - len(slow) * statistics.median(walls)),
-            "forward_kind": statistics.mode([r.forward_kind for r in steps])}
+            "forward_kind": statistics.mode([r.forward_kind for r in steps]),
+            # per step, in order: (wall, forward, schedule, run) ms, to tell a slow step's device time from the host's
+            "steps_ms": [[round(1e3 * x, 3) for x in (r.wall_s, r.forward_s, r.schedule_s, r.run_s)] for r in steps]}
 
 
 def prefill_summary(records, cost, ceilings, start: float) -> dict:
