@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [day3|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [day4|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -137,13 +137,14 @@ for part in ${*:-tests}; do
         --sampling top_p=0.9 --sampling top_k=50
       [ -n "${TOP_P_ONLY:-}" ] && offline t07p09_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 \
         --sampling temperature=0.7 --sampling top_p=0.9 ;;
-    day3)  # the sampler's prepared switches (runner/sampler.py, off by default): GROUP_CANDIDATES and
-      # READBACK_FREE_TOP_P. CUDA tests, the sampler bench (peaked and flat rows), then 9B greedy against
-      # top_p+top_k (torch.topk / group candidates) and top_p alone (read-back / searched), batch 1 / 32 / 64
-      timeout 150 python3 -m pytest -q -rfE -p no:cacheprovider tests/gpu/test_sampler_cuda.py \
-        tests/kernels/test_sampling_kernels.py 2>&1 | tee "$OUT/tests_sampler.log" | tail -6
+    day4)  # the radix top_p search, the follow-up step's eviction, the sampler's switches (GROUP_CANDIDATES,
+      # READBACK_FREE_TOP_P; off by default): CUDA tests, the sampler bench (peaked and flat rows), then 9B greedy
+      # against top_p+top_k (torch.topk / group candidates) and top_p alone (read-back / searched), batch 1 / 32 / 64
+      timeout 240 python3 -m pytest -q -rfE -p no:cacheprovider --durations=5 tests/gpu/test_sampler_cuda.py \
+        tests/kernels/test_sampling_kernels.py tests/gpu/test_overlap_cuda.py tests/gpu/test_prefix_cache_cuda.py \
+        2>&1 | tee "$OUT/tests_sampler.log" | tail -12
       timeout 120 python3 bench/sampler_kernels.py 2>&1 | tee "$OUT/sampler_kernels.md" | grep -E "^\||copy|Error"
-      timeout 60 python3 bench/sampler_kernels.py --scale 0.5 --batch 64 2>&1 | tee "$OUT/sampler_kernels_flat.md" \
+      timeout 60 python3 bench/sampler_kernels.py --scale 0.5 --batch 1 64 2>&1 | tee "$OUT/sampler_kernels_flat.md" \
         | grep -E "^\||copy|Error"
       offline greedy_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128
       pk="--sampling temperature=0.7 --sampling top_p=0.9"
