@@ -90,7 +90,7 @@ class Allocator:
             self.ref_page(page)
         self.slot_pages[slot] = list(pages)
         if pages:
-            self.page_table[slot, :len(pages)] = torch.tensor(pages, dtype=torch.int32)
+            self._write_pages(slot, 0, pages)
 
     def alloc_page(self) -> int:
         """One page with a single reference held by the caller; raises OutOfPages."""
@@ -123,7 +123,14 @@ class Allocator:
             self.page_refs[page] = 1
         start = len(pages)
         pages.extend(new)
-        self.page_table[slot, start:start + need] = torch.tensor(new, dtype=torch.int32)
+        self._write_pages(slot, start, new)
+
+    def _write_pages(self, slot: int, start: int, pages: list[int]) -> None:
+        """page_table[slot, start:start + len(pages)] = pages, queued on the stream from pinned memory: a
+        blocking copy would wait for the step in flight, behind which the overlapped decode grows the next step's
+        pages."""
+        values = torch.tensor(pages, dtype=torch.int32, pin_memory=self.page_table.is_cuda)
+        self.page_table[slot, start:start + len(pages)].copy_(values, non_blocking=True)
 
     def _unref(self, page: int) -> None:
         self.page_refs[page] -= 1

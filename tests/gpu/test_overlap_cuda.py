@@ -2,6 +2,7 @@
 the plain scheduler. Skipped without CUDA."""
 
 import pytest
+import torch
 
 from tests.test_hf_parity import make_scheduler
 from tests.test_overlap_schedule import requests, run
@@ -23,3 +24,22 @@ def test_overlapped_decode_matches_plain_on_cuda(tiny_checkpoint, family):
     assert over.num_overlapped_steps > 0
     for a, b in zip(base, over_reqs):
         assert b.output_ids == a.output_ids, a.rid
+
+
+def test_blind_steps_grow_pages_without_waiting_for_the_device(tiny_checkpoint):
+    """The follow-up step, built while the previous one runs, gives requests their next pages (every 4 tokens
+    here) without a blocking copy: one would wait for the step in flight."""
+    path = tiny_checkpoint("qwen3_5")
+    s = make_scheduler(path, device="cuda", chunked_prefill_size=16, cuda_graph_max_bs=8, page_size=4)
+    follow_up = s._follow_up
+
+    def strict(pending):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return follow_up(pending)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    s._follow_up = strict
+    run(s, requests(s.vocab_size, device="cuda"))
+    assert s.num_overlapped_steps > 10
