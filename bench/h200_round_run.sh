@@ -2,16 +2,16 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [day4|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
   timeout 300 python3 bench/offline.py --config "configs/$config" --skip-hf --out "$OUT/offline_$name.json" "$@" \
     2>&1 | quiet | tee "$OUT/offline_$name.md" | sed -n '/## Decode$/,/## End/p' | head -12
 }
-offline_with() {  # offline_with NAME SAMPLER_SETTING CONFIG ARGS...: offline with a runner/sampler.py switch set
+offline_with() {  # offline_with NAME SETTING CONFIG ARGS...: offline with runner/sampler.py's SETTING ("NAME=VALUE")
   local name=$1 setting=$2 config=$3; shift 3
-  timeout 300 python3 -c "import runpy, sys; import hybrid_sgl.runner.sampler as s; s.$setting = True; \
+  timeout 300 python3 -c "import runpy, sys; import hybrid_sgl.runner.sampler as s; s.$setting; \
     sys.argv = sys.argv[1:]; sys.path.insert(0, 'bench'); runpy.run_path('bench/offline.py', run_name='__main__')" \
     bench/offline.py --config "configs/$config" --skip-hf --out "$OUT/offline_$name.json" "$@" 2>&1 | quiet \
     | tee "$OUT/offline_$name.md" | sed -n '/## Decode$/,/## End/p' | head -12
@@ -137,9 +137,9 @@ for part in ${*:-tests}; do
         --sampling top_p=0.9 --sampling top_k=50
       [ -n "${TOP_P_ONLY:-}" ] && offline t07p09_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 \
         --sampling temperature=0.7 --sampling top_p=0.9 ;;
-    day4)  # the radix top_p search, the follow-up step's eviction, the sampler's switches (GROUP_CANDIDATES,
-      # READBACK_FREE_TOP_P; off by default): CUDA tests, the sampler bench (peaked and flat rows), then 9B greedy
-      # against top_p+top_k (torch.topk / group candidates) and top_p alone (read-back / searched), batch 1 / 32 / 64
+    day5)  # the served sampler (group candidates from 32 rows, top_p rows past the candidates searched on the
+      # device) and the page tables written without blocking: CUDA tests, the sampler bench (peaked and flat rows),
+      # then 9B greedy against temperature 0.7 alone, + top_p 0.9 + top_k 50, and top_p 0.9 alone, batch 1 / 32 / 64
       timeout 240 python3 -m pytest -q -rfE -p no:cacheprovider --durations=5 tests/gpu/test_sampler_cuda.py \
         tests/kernels/test_sampling_kernels.py tests/gpu/test_overlap_cuda.py tests/gpu/test_prefix_cache_cuda.py \
         2>&1 | tee "$OUT/tests_sampler.log" | tail -12
@@ -147,13 +147,10 @@ for part in ${*:-tests}; do
       timeout 60 python3 bench/sampler_kernels.py --scale 0.5 --batch 1 64 2>&1 | tee "$OUT/sampler_kernels_flat.md" \
         | grep -E "^\||copy|Error"
       offline greedy_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128
+      offline t07_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 --sampling temperature=0.7
       pk="--sampling temperature=0.7 --sampling top_p=0.9"
       offline t07p09k50_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 $pk --sampling top_k=50
-      offline_with t07p09k50_groups_9b GROUP_CANDIDATES qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 \
-        $pk --sampling top_k=50
-      offline t07p09_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 $pk
-      offline_with t07p09_searched_9b READBACK_FREE_TOP_P qwen3_5-9b-text --batch 1,32,64 --prompt 1024 \
-        --output 128 $pk ;;
+      offline t07p09_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 $pk ;;
     e2e35)  # 35B-A3B bf16 and FP8 (experts too) decode
       offline bf16_35b qwen3_5-35b-a3b-text --batch 1,32 --prompt 512 --output 128
       offline fp8_35b qwen3_5-35b-a3b-text --batch 1,32 --prompt 512 --output 128 --engine-arg quantization=fp8 \

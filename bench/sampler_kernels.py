@@ -5,11 +5,12 @@ argmax, at batch 1 / 32 / 64, with the parts of the Triton draw timed alone.
 
 Device time: the calls are queued behind a 50 ms sleep kernel, so the GPU runs them back to back and
 the host's launch time does not count (in serving, the overlap schedule launches sampling while the
-forward still runs, so device time is what a step pays). A call that waits for the device (top_p
-without top_k reads back which rows need the full sort) is timed with its wait. "+ group candidates"
-is the kernel path with GROUP_CANDIDATES on (the candidates through the group maxima, top_logits);
-"+ readback-free top_p" with READBACK_FREE_TOP_P on (top_p_bound; --scale 0.5 gives flat rows, whose
-top_p boundary lies past the candidates).
+forward still runs, so device time is what a step pays). A call that waits for the device ("top_p read
+back": top_p without top_k reads back which rows need the full sort) is timed with its wait. "served" is
+the kernel path as runner/sampler.py's settings are; the next columns change one setting: the
+candidates by torch.topk or through the group maxima (top_logits) at every batch size, and top_p rows
+past the candidates read back and sorted instead of searched on the device (top_p_bound; --scale 0.5
+gives flat rows, whose top_p boundary lies past the candidates).
 The bytes column is the least the kernel path moves: the logits read three times (row statistics,
 torch.topk's candidates, draw), the noise written and read; % copy is against a device-to-device copy in the same
 run.
@@ -68,10 +69,10 @@ def main() -> None:
     a = p.parse_args()
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw:.2f} TB/s, vocabulary {a.vocab}, logits ~ N(0, {a.scale}^2)\n")
-    print("| batch | knobs | greedy argmax ms | torch path ms | kernels ms | kernels / torch | + group candidates ms | "
-          "+ readback-free top_p ms | row_stats ms | topk ms | top_logits ms | noise ms | draw ms | bytes MB | "
-          "kernels % copy |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| batch | knobs | greedy argmax ms | torch path ms | served ms | served / torch | "
+          + " | ".join(f"{name} ms" for name in VARIANTS)
+          + " | row_stats ms | topk ms | top_logits ms | noise ms | draw ms | bytes MB | served % copy |")
+    print("|---|---|---|---|---|---|" + "---|" * len(VARIANTS) + "---|---|---|---|---|---|---|")
     for batch in a.batch:
         logits = torch.randn(batch, a.vocab, device="cuda") * a.scale
         greedy = time_ms(lambda: logits.argmax(dim=-1))  # noqa: B023 (timed before the loop moves on)
@@ -79,13 +80,22 @@ def main() -> None:
             print(row(logits, name, knobs, greedy, bw))
 
 
-def switched(sampler: Sampler, switch: str, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
-    """sampler's draw with one of runner/sampler.py's switches (off by default) on."""
-    setattr(sampler_module, switch, True)
+# the served sampler with one of runner/sampler.py's settings changed
+VARIANTS = {"torch.topk candidates": {"GROUP_CANDIDATES_MIN_ROWS": 1 << 30},
+            "group candidates": {"GROUP_CANDIDATES_MIN_ROWS": 1},
+            "top_p read back": {"READBACK_FREE_TOP_P": False}}
+
+
+def switched(sampler: Sampler, setting: dict, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
+    """sampler's draw with runner/sampler.py's module settings changed as `setting` says."""
+    served = {name: getattr(sampler_module, name) for name in setting}
+    for name, value in setting.items():
+        setattr(sampler_module, name, value)
     try:
         return sampler(logits, reqs, ())
     finally:
-        setattr(sampler_module, switch, False)
+        for name, value in served.items():
+            setattr(sampler_module, name, value)
 
 
 def row(logits: torch.Tensor, name: str, knobs: dict, greedy: float, bw: float) -> str:
@@ -94,10 +104,9 @@ def row(logits: torch.Tensor, name: str, knobs: dict, greedy: float, bw: float) 
     torch_path, kernels = Sampler(kernels=False), Sampler(kernels=True)
     t_torch = time_ms(lambda: torch_path(logits, reqs, ()))
     t_kernels = time_ms(lambda: kernels(logits, reqs, ()))
-    # each switch flipped around the same Sampler, whose batch parameters stay built (a fresh Sampler per call
+    # each setting changed around the same Sampler, whose batch parameters stay built (a fresh Sampler per call
     # would copy them to the device each call, and that copy waits for the queue)
-    t_groups = time_ms(lambda: switched(kernels, "GROUP_CANDIDATES", logits, reqs))
-    t_readback_free = time_ms(lambda: switched(kernels, "READBACK_FREE_TOP_P", logits, reqs))
+    t_variants = [time_ms(lambda v=v: switched(kernels, v, logits, reqs)) for v in VARIANTS.values()]
     t = torch.full((batch,), knobs["temperature"], device="cuda")
     m, _ = row_stats(logits=logits, temperature=t)
     t_stats = time_ms(lambda: row_stats(logits=logits, temperature=t))
@@ -114,7 +123,7 @@ def row(logits: torch.Tensor, name: str, knobs: dict, greedy: float, bw: float) 
                                        min_p=zeros, ties=False))
     nbytes = 5 * logits.numel() * 4
     return (f"| {batch} | {name} | {greedy:.3f} | {t_torch:.3f} | {t_kernels:.3f} | {t_kernels / t_torch:.2f} | "
-            f"{t_groups:.3f} | {t_readback_free:.3f} | {t_stats:.3f} | {t_topk:.3f} | {t_top_logits:.3f} | "
+            + "".join(f"{t_v:.3f} | " for t_v in t_variants) + f"{t_stats:.3f} | {t_topk:.3f} | {t_top_logits:.3f} | "
             f"{t_noise:.3f} | {t_draw:.3f} | "
             f"{nbytes / 1e6:.0f} | "
             f"{100 * nbytes / (t_kernels * 1e-3) / (bw * 1e12):.0f} |")

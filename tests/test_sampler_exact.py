@@ -177,11 +177,11 @@ def test_kernel_draws_in_mixed_batches():
 @interpreted
 @pytest.mark.parametrize("candidates", [16, 1024])  # 16: top_p rows past the candidates take the full sort
 def test_group_candidates_give_the_torch_draws(candidates, monkeypatch):
-    """The candidates found through the group maxima (GROUP_CANDIDATES) draw what the torch path draws."""
+    """The candidates found through the group maxima (GROUP_CANDIDATES_MIN_ROWS) draw what the torch path draws."""
     from hybrid_sgl.runner import sampler as sampler_module
 
     calls = []
-    monkeypatch.setattr(sampler_module, "GROUP_CANDIDATES", True)
+    monkeypatch.setattr(sampler_module, "GROUP_CANDIDATES_MIN_ROWS", 1)
     monkeypatch.setattr(sampler_module, "top_logits", lambda **kw: calls.append(kw["k"]) or top_logits(**kw))
     rows, vocab = 12, 2048
     logits = (torch.randn(rows, vocab, generator=torch.Generator().manual_seed(candidates)) * 3).bfloat16().float()
@@ -201,10 +201,11 @@ def test_group_candidates_give_the_torch_draws(candidates, monkeypatch):
 
 
 @interpreted
+@pytest.mark.parametrize("readback_free", [True, False])
 @pytest.mark.parametrize("name", ["top_p", "top_p_past_candidates", "seeded", "combined"])
-def test_readback_free_top_p_gives_the_torch_draws(name, monkeypatch):
-    """READBACK_FREE_TOP_P: every top_p row without top_k searched by a kernel over its whole row, with nothing
-    read back and (in a batch of such rows) no candidates taken."""
+def test_top_p_past_the_candidates_gives_the_torch_draws(name, readback_free, monkeypatch):
+    """The rows past the candidates searched by a kernel (READBACK_FREE_TOP_P, served), with nothing read back,
+    or read back and sorted."""
     from hybrid_sgl.runner import sampler as sampler_module
 
     params, seed, candidates = CONFIGS[name]
@@ -216,10 +217,9 @@ def test_readback_free_top_p_gives_the_torch_draws(name, monkeypatch):
         torch.manual_seed(5)
         with monkeypatch.context() as patch:
             if kernels:
-                patch.setattr(sampler_module, "READBACK_FREE_TOP_P", True)
-                patch.setattr(torch.Tensor, "nonzero", lambda *a, **k: pytest.fail("read back"))
-                if "top_k" not in params:
-                    patch.setattr(torch.Tensor, "topk", lambda *a, **k: pytest.fail("candidates taken"))
+                patch.setattr(sampler_module, "READBACK_FREE_TOP_P", readback_free)
+                if readback_free:
+                    patch.setattr(torch.Tensor, "nonzero", lambda *a, **k: pytest.fail("read back"))
             drawn[kernels] = sample(logits, reqs_of(params, rows, seed), (), candidates=candidates, kernels=kernels)
     assert torch.equal(drawn[True], drawn[False]), name
 

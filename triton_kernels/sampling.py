@@ -222,15 +222,15 @@ def top_p_bound_ref(*, logits: torch.Tensor, temperature: torch.Tensor, row_max:
 
 @triton.jit
 def _radix_key(x):
-    """float32 -> int64 in [0, 2^32), in the same order (-inf lowest; NaN never occurs here)."""
+    """float32 -> int32 bits that order as unsigned integers as the floats do (-inf lowest; no NaN here)."""
     bits = x.to(tl.int32, bitcast=True)
-    return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) + 2147483648
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF) ^ (tl.full([], 1, tl.int32) << 31)  # ordered as signed; sign flipped
 
 
 @triton.jit
 def _radix_value(key):
-    """The float32 whose _radix_key is key (int64)."""
-    bits = (key - 2147483648).to(tl.int32)
+    """The float32 whose _radix_key is key."""
+    bits = key ^ (tl.full([], 1, tl.int32) << 31)
     return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
 
 
@@ -250,7 +250,7 @@ def _radix_choose(hist_ptr, prefix_ptr, above_ptr, target, row, n, num_chunks, b
     higher = tl.sum(tl.where(o_r[None, :] > o_r[:, None], h[None, :], 0.0), 1)  # [RADIX] mass in higher buckets
     fits = (h > 0) & (above + higher <= target)
     digit = tl.min(tl.where(fits, o_r, RADIX - 1), 0)  # the highest bucket with mass always fits
-    return prefix | (digit.to(tl.int64) << shift), above + tl.sum(tl.where(o_r == digit, higher, 0.0), 0), digit
+    return prefix | (digit << shift), above + tl.sum(tl.where(o_r == digit, higher, 0.0), 0), digit
 
 
 @triton.jit
@@ -265,7 +265,7 @@ def _top_p_pass_kernel(l_ptr, l_stride, t_ptr, m_ptr, target_ptr, flag_ptr, hist
         t = tl.load(t_ptr + row)
         m = tl.load(m_ptr + row)
         shift = 32 - DIGIT_BITS * (p + 1)
-        prefix = tl.full([], 0, tl.int64)
+        prefix = tl.full([], 0, tl.int32)
         if p > 0:
             prefix, above, _ = _radix_choose(hist_ptr, prefix_ptr, above_ptr, tl.load(target_ptr + row), row, n,
                                              num_chunks, (p - 1) % 2, shift + DIGIT_BITS, BLOCK_C, RADIX)
@@ -282,7 +282,9 @@ def _top_p_pass_kernel(l_ptr, l_stride, t_ptr, m_ptr, target_ptr, flag_ptr, hist
         for start in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, vocab), BLOCK):
             x = tl.load(l_ptr + row * l_stride + start + o, mask=start + o < vocab, other=float("-inf"))
             key = _radix_key(x)
-            match = ((key >> (shift + DIGIT_BITS)) == (prefix >> (shift + DIGIT_BITS))) & (start + o < vocab)
+            # the digits above this pass's equal the prefix's (equal arithmetic shifts: equal high bits)
+            high = tl.minimum(shift + DIGIT_BITS, 31)
+            match = ((p == 0) | ((key >> high) == (prefix >> high))) & (start + o < vocab)
             if tl.max(match.to(tl.int32), 0) > 0:  # after the first passes most blocks hold none of the prefix
                 hit = match[:, None] & (((key >> shift) & (RADIX - 1))[:, None] == o_r[None, :])  # [BLOCK, RADIX]
                 acc += tl.where(hit, tl.exp(tl.math.div_rn(x, t) - m)[:, None], 0.0)
@@ -332,7 +334,7 @@ def top_p_bound(*, logits: torch.Tensor, temperature: torch.Tensor, row_max: tor
     dev = logits.device
     hist = torch.empty(2, n, num_chunks, radix, dtype=torch.float32, device=dev)
     count = torch.empty(n, num_chunks, radix, dtype=torch.int32, device=dev)
-    prefix = torch.empty(2, n, dtype=torch.int64, device=dev)
+    prefix = torch.empty(2, n, dtype=torch.int32, device=dev)
     above = torch.empty(2, n, dtype=torch.float32, device=dev)
     rows = (temperature.reshape(-1).float().contiguous(), row_max.reshape(-1).float().contiguous(),
             target.reshape(-1).float().contiguous(), flag.reshape(-1).to(torch.int8))

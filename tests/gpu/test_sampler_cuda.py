@@ -17,12 +17,13 @@ VOCAB = 248_320
                                    {"temperature": 0.7, "top_p": 0.9}, {"temperature": 1.2, "min_p": 0.05},
                                    {"temperature": 0.7, "top_k": 50, "top_p": 0.9, "min_p": 0.05}])
 @pytest.mark.parametrize("scale", [0.5, 4.0])  # flat rows (top_p past the candidates) and peaked ones
-@pytest.mark.parametrize("switch", [None, "GROUP_CANDIDATES", "READBACK_FREE_TOP_P"])  # runner/sampler.py's
-def test_kernel_draws_are_the_torch_draws_at_the_real_vocabulary(knobs, scale, switch, monkeypatch):
+@pytest.mark.parametrize("setting", [{}, {"GROUP_CANDIDATES_MIN_ROWS": 1 << 30},  # runner/sampler.py's, on 48 rows:
+                                     {"GROUP_CANDIDATES_MIN_ROWS": 1}, {"READBACK_FREE_TOP_P": False}])  # else served
+def test_kernel_draws_are_the_torch_draws_at_the_real_vocabulary(knobs, scale, setting, monkeypatch):
     from hybrid_sgl.runner import sampler as sampler_module
 
-    if switch is not None:
-        monkeypatch.setattr(sampler_module, switch, True)
+    for name, value in setting.items():
+        monkeypatch.setattr(sampler_module, name, value)
     rows = 48
     gen = torch.Generator(device="cuda").manual_seed(7)
     logits = (torch.randn(rows, VOCAB, device="cuda", generator=gen) * scale).bfloat16().float()  # bf16 ties
@@ -52,3 +53,24 @@ def test_kernel_frequencies_match_the_reference_probabilities(name):
     drawn = sampler(LOGITS.cuda().repeat(DRAWS, 1), reqs, ())
     counts = torch.bincount(drawn.cpu(), minlength=len(LOGITS))
     assert chi_square_p(counts, exact) > P_VALUE, (name, counts.tolist(), exact.tolist())
+
+
+@pytest.mark.parametrize("scale", [0.5, 4.0])
+def test_served_draw_never_waits_for_the_device(scale):
+    """Every filter, top_p alone included (its rows past the candidates searched on the device): nothing in a
+    draw reads back to the host, so the overlapped decode keeps the next step queued."""
+    logits = torch.randn(16, VOCAB, device="cuda") * scale
+    knobs = [{"temperature": 0.7}, {"temperature": 0.7, "top_p": 0.9}, {"temperature": 0.7, "top_k": 50},
+             {"temperature": 0.7, "top_k": 50, "top_p": 0.9, "min_p": 0.05}]
+    reqs = [r for i, k in enumerate(knobs) for r in reqs_of(k, 4, seed=i if i % 2 else None)]
+    for r in reqs:
+        if r.generator is not None:
+            r.generator = torch.Generator(device="cuda").manual_seed(r.generator.initial_seed())
+    sampler = Sampler()
+    sampler(logits, reqs, ())  # builds the batch's parameters (a copy to the device) and compiles
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        drawn = sampler(logits, reqs, ())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert drawn.shape == (16,)
