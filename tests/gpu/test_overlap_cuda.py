@@ -31,15 +31,17 @@ def test_blind_steps_grow_pages_without_waiting_for_the_device(tiny_checkpoint):
     here) without a blocking copy: one would wait for the step in flight."""
     path = tiny_checkpoint("qwen3_5")
     s = make_scheduler(path, device="cuda", chunked_prefill_size=16, cuda_graph_max_bs=8, page_size=4)
-    follow_up = s._follow_up
+    follow_up, grown = s._follow_up, []
 
     def strict(pending):
+        free = s.allocator.num_free_pages
         torch.cuda.set_sync_debug_mode("error")
         try:
             return follow_up(pending)
         finally:
             torch.cuda.set_sync_debug_mode("default")
+            grown.append(free - s.allocator.num_free_pages)
 
     s._follow_up = strict
     run(s, requests(s.vocab_size, device="cuda"))
-    assert s.num_overlapped_steps > 10
+    assert s.num_overlapped_steps > 5 and sum(n > 0 for n in grown) > 3, grown  # pages given in blind steps
