@@ -10,7 +10,8 @@ back": top_p without top_k reads back which rows need the full sort) is timed wi
 the kernel path as runner/sampler.py's settings are; the next columns change one setting: the
 candidates by torch.topk or through the group maxima (top_logits) at every batch size, and top_p rows
 past the candidates read back and sorted instead of searched on the device (top_p_bound; --scale 0.5
-gives flat rows, whose top_p boundary lies past the candidates).
+gives flat rows, whose top_p boundary lies past the candidates), and 1024 candidates before a top_p row is
+searched instead of SEARCHED_CANDIDATES.
 The bytes column is the least the kernel path moves: the logits read three times (row statistics,
 torch.topk's candidates, draw), the noise written and read; % copy is against a device-to-device copy in the same
 run.
@@ -83,7 +84,8 @@ def main() -> None:
 # the served sampler with one of runner/sampler.py's settings changed
 VARIANTS = {"torch.topk candidates": {"GROUP_CANDIDATES_MIN_ROWS": 1 << 30},
             "group candidates": {"GROUP_CANDIDATES_MIN_ROWS": 1},
-            "top_p read back": {"READBACK_FREE_TOP_P": False}}
+            "top_p read back": {"READBACK_FREE_TOP_P": False},
+            "1024 searched candidates": {"SEARCHED_CANDIDATES": 1024}}
 
 
 def switched(sampler: Sampler, setting: dict, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:

@@ -279,15 +279,17 @@ def _top_p_pass_kernel(l_ptr, l_stride, t_ptr, m_ptr, target_ptr, flag_ptr, hist
         o_r = tl.arange(0, RADIX)
         acc = tl.zeros([BLOCK, RADIX], tl.float32)
         cnt = tl.zeros([BLOCK, RADIX], tl.int32)
+        inv_t = 1.0 / t  # the weights within rounding of the reference's exp(l / T - m): the passes are ALU-bound
+        high = tl.minimum(shift + DIGIT_BITS, 31)
         for start in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, vocab), BLOCK):
             x = tl.load(l_ptr + row * l_stride + start + o, mask=start + o < vocab, other=float("-inf"))
             key = _radix_key(x)
             # the digits above this pass's equal the prefix's (equal arithmetic shifts: equal high bits)
-            high = tl.minimum(shift + DIGIT_BITS, 31)
             match = ((p == 0) | ((key >> high) == (prefix >> high))) & (start + o < vocab)
             if tl.max(match.to(tl.int32), 0) > 0:  # after the first passes most blocks hold none of the prefix
-                hit = match[:, None] & (((key >> shift) & (RADIX - 1))[:, None] == o_r[None, :])  # [BLOCK, RADIX]
-                acc += tl.where(hit, tl.exp(tl.math.div_rn(x, t) - m)[:, None], 0.0)
+                digit = tl.where(match, (key >> shift) & (RADIX - 1), RADIX)  # RADIX: no bucket
+                hit = digit[:, None] == o_r[None, :]  # [BLOCK, RADIX]
+                acc += tl.where(hit, tl.exp(x * inv_t - m)[:, None], 0.0)
                 if LAST:
                     cnt += hit.to(tl.int32)
         out = ((p % 2) * n + row) * num_chunks + c
