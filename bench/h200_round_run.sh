@@ -9,14 +9,6 @@ offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py int
   timeout 300 python3 bench/offline.py --config "configs/$config" --skip-hf --out "$OUT/offline_$name.json" "$@" \
     2>&1 | quiet | tee "$OUT/offline_$name.md" | sed -n '/## Decode$/,/## End/p' | head -12
 }
-offline_with() {  # offline_with NAME SETTING CONFIG ARGS...: offline with runner/sampler.py's SETTING ("NAME=VALUE")
-  local name=$1 setting=$2 config=$3; shift 3
-  timeout 300 python3 -c "import runpy, sys; import hybrid_sgl.runner.sampler as s; s.$setting; \
-    sys.argv = sys.argv[1:]; sys.path.insert(0, 'bench'); runpy.run_path('bench/offline.py', run_name='__main__')" \
-    bench/offline.py --config "configs/$config" --skip-hf --out "$OUT/offline_$name.json" "$@" 2>&1 | quiet \
-    | tee "$OUT/offline_$name.md" | sed -n '/## Decode$/,/## End/p' | head -12
-}
-
 for part in ${*:-tests}; do
   case $part in
     tests)  # every CUDA test: kernels, model parity, graphs, overlap, prefix cache, TP at 1 GPU, composed

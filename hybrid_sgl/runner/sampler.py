@@ -20,7 +20,9 @@ top_p times the total, where the two sum in a different order).
 On CUDA (`kernels=True`) the same boundary is found in logit space (the order of the logits is that of
 the probabilities; ties are exact in both) and two Triton kernels (triton_kernels/sampling.py) take
 the row statistics and the draw, each in one read of the row, instead of materializing the
-probabilities and the [n, V] masks.
+probabilities and the [n, V] masks. There a top_p row past its SEARCHED_CANDIDATES gets its boundary
+from a radix search on the device instead of the read-back and the sort (READBACK_FREE_TOP_P), so no
+draw waits for the device.
 """
 
 from __future__ import annotations
