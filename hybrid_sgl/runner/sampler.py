@@ -102,6 +102,11 @@ class BatchParams:
             unseeded=torch.tensor(unseeded, dtype=torch.int64, device=device) if seeded and unseeded else None,
             all_unseeded=not seeded, seeded=seeded)
 
+    def num_candidates(self, vocab: int, candidates: int) -> int:
+        """How many of each row's largest tokens top-k / top-p look at: the largest top_k, and at least
+        `candidates` when a row asks for top_p without top_k."""
+        return min(vocab, max(self.max_top_k, candidates if self.any_top_p_only else 0))
+
     def fits(self, reqs: list[Req]) -> bool:
         return len(reqs) == len(self.reqs) and all(a is b for a, b in zip(reqs, self.reqs))
 
@@ -189,7 +194,7 @@ def _keep(probs: torch.Tensor, params: BatchParams, candidates: int) -> tuple[to
         keep = probs >= threshold
     if not (params.max_top_k or params.any_top_p):
         return keep, []
-    k = min(vocab, max(params.max_top_k, candidates if params.any_top_p_only else 0))
+    k = params.num_candidates(vocab, candidates)
     vals = probs.topk(k, dim=-1).values  # [n, k], descending: the first k of sample_ref's sorted row
     # without top_k, top_p is a fraction of the whole row's mass
     row_mass = probs.sum(dim=-1, keepdim=True) if params.any_top_p_only and k < vocab else None
@@ -234,7 +239,7 @@ def _draw_with_kernels(sub: torch.Tensor, params: BatchParams, candidates: int) 
     n, vocab = sub.shape
     temperature = params.temperature[:, 0]
     filters = bool(params.max_top_k or params.any_top_p)
-    k = min(vocab, max(params.max_top_k, candidates if params.any_top_p_only else 0))
+    k = params.num_candidates(vocab, candidates)
     group_max = None
     if n >= GROUP_CANDIDATES_MIN_ROWS and filters and 4 * k * GROUP <= vocab:
         group_max = torch.empty(n, -(-vocab // GROUP), dtype=torch.float32, device=sub.device)
