@@ -130,12 +130,13 @@ def decode_summary(records, batch: int, cost, ceilings) -> dict:
         ("step", "wall_s"), ("forward", "forward_s"), ("host", "host_s"), ("schedule", "schedule_s"),
         ("build", "build_s"), ("run_host", "run_s"))}
     walls = sorted(r.wall_s for r in steps)
-    slow = [w for w in walls if w > 1.2 * statistics.median(walls)]  # steps that pull the mean off the median
+    median = statistics.median(walls)
+    slow = [w for w in walls if w > 1.2 * median]  # steps that pull the mean off the median
     return {"steps": len(steps), "whole_batch": whole_batch, "tok_s": tokens / wall,
             "roofline_tok_s": tokens / roof_s, "roofline_fraction": roof_s / wall,
             "bytes_per_step": moved / len(steps), **medians,
             "step_p90_ms": 1e3 * walls[int(0.9 * (len(walls) - 1))], "step_max_ms": 1e3 * walls[-1],
-            "slow_steps": len(slow), "slow_steps_excess_ms": 1e3 * (sum(slow) - len(slow) * statistics.median(walls)),
+            "slow_steps": len(slow), "slow_steps_excess_ms": 1e3 * (sum(slow) - len(slow) * median),
             "forward_kind": statistics.mode([r.forward_kind for r in steps]),
             # per step, in order: (wall, forward, schedule, run) ms, to tell a slow step's device time from the host's
             "steps_ms": [[round(1e3 * x, 3) for x in (r.wall_s, r.forward_s, r.schedule_s, r.run_s)] for r in steps]}
