@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -152,6 +152,15 @@ for part in ${*:-tests}; do
       timeout 60 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_sampling_kernels.py \
         tests/gpu/test_sampler_cuda.py -k "top_p_bound or served or frequencies" 2>&1 | tee "$OUT/tests_sampler.log" \
         | tail -4 ;;
+    day7)  # the sampler at HEAD (128 candidates before a top_p row is searched): every sampler and sampling-kernel
+      # CUDA test, then 9B greedy against top_p 0.9 + top_k 50 and top_p 0.9 alone, batch 1 / 32 / 64
+      timeout 200 python3 -m pytest -q -rfE -p no:cacheprovider --durations=5 tests/gpu/test_sampler_cuda.py \
+        tests/kernels/test_sampling_kernels.py tests/gpu/test_overlap_cuda.py 2>&1 | tee "$OUT/tests_sampler.log" \
+        | tail -8
+      offline greedy_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128
+      pk="--sampling temperature=0.7 --sampling top_p=0.9"
+      offline t07p09k50_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 $pk --sampling top_k=50
+      offline t07p09_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 $pk ;;
     e2e35)  # 35B-A3B bf16 and FP8 (experts too) decode
       offline bf16_35b qwen3_5-35b-a3b-text --batch 1,32 --prompt 512 --output 128
       offline fp8_35b qwen3_5-35b-a3b-text --batch 1,32 --prompt 512 --output 128 --engine-arg quantization=fp8 \
