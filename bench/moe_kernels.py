@@ -159,6 +159,11 @@ def case(name: str, shape: tuple, num_tokens: int, copy_bw: float, tune: bool, p
     ref = moe.fused_moe_ref(**kw)
     row = dict(model=name, tokens=num_tokens, err=rel_err(out, ref))
     row["ours"] = bench_ms(graphed(lambda: moe.fused_moe(**kw)))
+    if rows <= moe.GEMV_MAX_ROWS:  # the served call chose one of these two (fastest.py)
+        for path in ("dot", "gemv"):
+            call = functools.partial(moe._fused_moe_fwd, **kw, activation="silu", path=path)
+            row[path + "_err"] = rel_err(call(), ref)
+            row[path] = bench_ms(graphed(call))
     row["eager"] = bench_ms(lambda: moe.fused_moe(**kw))
     row["ref"] = bench_ms(lambda: moe.fused_moe_ref(**kw))
     a = torch.randn(rows, h, device=DEVICE, dtype=DTYPE)
@@ -171,7 +176,10 @@ def case(name: str, shape: tuple, num_tokens: int, copy_bw: float, tune: bool, p
         per_expert += (kw["w13_scale"][0].numel() + kw["w2_scale"][0].numel()) * 4
     moved = touched * per_expert + 2 * num_tokens * h * kw["x"].element_size()
     row["touched"] = touched
-    row["bw"] = moved / (row["ours"] * 1e-3) / copy_bw * 100
+    for col in ("ours", "dot", "gemv"):
+        if col in row:
+            row[col + "_bw"] = moved / (row[col] * 1e-3) / copy_bw * 100
+    row["bw"] = row["ours_bw"]
     row["tflops"] = 2 * rows * h * 3 * i / (row["ours"] * 1e-3) / 1e12
     if profile:
         times = kernel_times(lambda: moe.fused_moe(**kw))
@@ -191,6 +199,15 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {r['model']} | {r['tokens']} | {r['touched']} | {r['ours']:.3f} | {r['eager']:.3f} "
                      f"| {r['ref']:.3f} | {r['dense']:.3f} | {r['ref'] / r['ours']:.1f}x "
                      f"| {r['ours'] / r['dense']:.2f}x | {r['bw']:.1f} | {r['tflops']:.0f} | {r['err']:.1e} |")
+    paths = [r for r in rows if "gemv" in r]
+    if paths:
+        lines += ["", "Few tokens: the two paths the served call chooses between (CUDA-graph replays, L2 flushed)", "",
+                  "| model | T | served ms | tensor-core (dot) ms | % BW | GEMV ms | % BW | dot / GEMV | errors vs ref "
+                  "(dot / GEMV) |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in paths:
+            lines.append(f"| {r['model']} | {r['tokens']} | {r['ours']:.4f} | {r['dot']:.4f} | {r['dot_bw']:.1f} "
+                         f"| {r['gemv']:.4f} | {r['gemv_bw']:.1f} | {r['dot'] / r['gemv']:.2f} "
+                         f"| {r['dot_err']:.1e} / {r['gemv_err']:.1e} |")
     return "\n".join(lines)
 
 

@@ -10,13 +10,18 @@ FP8 experts (w13_scale / w2_scale given): w13 and w2 are float8_e4m3fn with one 
 weights are quantized. The kernels widen each e4m3 tile to x's dtype and scale its partial sum per
 output column, so K tiles must not straddle a 128 block."""
 
+import functools
+
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from triton_kernels.arrival_counters import arrival_counters, parts_scratch
+from triton_kernels.fastest import fastest
 from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8, e4m3_to_f16, f16_rows
+from triton_kernels.moe_epilogue import expert_activation, finish_combine
+from triton_kernels.moe_gemv import expert_gemvs
 from triton_kernels.moe_sort import bins_for, locate_block, max_blocks, sort_by_expert
 
 
@@ -108,17 +113,6 @@ def _split_k_program(H, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
 
 
 @triton.jit
-def _activation(acc, acc_up, GATED: tl.constexpr):
-    """silu(gate) * up, or relu(up)**2 (acc_up unused)."""
-    if GATED:
-        b_h = acc * tl.sigmoid(acc) * acc_up
-    else:
-        b_h = tl.maximum(acc, 0.0)
-        b_h = b_h * b_h
-    return b_h
-
-
-@triton.jit
 def _moe_up_kernel(x, w13, s13, inter, sorted_assign, expert_offsets, partials, arrivals, stride_x, stride_we,
                    stride_wn, stride_se, stride_sn, stride_inter, M, H, I, E, TOPK: tl.constexpr, GATED: tl.constexpr,
                    PREC: tl.constexpr, NUM_BINS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -195,11 +189,11 @@ def _moe_up_kernel(x, w13, s13, inter, sorted_assign, expert_offsets, partials, 
             for j in tl.static_range(SPLIT_K):
                 b_g += tl.load(p_part + j * M * 2 * I, mask=m_n, other=0.0, cache_modifier=".cg")
                 b_u += tl.load(p_part + j * M * 2 * I + I, mask=m_n, other=0.0, cache_modifier=".cg")
-            b_h = _activation(b_g, b_u, GATED)
+            b_h = expert_activation(b_g, b_u, GATED)
             tl.store(inter + i_b.to(tl.int64) * stride_inter + o_n, b_h.to(inter.dtype.element_ty), mask=m_n)
             tl.atomic_xchg(arrivals + pid, 0)
     else:
-        b_h = _activation(acc, acc_up, GATED)
+        b_h = expert_activation(acc, acc_up, GATED)
         p_o = inter + o_m.to(tl.int64)[:, None] * stride_inter + o_n[None, :]
         tl.store(p_o, b_h.to(inter.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
 
@@ -271,26 +265,10 @@ def _moe_down_kernel(inter, w2, s2, rows, sorted_assign, expert_offsets, topk_we
             for j in tl.static_range(TOPK * SPLIT_K):
                 b_sum += tl.load(rows + (t * TOPK * SPLIT_K + j) * stride_rows + o_n, mask=m_n, other=0.0,
                                  cache_modifier=".cg")
-            b_out = _finish_combine(b_sum, shared, shared_gate, t, o_n, m_n, stride_shared, stride_gate,
+            b_out = finish_combine(b_sum, shared, shared_gate, t, o_n, m_n, stride_shared, stride_gate,
                                     out.dtype.element_ty, HAS_SHARED, HAS_GATE)
             tl.store(out + t * stride_out + o_n, b_out, mask=m_n)
             tl.atomic_xchg(arrivals + t * num_n + i_n, 0)
-
-
-@triton.jit
-def _finish_combine(acc, shared, shared_gate, t, o_h, m_h, stride_shared, stride_gate, dtype: tl.constexpr,
-                    HAS_SHARED: tl.constexpr, HAS_GATE: tl.constexpr):
-    """The experts' float32 sum acc [BLOCK] of token t's columns o_h (+ sigmoid(shared_gate[t]) *
-    shared[t]), rounded to dtype where the eager model rounds: the sum, the gate, the gated shared
-    output, the total."""
-    if HAS_SHARED:
-        acc = acc.to(dtype).to(tl.float32)
-        b_s = tl.load(shared + t * stride_shared + o_h, mask=m_h, other=0.0).to(tl.float32)
-        if HAS_GATE:
-            b_g = tl.load(shared_gate + t * stride_gate).to(dtype).to(tl.float32)
-            b_s = (tl.sigmoid(b_g).to(dtype).to(tl.float32) * b_s).to(dtype).to(tl.float32)
-        acc += b_s
-    return acc.to(dtype)
 
 
 @triton.jit
@@ -308,7 +286,7 @@ def _combine_kernel(rows, shared, shared_gate, out, stride_shared, stride_gate, 
     acc = tl.zeros([BLOCK_H], dtype=tl.float32)
     for j in tl.static_range(TOP_K):
         acc += tl.load(rows + (t * TOP_K + j) * H + o_h, mask=m_h, other=0.0).to(tl.float32)
-    acc = _finish_combine(acc, shared, shared_gate, t, o_h, m_h, stride_shared, stride_gate, dtype, HAS_SHARED,
+    acc = finish_combine(acc, shared, shared_gate, t, o_h, m_h, stride_shared, stride_gate, dtype, HAS_SHARED,
                           HAS_GATE)
     tl.store(out + t * stride_out + o_h, acc, mask=m_h)
 
@@ -334,6 +312,7 @@ def _combine(out_rows: torch.Tensor, t: int, k: int, shared: torch.Tensor | None
 
 
 UNSORTED_MAX_ROWS = 32
+GEMV_MAX_ROWS = 176  # 16 tokens of Qwen3-Next's 10 routed slots and the shared one; beyond, the dot path
 
 
 def _gemm_configs(num_rows: int, num_experts: int, dtype: torch.dtype, device: torch.device) -> tuple[dict, dict]:
@@ -371,13 +350,15 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
                    shared_gate: torch.Tensor | None = None, partial: bool = False,
                    w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
                    fp8_f16_operands: bool = False, widen_bits: bool = False,
-                   unsorted: bool | None = None) -> torch.Tensor:
+                   unsorted: bool | None = None, path: str | None = None) -> torch.Tensor:
     """fused_moe, with what the benchmarks vary. Launch configs (dicts of BLOCK_M/N/K, num_warps,
     num_stages and SPLIT_K, the last on the unsorted path only); explicit ones take the sorted path unless
     `unsorted` says otherwise (None: unsorted up to UNSORTED_MAX_ROWS assignments with the default
     configs). fp8_f16_operands, widen_bits: the FP8 experts' fp16-operand variants (_fp8_weight_dot);
     x must hold bf16 values. SPLIT_K above 1, fp8_f16_operands and widen_bits are off in serving until
-    measured faster."""
+    measured faster. path: "gemv" runs the few-token expert GEMVs (moe_gemv.py; up to GEMV_MAX_ROWS
+    assignments, nothing else varied), "dot" the tensor-core kernels below; None: on CUDA, up to
+    GEMV_MAX_ROWS assignments, whichever of the two timed faster at this shape (fastest.py), else "dot"."""
     if activation not in ("silu", "relu2"):
         raise ValueError(f"unsupported MoE activation {activation!r}; expected 'silu' or 'relu2'")
     gated = activation == "silu"
@@ -403,6 +384,16 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     rows = t * k
     if rows == 0:  # no tokens
         return torch.zeros_like(x)
+    defaults = up_config is None and down_config is None and unsorted is None
+    defaults = defaults and not (fp8_f16_operands or widen_bits)
+    if path is None and defaults and rows <= GEMV_MAX_ROWS and x.is_cuda:
+        path = _few_rows_path(x, w13, w2, topk_weights, topk_ids, activation, shared, shared_gate, partial,
+                              w13_scale, w2_scale)
+    if path == "gemv":
+        assert defaults and rows <= GEMV_MAX_ROWS, f"the gemv path takes up to {GEMV_MAX_ROWS} assignments"
+        _check_shared(shared, shared_gate, t, h)
+        return expert_gemvs(x, w13, w2, w13_scale, w2_scale, topk_weights.float().contiguous(), topk_ids, gated,
+                            shared, shared_gate)
     if unsorted is None:
         unsorted = rows <= UNSORTED_MAX_ROWS and up_config is None and down_config is None
     if unsorted:  # a few tokens: each assignment is its own row block, its expert read from topk_ids
@@ -455,6 +446,24 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     if k == 1 and shared is None:
         return out_rows
     return _combine(out_rows, t, k, shared, shared_gate)
+
+
+def _few_rows_path(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                   topk_ids: torch.Tensor, activation: str, shared: torch.Tensor | None,
+                   shared_gate: torch.Tensor | None, partial: bool, w13_scale: torch.Tensor | None,
+                   w2_scale: torch.Tensor | None) -> str:
+    """"dot" or "gemv" for a few tokens on CUDA: whichever ran this shape faster, timed once per shape
+    (the first call comes in the decode graphs' warm-up, before capture); "dot" until timed."""
+    key = ("fused_moe_few_rows", tuple(x.shape), tuple(w13.shape), tuple(topk_ids.shape), x.dtype, w13.dtype,
+           activation, shared is not None, shared_gate is not None, partial, x.device)
+
+    def runs() -> dict:
+        return {path: functools.partial(_fused_moe_fwd, x, w13, w2, topk_weights, topk_ids, activation, shared=shared,
+                                        shared_gate=shared_gate, partial=partial, w13_scale=w13_scale,
+                                        w2_scale=w2_scale, path=path)
+                for path in ("dot", "gemv")}
+
+    return fastest(key, runs) or "dot"
 
 
 def fused_moe(

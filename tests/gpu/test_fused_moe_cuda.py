@@ -5,7 +5,8 @@ tolerance, and replayed from a CUDA graph with new inputs. Skipped without CUDA.
 import pytest
 import torch
 
-from triton_kernels.fused_moe import fused_moe, fused_moe_ref
+from triton_kernels.fp8_quant import quantize_fp8_stacked
+from triton_kernels.fused_moe import GEMV_MAX_ROWS, _fused_moe_fwd, fused_moe, fused_moe_ref
 
 pytestmark = pytest.mark.gpu
 
@@ -52,22 +53,43 @@ def test_bf16_real_shapes(shape, num_tokens):
     assert worst <= 0.05 * exact.abs().max().item(), f"max abs error {worst:.3e}"
 
 
+@pytest.mark.parametrize("num_tokens", [1, 4, 16])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_few_token_paths_at_real_shapes(shape, num_tokens):
+    """Both paths the served call chooses between for a few tokens (tensor-core "dot", expert GEMVs),
+    bf16 against the float32 reference as above; then FP8 experts against the dequantized reference."""
+    kw = _problem(shape, num_tokens, torch.bfloat16, seed=num_tokens + 40)
+    if num_tokens * kw["topk_ids"].shape[1] > GEMV_MAX_ROWS:
+        pytest.skip("more assignments than the gemv path takes")
+    exact = fused_moe_ref(**_float32(kw))
+    ref_err = _rel_err(fused_moe_ref(**kw), exact)
+    for path in ("dot", "gemv"):
+        err = _rel_err(_fused_moe_fwd(**kw, path=path), exact)
+        assert err < 1e-2 and err <= 1.5 * ref_err + 1e-3, f"{path}: {err:.2e} vs bf16 reference {ref_err:.2e}"
+    for w in ("w13", "w2"):
+        kw[w], kw[w + "_scale"] = quantize_fp8_stacked(kw[w])
+    exact = fused_moe_ref(**{**_float32(kw), "w13": kw["w13"], "w2": kw["w2"]})  # e4m3 dequantized to float32
+    for path in ("dot", "gemv"):
+        err = _rel_err(_fused_moe_fwd(**kw, path=path), exact)
+        assert err < 1e-2, f"FP8 {path}: {err:.2e}"
+
+
 @pytest.mark.parametrize("num_tokens", [5, 300])
 def test_float32_tight(num_tokens):
     kw = _problem("qwen3_5_35b_a3b", num_tokens, torch.float32, seed=7)
     torch.testing.assert_close(fused_moe(**kw), fused_moe_ref(**kw), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("num_tokens", [1, 24])
-def test_cuda_graph_replay_with_new_inputs(num_tokens):
+@pytest.mark.parametrize("num_tokens,path", [(1, None), (24, None), (1, "gemv"), (16, "gemv")])
+def test_cuda_graph_replay_with_new_inputs(num_tokens, path):
     """Captured once, replayed with new x, weights and routing (spread, then every token on the
     same k experts): the grids are sized for any routing and nothing syncs with the host."""
     static = _problem("qwen3_5_35b_a3b", num_tokens, torch.bfloat16, seed=1)
-    fused_moe(**static)  # compile outside the capture
+    _fused_moe_fwd(**static, path=path)  # compile (and tune) outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = fused_moe(**static)
+        out = _fused_moe_fwd(**static, path=path)
     k = static["topk_ids"].shape[1]
     for seed, skewed in ((2, False), (3, True)):
         new = _problem("qwen3_5_35b_a3b", num_tokens, torch.bfloat16, seed=seed)

@@ -1,6 +1,6 @@
 """The MoE decode kernels compile for Hopper (sm_90a) at the Qwen3.5-35B-A3B shape with the launch
 configs serving picks at T = 1, and ptxas reports no register spills: the one-launch router, the fused
-MoE's up and down GEMMs (bf16 and FP8 experts).
+MoE's up and down GEMMs (bf16 and FP8 experts), and every tuned config of the few-token expert GEMVs.
 
 Needs no GPU (tests/kernels/sm90.py)."""
 
@@ -35,6 +35,19 @@ for fp8 in (False, True):
         TOPK=K, PREC="tf32", NUM_BINS=moe.bins_for(E), BLOCK_M=down_cfg["BLOCK_M"], BLOCK_N=down_cfg["BLOCK_N"],
         BLOCK_K=down_cfg["BLOCK_K"], EVEN_K=True, UNSORTED=True, FP8_W=fp8, F16_OPERANDS=False, WIDEN_BITS=False,
         SUM_SLOTS=True, HAS_SHARED=False, HAS_GATE=False, SPLIT_K=1), down_cfg["num_warps"], down_cfg["num_stages"])
+from triton_kernels import moe_gemv
+for fp8 in (False, True):
+    w, name = ("*fp8e4nv", "fp8") if fp8 else ("*bf16", "bf16")
+    scale = "*fp32" if fp8 else w
+    for c in moe_gemv._up_tuned.configs:
+        types = dict(x="*bf16", w13=w, s13=scale, inter="*bf16", ids="*i64")
+        out[f"gemv up {name} {c.kwargs}"] = compile_sm90(moe_gemv._up_gemv_kernel, types, dict(
+            TOPK=K, GATED=True, FP8_W=fp8, **c.kwargs), c.num_warps, 1)
+    for c in moe_gemv._down_tuned.configs:
+        types = dict(inter="*bf16", w2=w, s2=scale, rows="*fp32", ids="*i64", topk_weights="*fp32", out="*bf16",
+                     shared="*bf16", shared_gate="*bf16", arrivals="*i32")
+        out[f"gemv down {name} {c.kwargs}"] = compile_sm90(moe_gemv._down_gemv_kernel, types, dict(
+            TOPK=K, FP8_W=fp8, HAS_SHARED=False, HAS_GATE=False, **c.kwargs), c.num_warps, 1)
 print(json.dumps(out))
 '''
 
@@ -43,6 +56,6 @@ print(json.dumps(out))
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernel tests run the compiled kernels")
 def test_moe_decode_kernels_compile_for_hopper_without_spills():
     results = compile_sm90_in_subprocess(SCRIPT)
-    assert len(results) == 6, sorted(results)
+    assert len(results) == 6 + 2 * 16, sorted(results)
     spilling = {name: r for name, r in results.items() if r[1] > 0}
     assert not spilling, f"(registers, spilled bytes) of configs that spill: {spilling}"

@@ -1,0 +1,170 @@
+"""The fused MoE for a few tokens as expert GEMVs on the CUDA cores: out[t] = sum_j w[t, j] * y_{e(t, j)}(x[t])
+(+ the shared expert), the contract of fused_moe.py, whose dispatcher runs it where it timed faster.
+
+With few tokens (decode at small batch) each (token, slot) assignment a = t * k + j has an expert of its
+own, so each is one matrix-vector product per GEMM. The tensor-core kernels pad that row to 16 and walk
+each program's K loop in order; here a program takes one assignment and BLOCK_N output rows of its
+expert's weight, and multiplies [BLOCK_N, BLOCK_K] tiles (K contiguous, FP8 widened in registers)
+element-wise with x, summing over K once at the end. Narrow BLOCK_N gives many short programs, so the
+selected experts' weights stream from every SM at once. Launch configs are tuned per shape on CUDA.
+  up:   inter[a] = act(w13[e] @ x[t])            [T*k, I] in x's dtype
+  down: rows[a]  = w[a] * (w2[e] @ inter[a])     [T*k, H] float32 scratch; the last of a token's k
+        programs to finish a column block sums its slots in slot order (a counter per token and block,
+        as in fused_moe.py's unsorted path) and adds the shared expert: two launches, deterministic.
+FP8 experts (e4m3 with 128 x 128 block scales, fp8_quant.py): each product is scaled by its weight's
+block scale before the sum, so the result is that of the dequantized weight."""
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+import triton.testing
+
+from triton_kernels.arrival_counters import arrival_counters, parts_scratch
+from triton_kernels.moe_epilogue import expert_activation, finish_combine
+
+
+@triton.jit
+def _scaled_products(p_w, p_s, b_x, m_w, m_s, FP8_W: tl.constexpr):
+    """The weight tile at p_w [BLOCK_N, G, 128] (m_w: in range) times b_x [1, G, 128] float32, element-wise
+    in float32; FP8_W: each times its block scale at p_s [BLOCK_N, G, 1] (m_s)."""
+    prod = tl.load(p_w, mask=m_w, other=0.0).to(tl.float32) * b_x
+    if FP8_W:
+        prod = prod * tl.load(p_s, mask=m_s, other=0.0)
+    return prod
+
+
+@triton.jit
+def _up_gemv_kernel(x, w13, s13, inter, ids, stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_inter,
+                    H, I, E, ROWS_BUCKET, TOPK: tl.constexpr, GATED: tl.constexpr, FP8_W: tl.constexpr,
+                    BLOCK_N: tl.constexpr, G: tl.constexpr, STAGES: tl.constexpr):
+    """Program (a, i_n): inter[a, o_n] = act(w13[e] rows o_n (and I + o_n) . x[a // TOPK]), e = ids[a];
+    nothing for e >= E (an expert held elsewhere). K tiles are G x 128 wide. ROWS_BUCKET keys the tuner."""
+    num_n = tl.cdiv(I, BLOCK_N)
+    a, i_n = tl.program_id(0) // num_n, tl.program_id(0) % num_n
+    i_e = tl.load(ids + a).to(tl.int64)
+    if i_e >= E:
+        return
+    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_n = o_n < I
+    o_g = tl.arange(0, G)
+    o_k = o_g[:, None] * 128 + tl.arange(0, 128)[None, :]  # [G, 128]
+    p_x = x + (a // TOPK).to(tl.int64) * stride_x + o_k[None, :, :]
+    p_w = w13 + i_e * stride_we + o_n.to(tl.int64)[:, None, None] * stride_wn + o_k[None, :, :]
+    p_s = s13 + i_e * stride_se + (o_n // 128)[:, None, None] * stride_sn + o_g[None, :, None]  # (FP8_W)
+    p_su = s13 + i_e * stride_se + ((I + o_n) // 128)[:, None, None] * stride_sn + o_g[None, :, None]
+    acc = tl.zeros([BLOCK_N, G, 128], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N, G, 128], dtype=tl.float32)
+    for k0 in tl.range(0, H, G * 128, num_stages=STAGES):
+        m_k = (k0 + o_k < H)[None, :, :]
+        m_w = m_n[:, None, None] & m_k
+        m_s = m_n[:, None, None] & (k0 + o_g * 128 < H)[None, :, None]
+        b_x = tl.load(p_x + k0, mask=m_k, other=0.0).to(tl.float32)
+        acc += _scaled_products(p_w + k0, p_s + k0 // 128, b_x, m_w, m_s, FP8_W)
+        if GATED:
+            acc_up += _scaled_products(p_w + I * stride_wn + k0, p_su + k0 // 128, b_x, m_w, m_s, FP8_W)
+    b_h = expert_activation(tl.sum(tl.sum(acc, 2), 1), tl.sum(tl.sum(acc_up, 2), 1), GATED)
+    tl.store(inter + a.to(tl.int64) * stride_inter + o_n, b_h.to(inter.dtype.element_ty), mask=m_n)
+
+
+@triton.jit
+def _down_gemv_kernel(inter, w2, s2, rows, ids, topk_weights, out, shared, shared_gate, arrivals, stride_inter,
+                      stride_we, stride_wh, stride_se, stride_sh, stride_out, stride_shared, stride_gate, H, I, E,
+                      ROWS_BUCKET, TOPK: tl.constexpr, FP8_W: tl.constexpr, HAS_SHARED: tl.constexpr,
+                      HAS_GATE: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, STAGES: tl.constexpr):
+    """Program (a, i_n): rows[a, o_n] = topk_weights[a] * (w2[e] rows o_n . inter[a]) in float32 (zeros
+    for e >= E), then the last of token t's TOPK programs of column block i_n to count itself in
+    arrivals[t * num_n + i_n] sums the slots in order, adds the shared expert, writes out[t, o_n] and
+    sets the count back to 0."""
+    num_n = tl.cdiv(H, BLOCK_N)
+    a, i_n = tl.program_id(0) // num_n, tl.program_id(0) % num_n
+    i_e = tl.load(ids + a).to(tl.int64)
+    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_n = o_n < H
+    o_g = tl.arange(0, G)
+    o_k = o_g[:, None] * 128 + tl.arange(0, 128)[None, :]  # [G, 128]
+    p_a = inter + a.to(tl.int64) * stride_inter + o_k[None, :, :]
+    p_w = w2 + i_e * stride_we + o_n.to(tl.int64)[:, None, None] * stride_wh + o_k[None, :, :]
+    p_s = s2 + i_e * stride_se + (o_n // 128)[:, None, None] * stride_sh + o_g[None, :, None]  # (FP8_W)
+    acc = tl.zeros([BLOCK_N, G, 128], dtype=tl.float32)
+    for k0 in tl.range(0, tl.where(i_e < E, I, 0), G * 128, num_stages=STAGES):
+        m_k = (k0 + o_k < I)[None, :, :]
+        b_a = tl.load(p_a + k0, mask=m_k, other=0.0).to(tl.float32)
+        m_s = m_n[:, None, None] & (k0 + o_g * 128 < I)[None, :, None]
+        acc += _scaled_products(p_w + k0, p_s + k0 // 128, b_a, m_n[:, None, None] & m_k, m_s, FP8_W)
+    b_y = tl.sum(tl.sum(acc, 2), 1) * tl.load(topk_weights + a)
+    tl.store(rows + a.to(tl.int64) * H + o_n, b_y, mask=m_n)
+    t = a // TOPK
+    tl.debug_barrier()  # every thread's columns are written before the count says so
+    if tl.atomic_add(arrivals + t * num_n + i_n, 1, sem="acq_rel") == TOPK - 1:  # the token's other slots are in
+        b_sum = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for j in tl.static_range(TOPK):
+            b_sum += tl.load(rows + (t * TOPK + j).to(tl.int64) * H + o_n, mask=m_n, other=0.0, cache_modifier=".cg")
+        b_out = finish_combine(b_sum, shared, shared_gate, t, o_n, m_n, stride_shared, stride_gate,
+                               out.dtype.element_ty, HAS_SHARED, HAS_GATE)
+        tl.store(out + t.to(tl.int64) * stride_out + o_n, b_out, mask=m_n)
+        tl.atomic_xchg(arrivals + t * num_n + i_n, 0)
+
+
+MIN_BLOCK_N = 4  # the narrowest column block any config takes: bounds the counters a launch needs
+
+
+def _bench():
+    """Configs are timed as CUDA-graph replays: at decode sizes a plain launch loop measures the host."""
+    return functools.partial(triton.testing.do_bench_cudagraph, rep=20)
+
+
+def _configs(shapes: list[tuple[int, int, int, int]]) -> list[triton.Config]:
+    """(BLOCK_N, K tile width, warps, stages) -> configs with G = width / 128."""
+    assert min(bn for bn, *_ in shapes) >= MIN_BLOCK_N
+    return [triton.Config({"BLOCK_N": bn, "G": bk // 128, "STAGES": st}, num_warps=w) for bn, bk, w, st in shapes]
+
+
+# Up: K = H is long (2048 at the Qwen3.5 / Qwen3-Next MoE shapes), each program reads gate and up rows.
+# Down: K = I is short (512), one or two tiles per program.
+_up_tuned = triton.autotune(
+    configs=_configs([(4, 512, 4, 2), (4, 1024, 4, 2), (8, 256, 4, 3), (8, 512, 4, 2), (8, 512, 4, 3),
+                      (16, 256, 4, 3), (16, 512, 8, 2), (2 * MIN_BLOCK_N, 1024, 8, 2)]),
+    key=["H", "I", "ROWS_BUCKET", "TOPK", "GATED", "FP8_W"], do_bench=_bench())(_up_gemv_kernel)
+_down_tuned = triton.autotune(
+    configs=_configs([(4, 512, 4, 1), (8, 512, 4, 1), (16, 512, 4, 1), (16, 256, 4, 2), (32, 256, 8, 2),
+                      (32, 512, 8, 1), (8, 256, 4, 2), (64, 128, 4, 3)]),
+    key=["H", "I", "ROWS_BUCKET", "TOPK", "FP8_W", "HAS_SHARED", "HAS_GATE"], do_bench=_bench())(_down_gemv_kernel)
+_INTERPRETER = dict(BLOCK_N=16, G=1, STAGES=1)  # one config off CUDA (the interpreter cannot time configs)
+
+
+def expert_gemvs(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, s13: torch.Tensor | None,
+                 s2: torch.Tensor | None, topk_weights: torch.Tensor, topk_ids: torch.Tensor, gated: bool,
+                 shared: torch.Tensor | None, shared_gate: torch.Tensor | None) -> torch.Tensor:
+    """x [T, H]; w13 [E, 2I or I, H]; w2 [E, H, I]; s13, s2: FP8 block scales or None; topk_weights
+    [T, k] float32 contiguous; topk_ids [T, k] (E: an expert held elsewhere, adds nothing); shared
+    [T, H] or None; shared_gate [T] or None -> [T, H] in x's dtype. Arguments are checked by the caller
+    (fused_moe.py: _fused_moe_fwd)."""
+    (t, h), (e, _, i), k = x.shape, w2.shape, topk_ids.shape[1]
+    rows = t * k
+    fp8 = s13 is not None
+    s13, s2 = (s13, s2) if fp8 else (w13, w2)  # without FP8 the weights stand in, unread
+    ids = topk_ids.reshape(-1).contiguous()
+    inter = torch.empty((rows, i), dtype=x.dtype, device=x.device)
+    out = torch.empty_like(x)
+    scratch = parts_scratch(x.device, rows * h)
+    counters = arrival_counters(x.device, t * triton.cdiv(h, MIN_BLOCK_N))
+    bucket = triton.next_power_of_2(rows)
+    up_args = (x, w13, s13, inter, ids, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1),
+               inter.stride(0), h, i, e, bucket)
+    up_flags = dict(TOPK=k, GATED=gated, FP8_W=fp8)
+    down_args = (inter, w2, s2, scratch, ids, topk_weights, out, shared, shared_gate, counters, inter.stride(0),
+                 w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), out.stride(0),
+                 0 if shared is None else shared.stride(0), 0 if shared_gate is None else shared_gate.stride(0),
+                 h, i, e, bucket)
+    down_flags = dict(TOPK=k, FP8_W=fp8, HAS_SHARED=shared is not None, HAS_GATE=shared_gate is not None)
+    if x.is_cuda:
+        _up_tuned[lambda meta: (rows * triton.cdiv(i, meta["BLOCK_N"]),)](*up_args, **up_flags)
+        _down_tuned[lambda meta: (rows * triton.cdiv(h, meta["BLOCK_N"]),)](
+            *down_args, **down_flags, enable_fp_fusion=False)
+    else:
+        block_n = _INTERPRETER["BLOCK_N"]
+        _up_gemv_kernel[(rows * triton.cdiv(i, block_n),)](*up_args, **up_flags, **_INTERPRETER)
+        _down_gemv_kernel[(rows * triton.cdiv(h, block_n),)](*down_args, **down_flags, **_INTERPRETER)
+    return out
