@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -161,6 +161,20 @@ for part in ${*:-tests}; do
       pk="--sampling temperature=0.7 --sampling top_p=0.9"
       offline t07p09k50_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 $pk --sampling top_k=50
       offline t07p09_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 $pk ;;
+    moe5)  # every launch config of the expert GEMVs alone, synced and checked (a faulting one is named and
+      # skipped), then the GEMVs' and the fused MoE's CUDA tests (first failure stops), then bf16 fused MoE at T 1-16
+      start=0
+      while [ $SECONDS -lt 200 ]; do
+        timeout 200 python3 bench/moe_gemv_check.py --start $start 2>&1 | tail -n +1 >> "$OUT/moe_gemv_check.log"
+        next=$(cat /tmp/moe_gemv_check.next); [ "$next" = "$start" ] && break
+        grep -q "^ *$((next - 1)) " "$OUT/moe_gemv_check.log" || echo "case $((next - 1)) FAULTED" >> "$OUT/moe_gemv_check.log"
+        start=$next; [ "$(python3 -c 'import sys; sys.path.insert(0, "."); from bench.moe_gemv_check import cases; print(len(cases()))')" -le "$start" ] && break
+      done
+      grep -E "FAULT|err [0-9.e+-]+" "$OUT/moe_gemv_check.log" | tail -80
+      timeout 200 python3 -m pytest -q -x -rfE -p no:cacheprovider --durations=8 tests/kernels/test_moe_gemv.py \
+        tests/gpu/test_fused_moe_cuda.py 2>&1 | tee "$OUT/tests_moe5.log" | tail -30
+      timeout 100 python3 bench/moe_kernels.py --no-tune --no-profile --tokens 1 2 4 8 16 2>&1 \
+        | tee "$OUT/moe_bf16.md" | grep -E "^\||copy|Error" ;;
     moe4)  # the few-token expert GEMVs (moe_gemv.py): their CUDA tests and the fused MoE's, the fused MoE at T 1-16
       # with both few-token paths (bf16, FP8), then 35B-A3B bf16 and FP8 (experts too) decode at batch 1
       timeout 170 python3 -m pytest -q -rfE -p no:cacheprovider --durations=5 tests/kernels/test_moe_gemv.py \

@@ -131,16 +131,18 @@ _down_tuned = triton.autotune(
     configs=_configs([(4, 512, 4, 1), (8, 512, 4, 1), (16, 512, 4, 1), (16, 256, 4, 2), (32, 256, 8, 2),
                       (32, 512, 8, 1), (8, 256, 4, 2), (64, 128, 4, 3)]),
     key=["H", "I", "ROWS_BUCKET", "TOPK", "FP8_W", "HAS_SHARED", "HAS_GATE"], do_bench=_bench())(_down_gemv_kernel)
-_INTERPRETER = dict(BLOCK_N=16, G=1, STAGES=1)  # one config off CUDA (the interpreter cannot time configs)
+_INTERPRETER = dict(BLOCK_N=16, G=1, STAGES=1, num_warps=4)  # one config off CUDA (the interpreter cannot time configs)
 
 
 def expert_gemvs(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, s13: torch.Tensor | None,
                  s2: torch.Tensor | None, topk_weights: torch.Tensor, topk_ids: torch.Tensor, gated: bool,
-                 shared: torch.Tensor | None, shared_gate: torch.Tensor | None) -> torch.Tensor:
+                 shared: torch.Tensor | None, shared_gate: torch.Tensor | None,
+                 configs: tuple[dict, dict] | None = None) -> torch.Tensor:
     """x [T, H]; w13 [E, 2I or I, H]; w2 [E, H, I]; s13, s2: FP8 block scales or None; topk_weights
     [T, k] float32 contiguous; topk_ids [T, k] (E: an expert held elsewhere, adds nothing); shared
     [T, H] or None; shared_gate [T] or None -> [T, H] in x's dtype. Arguments are checked by the caller
-    (fused_moe.py: _fused_moe_fwd)."""
+    (fused_moe.py: _fused_moe_fwd). configs: (up, down) dicts of BLOCK_N, G, STAGES, num_warps instead
+    of the tuned ones (the benchmarks)."""
     (t, h), (e, _, i), k = x.shape, w2.shape, topk_ids.shape[1]
     rows = t * k
     fp8 = s13 is not None
@@ -159,12 +161,20 @@ def expert_gemvs(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, s13: torc
                  0 if shared is None else shared.stride(0), 0 if shared_gate is None else shared_gate.stride(0),
                  h, i, e, bucket)
     down_flags = dict(TOPK=k, FP8_W=fp8, HAS_SHARED=shared is not None, HAS_GATE=shared_gate is not None)
-    if x.is_cuda:
+    if configs is None and not x.is_cuda:
+        configs = (_INTERPRETER, _INTERPRETER)
+    if configs is None:
         _up_tuned[lambda meta: (rows * triton.cdiv(i, meta["BLOCK_N"]),)](*up_args, **up_flags)
         _down_tuned[lambda meta: (rows * triton.cdiv(h, meta["BLOCK_N"]),)](
             *down_args, **down_flags, enable_fp_fusion=False)
     else:
-        block_n = _INTERPRETER["BLOCK_N"]
-        _up_gemv_kernel[(rows * triton.cdiv(i, block_n),)](*up_args, **up_flags, **_INTERPRETER)
-        _down_gemv_kernel[(rows * triton.cdiv(h, block_n),)](*down_args, **down_flags, **_INTERPRETER)
+        up, down = configs
+        _up_gemv_kernel[(rows * triton.cdiv(i, up["BLOCK_N"]),)](*up_args, **up_flags, **up)
+        _down_gemv_kernel[(rows * triton.cdiv(h, down["BLOCK_N"]),)](*down_args, **down_flags, **down,
+                                                                     enable_fp_fusion=False)
     return out
+
+
+def tuned_configs() -> tuple[list[dict], list[dict]]:
+    """The configs the tuner tries, (up, down), as expert_gemvs takes them."""
+    return tuple([{**c.kwargs, "num_warps": c.num_warps} for c in tuned.configs] for tuned in (_up_tuned, _down_tuned))

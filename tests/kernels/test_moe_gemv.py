@@ -38,8 +38,10 @@ def test_matches_reference(num_tokens, top_k, activation):
     kw = _problem(num_tokens, top_k, activation, seed=num_tokens * 10 + top_k)
     out = _gemvs(kw, activation)
     assert out.shape == kw["x"].shape and out.dtype == kw["x"].dtype
-    torch.testing.assert_close(out, fused_moe_ref(**kw, activation=activation), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(out, fused_moe(**kw, activation=activation), rtol=1e-5, atol=1e-5)
+    ref = fused_moe_ref(**kw, activation=activation)
+    atol = 1e-5 * ref.abs().max().item()  # relu2 of the 8x blocks: outputs in the hundreds, float32 sums
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=atol)
+    torch.testing.assert_close(out, fused_moe(**kw, activation=activation), rtol=1e-5, atol=atol)
 
 
 @pytest.mark.parametrize("gated", [False, True])
