@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -161,6 +161,10 @@ for part in ${*:-tests}; do
       pk="--sampling temperature=0.7 --sampling top_p=0.9"
       offline t07p09k50_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 $pk --sampling top_k=50
       offline t07p09_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 $pk ;;
+    probe)  # where the bf16 fused MoE's device fault comes from: each step synced, with and without blocking launches
+      timeout 100 env CUDA_LAUNCH_BLOCKING=1 python3 bench/moe_fault_probe.py 2>&1 | tee "$OUT/probe_blocking.log" | tail -25
+      timeout 60 python3 bench/moe_fault_probe.py 2>&1 | tee "$OUT/probe.log" | tail -12
+      timeout 60 python3 bench/moe_fault_probe.py --fp8 2>&1 | tee "$OUT/probe_fp8.log" | tail -12 ;;
     moe5)  # every launch config of the expert GEMVs alone, synced and checked (a faulting one is named and
       # skipped), then the GEMVs' and the fused MoE's CUDA tests (first failure stops), then bf16 fused MoE at T 1-16
       start=0

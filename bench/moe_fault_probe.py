@@ -36,9 +36,10 @@ def main() -> None:
 
     for path in ("dot", "gemv"):
         call = functools.partial(moe._fused_moe_fwd, **kw, activation="silu", path=path)
-        step(f"{path} eager", lambda: f"rel err {rel_err(call(), ref):.1e}")
-        step(f"{path} do_bench_cudagraph", lambda: f"{triton.testing.do_bench_cudagraph(call, rep=20) * 1e3:.1f} us")
-        step(f"{path} eager again", lambda: f"rel err {rel_err(call(), ref):.1e}")
+        step(f"{path} eager", lambda call=call: f"rel err {rel_err(call(), ref):.1e}")
+        step(f"{path} do_bench_cudagraph",
+             lambda call=call: f"{triton.testing.do_bench_cudagraph(call, rep=20) * 1e3:.1f} us")
+        step(f"{path} eager again", lambda call=call: f"rel err {rel_err(call(), ref):.1e}")
     step("served", lambda: f"rel err {rel_err(moe.fused_moe(**kw), ref):.1e}")
 
 
