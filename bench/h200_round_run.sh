@@ -94,11 +94,11 @@ for part in ${*:-tests}; do
         --engine-arg enable_fp8_experts=true
       offline bf16_9b qwen3_5-9b-text --batch 1,32 --prompt 512 --output 128 ;;
     moe3)  # the CUDA tests of the new MoE and linear paths (slowest listed), MoE launch configs at T 1 / 8,
-      # the fp16-operand variants of the FP8 experts and of the FP8 decode GEMM
+      # the fp16-operand variants of the FP8 decode GEMM
       timeout 150 python3 -m pytest -q -rfE -p no:cacheprovider --durations=12 tests/kernels/test_moe_routing.py \
         tests/kernels/test_fused_moe.py tests/gpu/test_dense_linear_cuda.py 2>&1 | tee "$OUT/tests_moe3.log" | tail -20
-      for fp8 in "" --fp8; do  # FP8: also the fp16-operand variants of its expert GEMMs
-        timeout 200 python3 bench/moe_kernels.py --no-profile --models 35B $fp8 ${fp8:+--fp8-variants} --tokens 1 8 2>&1 \
+      for fp8 in "" --fp8; do
+        timeout 200 python3 bench/moe_kernels.py --no-profile --models 35B $fp8 --tokens 1 8 2>&1 \
           | tee "$OUT/moe_tune$fp8.md" | grep -E "^\||tuning|^  [0-9]" | head -60
       done
       timeout 200 python3 bench/fp8_decode_variants.py 2>&1 | tee "$OUT/fp8_decode_variants.md" | grep -E "^\||copy|Error" ;;
@@ -112,12 +112,12 @@ for part in ${*:-tests}; do
         tests/gpu/test_fused_moe_cuda.py tests/kernels/test_fused_moe.py 2>&1 | tee "$OUT/tests_changed.log" | tail -12
       left=$((560 - SECONDS)); [ $left -gt 30 ] && timeout $left python3 bench/route_kernel.py --tokens 1 8 2>&1 \
         | tee "$OUT/route_kernel.md" | grep -E "^\||copy" ;;
-    day2b)  # the fused MoE's configs (35B, T 1 and 8), the PDL chain, the FP8 experts' variants
+    day2b)  # the fused MoE's configs (35B, T 1 and 8), the PDL chain, the FP8 experts
       timeout 160 python3 bench/moe_kernels.py --no-profile --models 35B --tokens 1 8 2>&1 | tee "$OUT/moe_tune.md" \
         | grep -E "^\||tuning|^  [0-9]" | head -40
       timeout 100 python3 bench/pdl_chain.py 2>&1 | tee "$OUT/pdl_chain.md" | grep -E "^\||copy"
       left=$((540 - SECONDS)); [ $left -gt 30 ] && timeout $left python3 bench/moe_kernels.py --no-profile --no-tune \
-        --models 35B --fp8 --fp8-variants --tokens 1 8 2>&1 | tee "$OUT/moe_fp8_variants.md" | grep -E "^\||Error" | head -40 ;;
+        --models 35B --fp8 --tokens 1 8 2>&1 | tee "$OUT/moe_fp8.md" | grep -E "^\||Error" | head -40 ;;
     day2c)  # the Triton sampling draw: its CUDA tests, the sampler bench, then 9B decode greedy against sampled
       # (temperature 0.7 + top_p 0.9 + top_k 50; with TOP_P_ONLY=1 also top_p 0.9 alone) at batch 1 / 32 / 64
       timeout 200 python3 -m pytest -q -rfE -p no:cacheprovider --durations=8 tests/gpu/test_sampler_cuda.py \

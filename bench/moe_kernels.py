@@ -113,21 +113,18 @@ def down_configs() -> list[dict]:
 
 
 def unsorted_configs(which: str) -> list[dict]:
-    """The unsorted (decode) path: one row per program, so BLOCK_M stays 16; split K varies too."""
+    """The unsorted (decode) path: one row per program, so BLOCK_M stays 16."""
     shapes = [(16, 128, 4, 4), (32, 128, 4, 4), (16, 64, 4, 5), (32, 64, 4, 4)] if which == "up" else \
         [(128, 64, 4, 4), (64, 128, 4, 4), (32, 128, 4, 4), (64, 64, 4, 4)]
-    return [dict(BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=st, SPLIT_K=sk)
-            for bn, bk, w, st in shapes for sk in (1, 2, 4)]
+    return [dict(BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=st) for bn, bk, w, st in shapes]
 
 
 def short(cfg: dict) -> str:
-    return (f"{cfg['BLOCK_M']}/{cfg['BLOCK_N']}/{cfg['BLOCK_K']} w{cfg['num_warps']} s{cfg['num_stages']}"
-            f"{' split ' + str(cfg['SPLIT_K']) if cfg.get('SPLIT_K', 1) > 1 else ''}")
+    return f"{cfg['BLOCK_M']}/{cfg['BLOCK_N']}/{cfg['BLOCK_K']} w{cfg['num_warps']} s{cfg['num_stages']}"
 
 
 def tune_case(name: str, kw: dict, base_ms: float, report) -> None:
-    """Each GEMM's launch configs with the other's default; the unsorted path's (split K too) where the
-    call takes it."""
+    """Each GEMM's launch configs with the other's default; the unsorted path's where the call takes it."""
     rows = kw["topk_ids"].numel()
     up0, down0 = moe._gemm_configs(rows, kw["w13"].shape[0], DTYPE, kw["x"].device)
     unsorted = rows <= moe.UNSORTED_MAX_ROWS
@@ -211,24 +208,6 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def fp8_variants(rows: list[dict], report: Callable[[str], None]) -> None:
-    """The FP8 cases again under the fp16-operand variants of the expert GEMMs: time and error."""
-    report("\n| model | T | served ms | fp16 operands ms | + integer widening ms | errors vs ref |")
-    report("|---|---|---|---|---|---|")
-    for row in rows:
-        e, k, h, i = SHAPES[row["model"].removesuffix(" FP8")]
-        kw = problem(e, k, h, i, row["tokens"], seed=row["tokens"], fp8=True)
-        ref = moe.fused_moe_ref(**kw)
-        times, errs = [], []
-        for bits in (False, True):
-            call = functools.partial(moe._fused_moe_fwd, **kw, activation="silu", fp8_f16_operands=True,
-                                     widen_bits=bits)
-            errs.append(f"{rel_err(call(), ref):.1e}")
-            times.append(bench_ms(graphed(call)))
-        report(f"| {row['model']} | {row['tokens']} | {row['ours']:.3f} | {times[0]:.3f} | {times[1]:.3f} "
-               f"| {row['err']:.1e} / {' / '.join(errs)} |")
-
-
 def run(report: Callable[[str], None] = print, tune: bool = True, profile: bool = True,
         tokens: list[int] = TOKENS, fp8: bool = False, models: list[str] | None = None) -> list[dict]:
     """models: names (or parts of them) of SHAPES to run; None: all."""
@@ -256,11 +235,7 @@ if __name__ == "__main__":
     ap.add_argument("--no-profile", action="store_true", help="skip the per-kernel split of each call")
     ap.add_argument("--tokens", type=int, nargs="+", default=TOKENS, help="token counts T")
     ap.add_argument("--fp8", action="store_true", help="e4m3 experts with block scales")
-    ap.add_argument("--fp8-variants", action="store_true",
-                    help="with --fp8: also time the fp16-operand variants (conversion, integer widening)")
     ap.add_argument("--models", nargs="+", help="only these expert shapes (names or parts: 35B, 80B)")
     args = ap.parse_args()
     rows = run(print, tune=not args.no_tune, profile=not args.no_profile, tokens=args.tokens, fp8=args.fp8,
                models=args.models)
-    if args.fp8 and args.fp8_variants:
-        fp8_variants(rows, print)

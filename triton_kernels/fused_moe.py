@@ -19,7 +19,7 @@ import triton.language as tl
 
 from triton_kernels.arrival_counters import arrival_counters, parts_scratch
 from triton_kernels.fastest import fastest
-from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8, e4m3_to_f16, f16_rows
+from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8
 from triton_kernels.moe_epilogue import expert_activation, finish_combine
 from triton_kernels.moe_gemv import expert_gemvs
 from triton_kernels.moe_sort import bins_for, locate_block, max_blocks, sort_by_expert
@@ -87,51 +87,23 @@ def fused_moe_ref(
 
 
 @triton.jit
-def _fp8_weight_dot(b_x, b_w, b_s, PREC: tl.constexpr, F16_OPERANDS: tl.constexpr, WIDEN_BITS: tl.constexpr):
+def _fp8_weight_dot(b_x, b_w, b_s, PREC: tl.constexpr):
     """b_x [BLOCK_M, BLOCK_K] activations, b_w [BLOCK_K, BLOCK_N] e4m3 within one scale block, b_s [BLOCK_N]
-    its scales -> b_x @ (b_w * b_s) [BLOCK_M, BLOCK_N] float32. The weight widens to x's dtype, or with
-    F16_OPERANDS (bf16 x) both go to fp16, x's rows scaled by powers of two (fp8_quant.py: f16_rows;
-    WIDEN_BITS: e4m3_to_f16 by integer ops)."""
-    if F16_OPERANDS:
-        b_x16, shift = f16_rows(b_x, 1)
-        if WIDEN_BITS:
-            shift = shift - 8.0
-        part = tl.dot(b_x16, e4m3_to_f16(b_w, WIDEN_BITS)) * tl.exp2(-shift)[:, None]
-    else:
-        part = tl.dot(b_x, b_w.to(b_x.dtype), input_precision=PREC)
-    return part * b_s[None, :]
+    its scales -> b_x @ (b_w * b_s) [BLOCK_M, BLOCK_N] float32, the weight widened to x's dtype."""
+    return tl.dot(b_x, b_w.to(b_x.dtype), input_precision=PREC) * b_s[None, :]
 
 
 @triton.jit
-def _split_k_program(H, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
-    """-> (program id without its split, split index, first and end K tile of the split): the SPLIT_K
-    programs of one output tile are adjacent ids, each over a run of ceil(tiles / SPLIT_K) K tiles."""
-    k_tiles = tl.cdiv(H, BLOCK_K)
-    per = tl.cdiv(k_tiles, SPLIT_K)
-    i_k = tl.program_id(0) % SPLIT_K  # (0, and the rest folds away, at SPLIT_K 1)
-    return tl.program_id(0) // SPLIT_K, i_k, i_k * per, tl.minimum(k_tiles, (i_k + 1) * per)
-
-
-@triton.jit
-def _moe_up_kernel(x, w13, s13, inter, sorted_assign, expert_offsets, partials, arrivals, stride_x, stride_we,
-                   stride_wn, stride_se, stride_sn, stride_inter, M, H, I, E, TOPK: tl.constexpr, GATED: tl.constexpr,
-                   PREC: tl.constexpr, NUM_BINS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, UNSORTED: tl.constexpr, FP8_W: tl.constexpr,
-                   F16_OPERANDS: tl.constexpr, WIDEN_BITS: tl.constexpr, SPLIT_K: tl.constexpr):
+def _moe_up_kernel(x, w13, s13, inter, sorted_assign, expert_offsets, stride_x, stride_we, stride_wn, stride_se,
+                   stride_sn, stride_inter, H, I, E, TOPK: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
+                   NUM_BINS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   EVEN_K: tl.constexpr, UNSORTED: tl.constexpr, FP8_W: tl.constexpr):
     """One program per (row block, BLOCK_N columns of I): gathers x rows by token, multiplies by the
     expert's w13 rows (gate rows o_n and up rows I + o_n when GATED), applies the activation.
     UNSORTED: block i is assignment i alone (sorted_assign holds topk_ids), its row of inter is i.
-    FP8_W: w13 is e4m3 and s13 [E, rows / 128, H / 128] its block scales; F16_OPERANDS, WIDEN_BITS:
-    as in _fp8_weight_dot.
-
-    SPLIT_K > 1 (UNSORTED only; not the default, kept to be measured): SPLIT_K programs share an
-    output tile, each over part of H, so that more programs with shorter K loops stream the weights.
-    Each writes its float32 gate and up sums to partials [SPLIT_K, M, 2, I] and counts itself in
-    arrivals[row * num_n + i_n]; the last to arrive adds the parts in split order, applies the
-    activation, writes inter and sets the count back to 0."""
+    FP8_W: w13 is e4m3 and s13 [E, rows / 128, H / 128] its block scales."""
     num_n = tl.cdiv(I, BLOCK_N)
-    pid, i_k, k_first, k_end = _split_k_program(H, BLOCK_K, SPLIT_K)
-    i_b, i_n = pid // num_n, pid % num_n
+    i_b, i_n = tl.program_id(0) // num_n, tl.program_id(0) % num_n
     if UNSORTED:
         i_e, row, row_end = tl.load(sorted_assign + i_b), i_b, i_b + 1
     else:
@@ -147,13 +119,13 @@ def _moe_up_kernel(x, w13, s13, inter, sorted_assign, expert_offsets, partials, 
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_n = o_n < I
     o_k = tl.arange(0, BLOCK_K)
-    p_x = x + b_token[:, None] * stride_x + (k_first * BLOCK_K + o_k)[None, :]  # [BLOCK_M, BLOCK_K]
-    p_w = w13 + i_e.to(tl.int64) * stride_we + o_n[None, :] * stride_wn + (k_first * BLOCK_K + o_k)[:, None]
+    p_x = x + b_token[:, None] * stride_x + o_k[None, :]  # [BLOCK_M, BLOCK_K]
+    p_w = w13 + i_e.to(tl.int64) * stride_we + o_n[None, :] * stride_wn + o_k[:, None]  # [BLOCK_K, BLOCK_N]
     p_s = s13 + i_e.to(tl.int64) * stride_se + (o_n // 128) * stride_sn  # [BLOCK_N] (FP8_W)
     p_su = s13 + i_e.to(tl.int64) * stride_se + ((I + o_n) // 128) * stride_sn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k in range(k_first, k_end):
+    for k in range(0, tl.cdiv(H, BLOCK_K)):
         m_k = o_k < H - k * BLOCK_K
         if EVEN_K:
             b_x = tl.load(p_x, mask=m_m[:, None], other=0.0)
@@ -163,7 +135,7 @@ def _moe_up_kernel(x, w13, s13, inter, sorted_assign, expert_offsets, partials, 
             b_w = tl.load(p_w, mask=m_k[:, None] & m_n[None, :], other=0.0)
         if FP8_W:
             b_s = tl.load(p_s + (k * BLOCK_K) // 128, mask=m_n, other=0.0)
-            acc += _fp8_weight_dot(b_x, b_w, b_s, PREC, F16_OPERANDS, WIDEN_BITS)
+            acc += _fp8_weight_dot(b_x, b_w, b_s, PREC)
         else:
             acc = tl.dot(b_x, b_w, acc, input_precision=PREC)
         if GATED:
@@ -173,29 +145,14 @@ def _moe_up_kernel(x, w13, s13, inter, sorted_assign, expert_offsets, partials, 
                 b_u = tl.load(p_w + I * stride_wn, mask=m_k[:, None] & m_n[None, :], other=0.0)
             if FP8_W:
                 b_su = tl.load(p_su + (k * BLOCK_K) // 128, mask=m_n, other=0.0)
-                acc_up += _fp8_weight_dot(b_x, b_u, b_su, PREC, F16_OPERANDS, WIDEN_BITS)
+                acc_up += _fp8_weight_dot(b_x, b_u, b_su, PREC)
             else:
                 acc_up = tl.dot(b_x, b_u, acc_up, input_precision=PREC)
         p_x += BLOCK_K
         p_w += BLOCK_K
-    if SPLIT_K > 1:  # row i_b alone (UNSORTED): the other rows of the tile are zeros
-        p_part = partials + i_b * 2 * I + o_n  # [BLOCK_N] of split 0
-        tl.store(p_part + i_k * M * 2 * I, tl.sum(acc, 0), mask=m_n)
-        tl.store(p_part + i_k * M * 2 * I + I, tl.sum(acc_up, 0), mask=m_n)
-        tl.debug_barrier()  # every thread's part is written before the count says so
-        if tl.atomic_add(arrivals + pid, 1, sem="acq_rel") == SPLIT_K - 1:  # the other parts are in
-            b_g = tl.zeros([BLOCK_N], dtype=tl.float32)
-            b_u = tl.zeros([BLOCK_N], dtype=tl.float32)
-            for j in tl.static_range(SPLIT_K):
-                b_g += tl.load(p_part + j * M * 2 * I, mask=m_n, other=0.0, cache_modifier=".cg")
-                b_u += tl.load(p_part + j * M * 2 * I + I, mask=m_n, other=0.0, cache_modifier=".cg")
-            b_h = expert_activation(b_g, b_u, GATED)
-            tl.store(inter + i_b.to(tl.int64) * stride_inter + o_n, b_h.to(inter.dtype.element_ty), mask=m_n)
-            tl.atomic_xchg(arrivals + pid, 0)
-    else:
-        b_h = expert_activation(acc, acc_up, GATED)
-        p_o = inter + o_m.to(tl.int64)[:, None] * stride_inter + o_n[None, :]
-        tl.store(p_o, b_h.to(inter.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
+    b_h = expert_activation(acc, acc_up, GATED)
+    p_o = inter + o_m.to(tl.int64)[:, None] * stride_inter + o_n[None, :]
+    tl.store(p_o, b_h.to(inter.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
 
 
 @triton.jit
@@ -203,23 +160,18 @@ def _moe_down_kernel(inter, w2, s2, rows, sorted_assign, expert_offsets, topk_we
                      arrivals, stride_inter, stride_we, stride_wh, stride_se, stride_sh, stride_rows, stride_out,
                      stride_shared, stride_gate, H, I, E, TOPK: tl.constexpr, PREC: tl.constexpr,
                      NUM_BINS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     EVEN_K: tl.constexpr, UNSORTED: tl.constexpr, FP8_W: tl.constexpr, F16_OPERANDS: tl.constexpr,
-                     WIDEN_BITS: tl.constexpr, SUM_SLOTS: tl.constexpr, HAS_SHARED: tl.constexpr,
-                     HAS_GATE: tl.constexpr, SPLIT_K: tl.constexpr):
+                     EVEN_K: tl.constexpr, UNSORTED: tl.constexpr, FP8_W: tl.constexpr, SUM_SLOTS: tl.constexpr,
+                     HAS_SHARED: tl.constexpr, HAS_GATE: tl.constexpr):
     """One program per (row block, BLOCK_N columns of H): inter rows @ w2[e]^T times the routing
-    weight, stored at the rows' assignment indices. UNSORTED, FP8_W, F16_OPERANDS, WIDEN_BITS: as in
-    _moe_up_kernel.
+    weight, stored at the rows' assignment indices. UNSORTED, FP8_W: as in _moe_up_kernel.
 
     SUM_SLOTS (UNSORTED only): rows is float32 scratch, and the token's TOPK slots are summed here
     instead of by _combine_kernel. Each program writes its row's columns, then counts itself in
     arrivals[t * num_n + i_n]; the last of the token's slots to arrive adds the TOPK rows in slot
     order, finishes as the combine does into out, and sets the count back to 0. Slots routed elsewhere
-    (expert E) count too, with zero rows. SPLIT_K > 1 (SUM_SLOTS only; not the default): each slot's
-    row is SPLIT_K partial rows over parts of I, rows [T * TOPK * SPLIT_K, H], all summed by the last
-    of the token's TOPK * SPLIT_K programs to arrive, slot by slot in split order."""
+    (expert E) count too, with zero rows."""
     num_n = tl.cdiv(H, BLOCK_N)
-    pid, i_k, k_first, k_end = _split_k_program(I, BLOCK_K, SPLIT_K)
-    i_b, i_n = pid // num_n, pid % num_n
+    i_b, i_n = tl.program_id(0) // num_n, tl.program_id(0) % num_n
     if UNSORTED:
         i_e, row, row_end = tl.load(sorted_assign + i_b), i_b, i_b + 1
     else:
@@ -231,11 +183,11 @@ def _moe_down_kernel(inter, w2, s2, rows, sorted_assign, expert_offsets, topk_we
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_n = o_n < H
     o_k = tl.arange(0, BLOCK_K)
-    p_a = inter + o_m.to(tl.int64)[:, None] * stride_inter + (k_first * BLOCK_K + o_k)[None, :]  # [BLOCK_M, BLOCK_K]
-    p_w = w2 + i_e.to(tl.int64) * stride_we + o_n[None, :] * stride_wh + (k_first * BLOCK_K + o_k)[:, None]
+    p_a = inter + o_m.to(tl.int64)[:, None] * stride_inter + o_k[None, :]  # [BLOCK_M, BLOCK_K]
+    p_w = w2 + i_e.to(tl.int64) * stride_we + o_n[None, :] * stride_wh + o_k[:, None]  # [BLOCK_K, BLOCK_N]
     p_s = s2 + i_e.to(tl.int64) * stride_se + (o_n // 128) * stride_sh  # [BLOCK_N] (FP8_W)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k in range(k_first, tl.where(i_e < E, k_end, k_first)):
+    for k in range(0, tl.where(i_e < E, tl.cdiv(I, BLOCK_K), 0)):
         if EVEN_K:
             b_a = tl.load(p_a, mask=m_m[:, None], other=0.0)
             b_w = tl.load(p_w, mask=m_n[None, :], other=0.0)
@@ -245,7 +197,7 @@ def _moe_down_kernel(inter, w2, s2, rows, sorted_assign, expert_offsets, topk_we
             b_w = tl.load(p_w, mask=m_k[:, None] & m_n[None, :], other=0.0)
         if FP8_W:
             b_s = tl.load(p_s + (k * BLOCK_K) // 128, mask=m_n, other=0.0)
-            acc += _fp8_weight_dot(b_a, b_w, b_s, PREC, F16_OPERANDS, WIDEN_BITS)
+            acc += _fp8_weight_dot(b_a, b_w, b_s, PREC)
         else:
             acc = tl.dot(b_a, b_w, acc, input_precision=PREC)
         p_a += BLOCK_K
@@ -255,18 +207,17 @@ def _moe_down_kernel(inter, w2, s2, rows, sorted_assign, expert_offsets, topk_we
     else:
         b_assign = tl.load(sorted_assign + o_m, mask=m_m, other=0)
     acc *= tl.load(topk_weights + b_assign, mask=m_m, other=0.0)[:, None]
-    p_o = rows + (b_assign.to(tl.int64) * SPLIT_K + i_k)[:, None] * stride_rows + o_n[None, :]
+    p_o = rows + b_assign.to(tl.int64)[:, None] * stride_rows + o_n[None, :]
     tl.store(p_o, acc.to(rows.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
     if SUM_SLOTS:
         t = i_b // TOPK
         tl.debug_barrier()  # every thread's columns are written before the count says so
-        if tl.atomic_add(arrivals + t * num_n + i_n, 1, sem="acq_rel") == TOPK * SPLIT_K - 1:  # the others are in
+        if tl.atomic_add(arrivals + t * num_n + i_n, 1, sem="acq_rel") == TOPK - 1:  # the others are in
             b_sum = tl.zeros([BLOCK_N], dtype=tl.float32)
-            for j in tl.static_range(TOPK * SPLIT_K):
-                b_sum += tl.load(rows + (t * TOPK * SPLIT_K + j) * stride_rows + o_n, mask=m_n, other=0.0,
-                                 cache_modifier=".cg")
+            for j in tl.static_range(TOPK):
+                b_sum += tl.load(rows + (t * TOPK + j) * stride_rows + o_n, mask=m_n, other=0.0, cache_modifier=".cg")
             b_out = finish_combine(b_sum, shared, shared_gate, t, o_n, m_n, stride_shared, stride_gate,
-                                    out.dtype.element_ty, HAS_SHARED, HAS_GATE)
+                                   out.dtype.element_ty, HAS_SHARED, HAS_GATE)
             tl.store(out + t * stride_out + o_n, b_out, mask=m_n)
             tl.atomic_xchg(arrivals + t * num_n + i_n, 0)
 
@@ -312,7 +263,7 @@ def _combine(out_rows: torch.Tensor, t: int, k: int, shared: torch.Tensor | None
 
 
 UNSORTED_MAX_ROWS = 32
-GEMV_MAX_ROWS = 176  # 16 tokens of Qwen3-Next's 10 routed slots and the shared one; beyond, the dot path
+GEMV_MAX_ROWS = 64  # FP8 experts at 35B-A3B's 9 slots: the GEMVs won at T = 1 and 2, lost from T = 8
 
 
 def _gemm_configs(num_rows: int, num_experts: int, dtype: torch.dtype, device: torch.device) -> tuple[dict, dict]:
@@ -349,16 +300,15 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
                    down_config: dict | None = None, shared: torch.Tensor | None = None,
                    shared_gate: torch.Tensor | None = None, partial: bool = False,
                    w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
-                   fp8_f16_operands: bool = False, widen_bits: bool = False,
                    unsorted: bool | None = None, path: str | None = None) -> torch.Tensor:
     """fused_moe, with what the benchmarks vary. Launch configs (dicts of BLOCK_M/N/K, num_warps,
-    num_stages and SPLIT_K, the last on the unsorted path only); explicit ones take the sorted path unless
-    `unsorted` says otherwise (None: unsorted up to UNSORTED_MAX_ROWS assignments with the default
-    configs). fp8_f16_operands, widen_bits: the FP8 experts' fp16-operand variants (_fp8_weight_dot);
-    x must hold bf16 values. SPLIT_K above 1, fp8_f16_operands and widen_bits are off in serving until
-    measured faster. path: "gemv" runs the few-token expert GEMVs (moe_gemv.py; up to GEMV_MAX_ROWS
-    assignments, nothing else varied), "dot" the tensor-core kernels below; None: on CUDA, up to
-    GEMV_MAX_ROWS assignments, whichever of the two timed faster at this shape (fastest.py), else "dot"."""
+    num_stages); explicit ones take the sorted path unless `unsorted` says otherwise (None: unsorted up
+    to UNSORTED_MAX_ROWS assignments with the default configs). path: "gemv" runs the few-token expert
+    GEMVs (moe_gemv.py; up to GEMV_MAX_ROWS assignments, nothing else varied), "dot" the tensor-core
+    kernels above; None: for FP8 experts on CUDA up to GEMV_MAX_ROWS assignments, whichever of the two
+    timed faster at this shape (fastest.py), else "dot". (bf16 experts: the GEMVs timed no faster than
+    the tensor-core kernels at T = 1 and 2 on the H200, bench/results/2026-12-02c/call3, so bf16 keeps
+    one path.)"""
     if activation not in ("silu", "relu2"):
         raise ValueError(f"unsupported MoE activation {activation!r}; expected 'silu' or 'relu2'")
     gated = activation == "silu"
@@ -385,8 +335,7 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     if rows == 0:  # no tokens
         return torch.zeros_like(x)
     defaults = up_config is None and down_config is None and unsorted is None
-    defaults = defaults and not (fp8_f16_operands or widen_bits)
-    if path is None and defaults and rows <= GEMV_MAX_ROWS and x.is_cuda:
+    if path is None and defaults and fp8 and rows <= GEMV_MAX_ROWS and x.is_cuda:
         path = _few_rows_path(x, w13, w2, topk_weights, topk_ids, activation, shared, shared_gate, partial,
                               w13_scale, w2_scale)
     if path == "gemv":
@@ -401,46 +350,37 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     else:
         sorted_assign, expert_offsets = sort_by_expert(topk_ids=topk_ids, num_experts=e)
     default_up, default_down = _gemm_configs(rows, e, x.dtype, x.device)
-    up, down = dict(up_config or default_up), dict(down_config or default_down)
-    split_up, split_down = up.pop("SPLIT_K", 1), down.pop("SPLIT_K", 1)
-    assert unsorted or split_up == split_down == 1, "split K is for the unsorted path"
+    up, down = up_config or default_up, down_config or default_down
     assert not fp8 or FP8_BLOCK % up["BLOCK_K"] == FP8_BLOCK % down["BLOCK_K"] == 0, "K tiles within a scale block"
     s13, s2 = (w13_scale, w2_scale) if fp8 else (w13, w2)  # without FP8 the weights stand in, unread
 
-    def programs(config: dict, columns: int, split: int) -> tuple[int]:
+    def programs(config: dict, columns: int) -> tuple[int]:
         blocks = rows if unsorted else max_blocks(rows, e, config["BLOCK_M"])
-        return (blocks * triton.cdiv(columns, config["BLOCK_N"]) * split,)
+        return (blocks * triton.cdiv(columns, config["BLOCK_N"]),)
 
     prec = "tf32x3" if x.dtype == torch.float32 else "tf32"
     num_bins = bins_for(e)
     inter = torch.empty((rows, i), dtype=x.dtype, device=x.device)
-    if split_up > 1:  # [SPLIT_K, rows, 2, I] float32 parts, a counter per output tile
-        up_parts = parts_scratch(x.device, split_up * rows * 2 * i)
-        up_counters = arrival_counters(x.device, rows * triton.cdiv(i, up["BLOCK_N"]))
-    else:
-        up_parts = up_counters = inter  # (unused)
-    _moe_up_kernel[programs(up, i, split_up)](
-        x, w13, s13, inter, sorted_assign, expert_offsets, up_parts, up_counters, x.stride(0), w13.stride(0),
-        w13.stride(1), s13.stride(0), s13.stride(1), inter.stride(0), rows, h, i, e, TOPK=k, GATED=gated, PREC=prec,
-        NUM_BINS=num_bins, EVEN_K=h % up["BLOCK_K"] == 0, UNSORTED=unsorted, FP8_W=fp8,
-        F16_OPERANDS=fp8 and fp8_f16_operands, WIDEN_BITS=widen_bits, SPLIT_K=split_up, **up)
+    _moe_up_kernel[programs(up, i)](
+        x, w13, s13, inter, sorted_assign, expert_offsets, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0),
+        s13.stride(1), inter.stride(0), h, i, e, TOPK=k, GATED=gated, PREC=prec, NUM_BINS=num_bins,
+        EVEN_K=h % up["BLOCK_K"] == 0, UNSORTED=unsorted, FP8_W=fp8, **up)
     weights = topk_weights.float().contiguous()
     if unsorted:  # the down kernel sums each token's slots (float32 rows as scratch): no combine launch
         _check_shared(shared, shared_gate, t, h)
-        out_rows = parts_scratch(x.device, rows * split_down * h).view(rows * split_down, h)
+        out_rows = parts_scratch(x.device, rows * h).view(rows, h)
         out = torch.empty_like(x)
         counters = arrival_counters(x.device, t * triton.cdiv(h, down["BLOCK_N"]))
     else:  # [T*k, H], row t * k + j; the rows of slots routed elsewhere (partial) are never written
         out_rows = (torch.zeros if partial else torch.empty)((rows, h), dtype=x.dtype, device=x.device)
         out = counters = out_rows  # (unused)
-    _moe_down_kernel[programs(down, h, split_down)](
+    _moe_down_kernel[programs(down, h)](
         inter, w2, s2, out_rows, sorted_assign, expert_offsets, weights, out, shared, shared_gate, counters,
         inter.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), out_rows.stride(0), out.stride(0),
         0 if shared is None else shared.stride(0), 0 if shared_gate is None else shared_gate.stride(0), h, i, e,
         TOPK=k, PREC=prec, NUM_BINS=num_bins, EVEN_K=i % down["BLOCK_K"] == 0, UNSORTED=unsorted, FP8_W=fp8,
-        F16_OPERANDS=fp8 and fp8_f16_operands, WIDEN_BITS=widen_bits,
-        SUM_SLOTS=unsorted, HAS_SHARED=shared is not None, HAS_GATE=shared_gate is not None, SPLIT_K=split_down,
-        enable_fp_fusion=False, **down)
+        SUM_SLOTS=unsorted, HAS_SHARED=shared is not None, HAS_GATE=shared_gate is not None, enable_fp_fusion=False,
+        **down)
     if unsorted:
         return out
     if k == 1 and shared is None:

@@ -1,5 +1,7 @@
 """The fused MoE for a few tokens as expert GEMVs on the CUDA cores: out[t] = sum_j w[t, j] * y_{e(t, j)}(x[t])
-(+ the shared expert), the contract of fused_moe.py, whose dispatcher runs it where it timed faster.
+(+ the shared expert), the contract of fused_moe.py. Its dispatcher runs this for FP8 experts where it
+timed faster than the tensor-core kernels (on the H200: at T = 1 and 2 of the 35B-A3B shape); for bf16
+experts the two timed alike, and the tensor-core kernels serve.
 
 With few tokens (decode at small batch) each (token, slot) assignment a = t * k + j has an expert of its
 own, so each is one matrix-vector product per GEMM. The tensor-core kernels pad that row to 16 and walk

@@ -53,7 +53,7 @@ def test_bf16_real_shapes(shape, num_tokens):
     assert worst <= 0.05 * exact.abs().max().item(), f"max abs error {worst:.3e}"
 
 
-@pytest.mark.parametrize("num_tokens", [1, 4, 16])
+@pytest.mark.parametrize("num_tokens", [1, 4])
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_few_token_paths_at_real_shapes(shape, num_tokens):
     """Both paths the served call chooses between for a few tokens (tensor-core "dot", expert GEMVs),
@@ -80,7 +80,7 @@ def test_float32_tight(num_tokens):
     torch.testing.assert_close(fused_moe(**kw), fused_moe_ref(**kw), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("num_tokens,path", [(1, None), (24, None), (1, "gemv"), (16, "gemv")])
+@pytest.mark.parametrize("num_tokens,path", [(1, None), (24, None), (1, "gemv"), (4, "gemv")])
 def test_cuda_graph_replay_with_new_inputs(num_tokens, path):
     """Captured once, replayed with new x, weights and routing (spread, then every token on the
     same k experts): the grids are sized for any routing and nothing syncs with the host."""

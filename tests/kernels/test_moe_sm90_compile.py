@@ -23,18 +23,17 @@ for t in (1, 16):
 for fp8 in (False, True):
     w = "*fp8e4nv" if fp8 else "*bf16"
     scale = "*fp32" if fp8 else w
-    up_types = dict(x="*bf16", w13=w, s13=scale, inter="*bf16", sorted_assign="*i64", expert_offsets="*i64",
-                    partials="*bf16", arrivals="*i32")
+    up_types = dict(x="*bf16", w13=w, s13=scale, inter="*bf16", sorted_assign="*i64", expert_offsets="*i64")
     out[f"up {'fp8' if fp8 else 'bf16'}"] = compile_sm90(moe._moe_up_kernel, up_types, dict(
         TOPK=K, GATED=True, PREC="tf32", NUM_BINS=moe.bins_for(E), BLOCK_M=up_cfg["BLOCK_M"],
-        BLOCK_N=up_cfg["BLOCK_N"], BLOCK_K=up_cfg["BLOCK_K"], EVEN_K=True, UNSORTED=True, FP8_W=fp8,
-        F16_OPERANDS=False, WIDEN_BITS=False, SPLIT_K=1), up_cfg["num_warps"], up_cfg["num_stages"])
+        BLOCK_N=up_cfg["BLOCK_N"], BLOCK_K=up_cfg["BLOCK_K"], EVEN_K=True, UNSORTED=True, FP8_W=fp8),
+        up_cfg["num_warps"], up_cfg["num_stages"])
     down_types = dict(inter="*bf16", w2=w, s2=scale, rows="*fp32", sorted_assign="*i64", expert_offsets="*i64",
                       topk_weights="*fp32", out="*bf16", shared="*bf16", shared_gate="*bf16", arrivals="*i32")
     out[f"down {'fp8' if fp8 else 'bf16'}"] = compile_sm90(moe._moe_down_kernel, down_types, dict(
         TOPK=K, PREC="tf32", NUM_BINS=moe.bins_for(E), BLOCK_M=down_cfg["BLOCK_M"], BLOCK_N=down_cfg["BLOCK_N"],
-        BLOCK_K=down_cfg["BLOCK_K"], EVEN_K=True, UNSORTED=True, FP8_W=fp8, F16_OPERANDS=False, WIDEN_BITS=False,
-        SUM_SLOTS=True, HAS_SHARED=False, HAS_GATE=False, SPLIT_K=1), down_cfg["num_warps"], down_cfg["num_stages"])
+        BLOCK_K=down_cfg["BLOCK_K"], EVEN_K=True, UNSORTED=True, FP8_W=fp8, SUM_SLOTS=True, HAS_SHARED=False,
+        HAS_GATE=False), down_cfg["num_warps"], down_cfg["num_stages"])
 from triton_kernels import moe_gemv
 for fp8 in (False, True):
     w, name = ("*fp8e4nv", "fp8") if fp8 else ("*bf16", "bf16")
