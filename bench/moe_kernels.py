@@ -156,7 +156,7 @@ def case(name: str, shape: tuple, num_tokens: int, copy_bw: float, tune: bool, p
     ref = moe.fused_moe_ref(**kw)
     row = dict(model=name, tokens=num_tokens, err=rel_err(out, ref))
     row["ours"] = bench_ms(graphed(lambda: moe.fused_moe(**kw)))
-    if rows <= moe.GEMV_MAX_ROWS:  # the served call chose one of these two (fastest.py)
+    if rows <= moe.GEMV_MAX_ROWS:  # the few-token paths (FP8: the served call runs the faster, fastest.py)
         for path in ("dot", "gemv"):
             call = functools.partial(moe._fused_moe_fwd, **kw, activation="silu", path=path)
             row[path + "_err"] = rel_err(call(), ref)
