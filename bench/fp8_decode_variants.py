@@ -1,8 +1,9 @@
 """Decode-sized FP8 GEMMs on the Qwen3.5-9B shapes, every way this repository can run them, timed
-back to back inside CUDA graphs, against bf16 cuBLAS and the measured copy bandwidth: the weight-only CUDA-core
-GEMV, the weight-only tensor-core kernel with the weight widened to bf16 or to fp16 (by the conversion
-instruction or by integer ops on its bits), and the W8A8
-path (activations quantized, e4m3 x e4m3) through Triton and through cuBLAS. Picks the decode kernel.
+back to back inside CUDA graphs, against bf16 cuBLAS and the measured copy bandwidth: the weight-only
+CUDA-core GEMV (summing every K step, or once after the K loop), the weight-only tensor-core kernel with
+the weight widened to bf16 or to fp16 (by the conversion instruction or by integer ops on its bits), and
+the W8A8 path (activations quantized, e4m3 x e4m3) through Triton and through cuBLAS. Picks the decode
+kernel.
 
     python bench/fp8_decode_variants.py
 """
@@ -31,6 +32,7 @@ def variants(x, q, s):
     out = {}
     if m <= 2:
         out["gemv (cuda cores)"] = lambda: _launch(x, q, s, None, y, "gemv")
+        out["gemv, summed after the K loop"] = lambda: _launch(x, q, s, None, y, "gemv", late_sum=True)
     out["dot, fp16 operands"] = lambda: _launch(x, q, s, None, y, "dot", f16_operands=True)
     out["dot, fp16 operands, widened by integer ops"] = lambda: _launch(x, q, s, None, y, "dot", f16_operands=True,
                                                                         widen_bits=True)

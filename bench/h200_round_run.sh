@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -161,6 +161,13 @@ for part in ${*:-tests}; do
       pk="--sampling temperature=0.7 --sampling top_p=0.9"
       offline t07p09k50_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 $pk --sampling top_k=50
       offline t07p09_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 $pk ;;
+    fp8gemv)  # prepared, not yet run: the dense FP8 GEMV summed after its K loop (LATE_SUM) against the served kernels on
+      # the 9B shapes, its CUDA test, then 9B bf16 vs FP8 at batch 1
+      timeout 60 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_fp8_gemm.py -k "weight_only" 2>&1 \
+        | tee "$OUT/tests_fp8gemv.log" | tail -4
+      timeout 200 python3 bench/fp8_decode_variants.py 2>&1 | tee "$OUT/fp8_decode_variants.md" | grep -E "^\||copy|Error"
+      offline bf16_9b_b1 qwen3_5-9b-text --batch 1 --prompt 512 --output 128
+      offline fp8_9b_b1 qwen3_5-9b-text --batch 1 --prompt 512 --output 128 --engine-arg quantization=fp8 ;;
     moe6)  # the final MoE code in one short call: its CUDA tests (first failure stops), the FP8 fused MoE at T 1 / 2 / 8
       # (both few-token paths), 35B-A3B FP8 and bf16 at batch 1
       timeout 60 python3 -m pytest -q -x -rfE -p no:cacheprovider tests/kernels/test_fused_moe.py \

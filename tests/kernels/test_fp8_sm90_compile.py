@@ -23,8 +23,9 @@ for c in f._dot_tuned.configs:
         out[f"dot {name} {c.kwargs} w{c.num_warps} s{c.num_stages}"] = compile_sm90(
             f._dot_kernel, types, consts, c.num_warps, c.num_stages)
 for c in f._gemv_tuned.configs:
-    out[f"gemv {c.kwargs} w{c.num_warps}"] = compile_sm90(f._gemv_kernel, fp8, dict(HAS_BIAS=False, ROWS=1, **c.kwargs),
-                                                         c.num_warps, 1)
+    for late in (False, True):
+        out[f"gemv {c.kwargs} w{c.num_warps} late {late}"] = compile_sm90(
+            f._gemv_kernel, fp8, dict(HAS_BIAS=False, ROWS=1, LATE_SUM=late, **c.kwargs), c.num_warps, 1)
 print(json.dumps(out))
 '''
 
@@ -35,6 +36,6 @@ def test_decode_gemms_compile_for_hopper_without_spills():
     from triton_kernels import fp8_weight_only as f
 
     results = compile_sm90_in_subprocess(SCRIPT)
-    assert len(results) == 2 * len(f._dot_tuned.configs) + len(f._gemv_tuned.configs)
+    assert len(results) == 2 * len(f._dot_tuned.configs) + 2 * len(f._gemv_tuned.configs)
     spilling = {name: r for name, r in results.items() if r[1] > 0}
     assert not spilling, f"(registers, spilled bytes) of configs that spill: {spilling}"
