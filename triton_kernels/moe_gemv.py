@@ -8,7 +8,7 @@ own, so each is one matrix-vector product per GEMM. The tensor-core kernels pad 
 each program's K loop in order; here a program takes one assignment and BLOCK_N output rows of its
 expert's weight, and multiplies [BLOCK_N, BLOCK_K] tiles (K contiguous, FP8 widened in registers)
 element-wise with x, summing over K once at the end. Narrow BLOCK_N gives many short programs, so the
-selected experts' weights stream from every SM at once. Launch configs are tuned per shape on CUDA.
+selected experts' weights stream from every SM at once. Launch configs are tuned per shape on CUDA (four per kernel).
   up:   inter[a] = act(w13[e] @ x[t])            [T*k, I] in x's dtype
   down: rows[a]  = w[a] * (w2[e] @ inter[a])     [T*k, H] float32 scratch; the last of a token's k
         programs to finish a column block sums its slots in slot order (a counter per token and block,
@@ -124,14 +124,14 @@ def _configs(shapes: list[tuple[int, int, int, int]]) -> list[triton.Config]:
 
 
 # Up: K = H is long (2048 at the Qwen3.5 / Qwen3-Next MoE shapes), each program reads gate and up rows.
-# Down: K = I is short (512), one or two tiles per program.
+# Down: K = I is short (512), one or two tiles per program. The four configs of each kernel that came
+# first in one H200 sweep of eight (bf16, float32 and FP8 at T = 1, bf16 at T = 2; 8-warp configs were
+# the slowest in every case: bench/results/2026-12-02c/call3/moe_gemv_check.log).
 _up_tuned = triton.autotune(
-    configs=_configs([(4, 512, 4, 2), (4, 1024, 4, 2), (8, 256, 4, 3), (8, 512, 4, 2), (8, 512, 4, 3),
-                      (16, 256, 4, 3), (16, 512, 8, 2), (2 * MIN_BLOCK_N, 1024, 8, 2)]),
+    configs=_configs([(4, 512, 4, 2), (8, 256, 4, 3), (8, 512, 4, 3), (16, 256, 4, 3)]),
     key=["H", "I", "ROWS_BUCKET", "TOPK", "GATED", "FP8_W"], do_bench=_bench())(_up_gemv_kernel)
 _down_tuned = triton.autotune(
-    configs=_configs([(4, 512, 4, 1), (8, 512, 4, 1), (16, 512, 4, 1), (16, 256, 4, 2), (32, 256, 8, 2),
-                      (32, 512, 8, 1), (8, 256, 4, 2), (64, 128, 4, 3)]),
+    configs=_configs([(8, 256, 4, 2), (16, 256, 4, 2), (8, 512, 4, 1), (16, 512, 4, 1)]),
     key=["H", "I", "ROWS_BUCKET", "TOPK", "FP8_W", "HAS_SHARED", "HAS_GATE"], do_bench=_bench())(_down_gemv_kernel)
 _INTERPRETER = dict(BLOCK_N=16, G=1, STAGES=1, num_warps=4)  # one config off CUDA (the interpreter cannot time configs)
 

@@ -55,6 +55,6 @@ print(json.dumps(out))
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernel tests run the compiled kernels")
 def test_moe_decode_kernels_compile_for_hopper_without_spills():
     results = compile_sm90_in_subprocess(SCRIPT)
-    assert len(results) == 6 + 2 * 16, sorted(results)
+    assert len(results) == 6 + 2 * 8, sorted(results)
     spilling = {name: r for name, r in results.items() if r[1] > 0}
     assert not spilling, f"(registers, spilled bytes) of configs that spill: {spilling}"
