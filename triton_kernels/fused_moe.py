@@ -20,7 +20,7 @@ import triton.language as tl
 from triton_kernels.arrival_counters import arrival_counters, parts_scratch
 from triton_kernels.fastest import fastest
 from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8
-from triton_kernels.moe_epilogue import expert_activation, finish_combine
+from triton_kernels.moe_epilogue import expert_activation, finish_combine, sum_slots_if_last
 from triton_kernels.moe_gemv import expert_gemvs
 from triton_kernels.moe_sort import bins_for, locate_block, max_blocks, sort_by_expert
 
@@ -211,15 +211,8 @@ def _moe_down_kernel(inter, w2, s2, rows, sorted_assign, expert_offsets, topk_we
     tl.store(p_o, acc.to(rows.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
     if SUM_SLOTS:
         t = i_b // TOPK
-        tl.debug_barrier()  # every thread's columns are written before the count says so
-        if tl.atomic_add(arrivals + t * num_n + i_n, 1, sem="acq_rel") == TOPK - 1:  # the others are in
-            b_sum = tl.zeros([BLOCK_N], dtype=tl.float32)
-            for j in tl.static_range(TOPK):
-                b_sum += tl.load(rows + (t * TOPK + j) * stride_rows + o_n, mask=m_n, other=0.0, cache_modifier=".cg")
-            b_out = finish_combine(b_sum, shared, shared_gate, t, o_n, m_n, stride_shared, stride_gate,
-                                   out.dtype.element_ty, HAS_SHARED, HAS_GATE)
-            tl.store(out + t * stride_out + o_n, b_out, mask=m_n)
-            tl.atomic_xchg(arrivals + t * num_n + i_n, 0)
+        sum_slots_if_last(rows, stride_rows, arrivals, t * num_n + i_n, t, o_n, m_n, out, stride_out, shared,
+                          shared_gate, stride_shared, stride_gate, TOPK, HAS_SHARED, HAS_GATE)
 
 
 @triton.jit

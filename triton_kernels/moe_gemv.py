@@ -24,7 +24,7 @@ import triton.language as tl
 import triton.testing
 
 from triton_kernels.arrival_counters import arrival_counters, parts_scratch
-from triton_kernels.moe_epilogue import expert_activation, finish_combine
+from triton_kernels.moe_epilogue import expert_activation, sum_slots_if_last
 
 
 @triton.jit
@@ -98,15 +98,8 @@ def _down_gemv_kernel(inter, w2, s2, rows, ids, topk_weights, out, shared, share
     b_y = tl.sum(tl.sum(acc, 2), 1) * tl.load(topk_weights + a)
     tl.store(rows + a.to(tl.int64) * H + o_n, b_y, mask=m_n)
     t = a // TOPK
-    tl.debug_barrier()  # every thread's columns are written before the count says so
-    if tl.atomic_add(arrivals + t * num_n + i_n, 1, sem="acq_rel") == TOPK - 1:  # the token's other slots are in
-        b_sum = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for j in tl.static_range(TOPK):
-            b_sum += tl.load(rows + (t * TOPK + j).to(tl.int64) * H + o_n, mask=m_n, other=0.0, cache_modifier=".cg")
-        b_out = finish_combine(b_sum, shared, shared_gate, t, o_n, m_n, stride_shared, stride_gate,
-                               out.dtype.element_ty, HAS_SHARED, HAS_GATE)
-        tl.store(out + t.to(tl.int64) * stride_out + o_n, b_out, mask=m_n)
-        tl.atomic_xchg(arrivals + t * num_n + i_n, 0)
+    sum_slots_if_last(rows, H, arrivals, t * num_n + i_n, t, o_n, m_n, out, stride_out, shared, shared_gate,
+                      stride_shared, stride_gate, TOPK, HAS_SHARED, HAS_GATE)
 
 
 MIN_BLOCK_N = 4  # the narrowest column block any config takes: bounds the counters a launch needs

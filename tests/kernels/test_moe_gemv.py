@@ -1,5 +1,5 @@
 """The few-token expert GEMVs (triton_kernels/moe_gemv.py) against the fused MoE's torch reference
-(interpreter on CPU, float32, tiny shapes; on CUDA each tuned config too). H = 200 and I = 136 are not
+(interpreter on CPU, float32, tiny shapes; on CUDA through the tuned configs). H = 200 and I = 136 are not
 multiples of the 128-wide K tiles or of the 16-column blocks, and the gated w13's up rows start inside
 a scale block."""
 
