@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -161,6 +161,14 @@ for part in ${*:-tests}; do
       pk="--sampling temperature=0.7 --sampling top_p=0.9"
       offline t07p09k50_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 $pk --sampling top_k=50
       offline t07p09_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 $pk ;;
+    head)  # the HEAD check of 2026-12-02 (d): tests/gpu as a whole (the fused MoE's CUDA tests among them), the bf16
+      # fused MoE at T 1-16 again (the fault of 2026-12-02 (c)), the dense FP8 decode GEMMs with the LATE_SUM column
+      timeout ${TESTS_TIMEOUT:-400} python3 -m pytest -q -rfE -p no:cacheprovider --durations=15 tests/gpu \
+        tests/test_composed_gpu.py tests/test_fp8_checkpoint.py 2>&1 | tee "$OUT/tests_gpu.log" | tail -30
+      timeout 45 python3 bench/moe_kernels.py --no-tune --no-profile --tokens 1 2 4 8 16 2>&1 \
+        | tee "$OUT/moe_bf16.md" | grep -E "^\||copy|Error"
+      left=$((575 - SECONDS)); [ $left -gt 30 ] && timeout $left python3 bench/fp8_decode_variants.py 2>&1 \
+        | tee "$OUT/fp8_decode_variants.md" | grep -E "^\||copy|Error" ;;
     fp8gemv)  # prepared, not yet run: the dense FP8 GEMV summed after its K loop (LATE_SUM) against the served kernels on
       # the 9B shapes, its CUDA test, then 9B bf16 vs FP8 at batch 1
       timeout 60 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_fp8_gemm.py -k "weight_only" 2>&1 \
