@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from triton_kernels.gdn_gating import gdn_gate, gdn_gating_ref, l2norm, l2norm_ref
+from triton_kernels.norms import gated_rmsnorm_ref
 
 
 @triton.jit
@@ -26,6 +27,8 @@ def _gdn_decode_kernel(
     dt_bias,
     ssm_states,
     state_slots,
+    z,
+    norm_w,
     o,
     stride_q_b,
     stride_q_h,
@@ -35,18 +38,23 @@ def _gdn_decode_kernel(
     stride_v_h,
     stride_a_b,
     stride_b_b,
+    stride_z_b,
+    stride_z_h,
     stride_s,
     pad_slot,
     scale,
+    eps,
     HK: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
+    NORM: tl.constexpr,
 ):
     """One program per (V block, value head, request): the [K, BV] state tile is read once,
-    decayed, delta-updated and written back; the output uses the updated tile."""
+    decayed, delta-updated and written back; the output uses the updated tile. NORM (BV >= V, one
+    block per head): the output is gated_rmsnorm(o, z) with weight norm_w and epsilon eps."""
     i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_hk = i_h // (HV // HK)
     o_k = tl.arange(0, BK)
@@ -77,23 +85,29 @@ def _gdn_decode_kernel(
     b_s = b_s + b_k[:, None] * b_u[None, :]
     b_o = tl.sum(b_s * b_q[:, None], 0)
     tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_s)
+    if NORM:  # as norms._gated_rmsnorm_kernel, each rounding where eager rounds
+        b_x = tl.where(m_v, b_o.to(o.dtype.element_ty).to(tl.float32), 0.0)
+        b_rstd = tl.rsqrt(tl.sum(b_x * b_x, 0) / V + eps)
+        b_n = (b_x * b_rstd).to(o.dtype.element_ty)
+        b_z = tl.load(z + i_b * stride_z_b + i_h * stride_z_h + o_v, mask=m_v, other=0.0).to(tl.float32)
+        b_o = (tl.load(norm_w + o_v, mask=m_v, other=0.0) * b_n).to(tl.float32) * (b_z * tl.sigmoid(b_z))
     tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_v)
 
 
-def _decode_config(batch: int, HV: int, K: int, V: int) -> tuple[int, int]:
+def _decode_config(batch: int, HV: int, K: int, V: int, whole_heads: bool = False) -> tuple[int, int]:
     """(BV, num_warps), from the H200 sweeps at K = V = 128: a few hundred (request, head) rows are
     latency-bound and want many one-warp programs ([K, 16] tiles at 32 rows, [K, 32] at 256); from
     about a thousand rows on, the copy bandwidth wants [K, 64] tiles on 4 warps. Wider K adds warps,
-    at most 128 state values per thread."""
+    at most 128 state values per thread. whole_heads (the fused norm): BV covers V."""
     BK = triton.next_power_of_2(K)
     rows = batch * HV
     BV, num_warps = (16, 1) if rows < 128 else (32, 1) if rows < 1024 else (64, 4)
-    BV = min(BV, max(8, triton.next_power_of_2(V)))
+    BV = max(8, triton.next_power_of_2(V)) if whole_heads else min(BV, max(8, triton.next_power_of_2(V)))
     return BV, max(num_warps, min(8, BK * BV // (32 * 128)))
 
 
 def _gdn_decode_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, pad_slot, scale,
-                    BV=None, num_warps=None):
+                    z=None, norm_weight=None, norm_eps=1e-6, BV=None, num_warps=None):
     B, HK, K = q.shape
     HV, V = v.shape[1:]
     assert k.shape == q.shape and v.shape[0] == B and HV % HK == 0, (q.shape, k.shape, v.shape)
@@ -102,19 +116,24 @@ def _gdn_decode_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, pad_
     assert ssm_states.shape[1:] == (HV, K, V), f"ssm_states {tuple(ssm_states.shape)} != [S, {HV}, {K}, {V}]"
     assert ssm_states.stride()[1:] == (K * V, V, 1), "ssm_states must be contiguous within a slot"
     assert state_slots.shape == (B,)
-    for name, x in (("q", q), ("k", k), ("v", v), ("a", a), ("b", b)):
+    norm = z is not None
+    assert not norm or (z.shape == v.shape and norm_weight is not None and norm_weight.shape == (V,)), \
+        f"z {None if z is None else tuple(z.shape)} must be shaped as v {tuple(v.shape)}, with a [{V}] norm weight"
+    for name, x in (("q", q), ("k", k), ("v", v), ("a", a), ("b", b), ("z", z if norm else v)):
         assert x.stride(-1) == 1, f"{name} needs a unit stride on its last dim; got strides {x.stride()}"
     o = torch.empty(B, HV, V, dtype=v.dtype, device=v.device)
     if B == 0:
         return o
     if BV is None:
-        BV, num_warps = _decode_config(B, HV, K, V)
+        BV, num_warps = _decode_config(B, HV, K, V, whole_heads=norm)
+    assert not norm or BV >= V, f"the fused norm needs whole heads: BV {BV} < V {V}"
+    zz = z if norm else v  # (unread without the norm)
     grid = (triton.cdiv(V, BV), HV, B)
     _gdn_decode_kernel[grid](
-        q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, o,
+        q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, zz, norm_weight if norm else v, o,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
-        ssm_states.stride(0), pad_slot, scale,
-        HK=HK, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, num_warps=num_warps,
+        zz.stride(0), zz.stride(1), ssm_states.stride(0), pad_slot, scale, norm_eps,
+        HK=HK, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, NORM=norm, num_warps=num_warps,
     )
     return o
 
@@ -132,11 +151,15 @@ def gdn_decode(
     state_slots: torch.Tensor,
     pad_slot: int = -1,
     scale: float | None = None,
+    z: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
 ) -> torch.Tensor:
-    """Triton version of gdn_decode_ref (same arguments and result). q, k, v, a, b may be strided
+    """Triton version of gdn_decode_ref (same arguments and result). q, k, v, a, b, z may be strided
     views (e.g. slices of one projection output); the state pool is updated in place."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return _gdn_decode_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, pad_slot, scale)
+    return _gdn_decode_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, pad_slot, scale,
+                           z=z, norm_weight=norm_weight, norm_eps=norm_eps)
 
 
 
@@ -153,11 +176,19 @@ def gdn_decode_ref(
     state_slots: torch.Tensor,
     pad_slot: int = -1,
     scale: float | None = None,
+    z: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
 ) -> torch.Tensor:
     """q, k: [B, Hk, K]; v: [B, Hv, V]; a, b: [B, Hv]; ssm_states: [S, Hv, K, V];
-    state_slots: [B]. Rows whose slot is `pad_slot` are skipped. Returns o: [B, Hv, V]."""
+    state_slots: [B]. Rows whose slot is `pad_slot` are skipped. Returns o: [B, Hv, V], or with z
+    [B, Hv, V] and norm_weight [V], gated_rmsnorm_ref(o, z) (0 in skipped rows)."""
     n_rep = v.shape[1] // q.shape[1]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if z is not None:
+        o = gdn_decode_ref(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, ssm_states=ssm_states,
+                           state_slots=state_slots, pad_slot=pad_slot, scale=scale)
+        return gated_rmsnorm_ref(x=o, z=z, weight=norm_weight, eps=norm_eps)
     o = torch.zeros_like(v)
     keep = (state_slots != pad_slot).nonzero().flatten()
     if keep.numel() == 0:

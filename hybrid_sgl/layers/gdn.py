@@ -1,7 +1,8 @@
 """Gated DeltaNet mixer (Qwen3-Next / Qwen3.5 linear attention).
 
 in_proj -> [q k v | z | b | a]; causal conv1d + silu over [q k v]; gated delta rule with
-state in the pool slot; per-head gated RMSNorm by silu(z); out_proj. All input projections
+state in the pool slot; per-head gated RMSNorm by silu(z) (at decode inside the delta-rule kernel);
+out_proj. All input projections
 are fused into one matmul with rows in the canonical order above (the loader reorders
 Qwen3-Next's per-key-head grouped layout).
 
@@ -50,24 +51,27 @@ class GatedDeltaNet(nn.Module):
         s, t = self.spec, x.shape[0]
         qkv, z, b, a = self.in_proj(x).split(self.splits, dim=-1)
         conv_states, ssm_states = fb.state_pool.layer(self.state_index)
+        z = z.view(t, s.num_v_heads, s.head_v_dim)
         if fb.is_decode:
             qkv = self.ops.conv_update(x=qkv, weight=self.conv_weight, bias=None, conv_states=conv_states,
                                        state_slots=fb.state_slots, pad_slot=fb.state_pool.pad_slot)
             q, k, v = self._heads(qkv)
             o = self.ops.gdn_decode(q=q, k=k, v=v, a=a, b=b, A_log=self.A_log, dt_bias=self.dt_bias,
-                                    ssm_states=ssm_states, state_slots=fb.state_slots, pad_slot=fb.state_pool.pad_slot)
-        else:
-            def core(cu_seqlens, state_slots, has_initial_state, qkv, a, b):
-                qkv = self.ops.conv_prefill(x=qkv, weight=self.conv_weight, bias=None, conv_states=conv_states,
-                                            cu_seqlens=cu_seqlens, state_slots=state_slots,
-                                            has_initial_state=has_initial_state)
-                q, k, v = self._heads(qkv)
-                return self.ops.gdn_prefill(q=q, k=k, v=v, a=a, b=b, A_log=self.A_log, dt_bias=self.dt_bias,
-                                            ssm_states=ssm_states, state_slots=state_slots, cu_seqlens=cu_seqlens,
-                                            has_initial_state=has_initial_state)
+                                    ssm_states=ssm_states, state_slots=fb.state_slots, pad_slot=fb.state_pool.pad_slot,
+                                    z=z, norm_weight=self.norm.weight, norm_eps=self.norm.eps)  # normed in the kernel
+            return self.out_proj(o.view(t, s.value_dim))
 
-            o = fb.recurrent(self.state_index, core, qkv, a, b)
-        o = self.norm(o, z.view(t, s.num_v_heads, s.head_v_dim))  # [T, Hv, V]
+        def core(cu_seqlens, state_slots, has_initial_state, qkv, a, b):
+            qkv = self.ops.conv_prefill(x=qkv, weight=self.conv_weight, bias=None, conv_states=conv_states,
+                                        cu_seqlens=cu_seqlens, state_slots=state_slots,
+                                        has_initial_state=has_initial_state)
+            q, k, v = self._heads(qkv)
+            return self.ops.gdn_prefill(q=q, k=k, v=v, a=a, b=b, A_log=self.A_log, dt_bias=self.dt_bias,
+                                        ssm_states=ssm_states, state_slots=state_slots, cu_seqlens=cu_seqlens,
+                                        has_initial_state=has_initial_state)
+
+        o = fb.recurrent(self.state_index, core, qkv, a, b)
+        o = self.norm(o, z)  # [T, Hv, V]
         return self.out_proj(o.view(t, s.value_dim))
 
     def _heads(self, qkv: torch.Tensor):
