@@ -10,6 +10,10 @@ the top-k kernel.
 
 A shared expert stacked with the routed ones (layers/moe.py) takes one more slot, k: its id is
 `shared_id` and its weight sigmoid(its gate logit, the column after the experts) or 1 without a gate.
+
+`norm_route` also takes the block's pre-norm: the residual add and RMSNorm (norms.add_rmsnorm) run
+inside the same launch, each program normalizing the few token rows it needs and the first writing
+them out for the experts, which saves the norm's launch at decode.
 """
 
 import torch
@@ -17,6 +21,7 @@ import triton
 import triton.language as tl
 
 from triton_kernels.arrival_counters import arrival_counters
+from triton_kernels.norms import add_rmsnorm, add_rmsnorm_ref
 
 
 def softmax_topk_ref(*, logits: torch.Tensor, top_k: int, renormalize: bool, num_experts: int | None = None,
@@ -130,13 +135,29 @@ def route_ref(*, x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize:
 
 
 @triton.jit
-def _route_kernel(x, w, logits, weights, ids, arrivals, T, R, H, E, shared_id, stride_x, stride_w,
-                  TOP_K: tl.constexpr, RENORM: tl.constexpr, SLOTS: tl.constexpr, SHARED_GATE: tl.constexpr,
-                  BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
-                  BLOCK_K: tl.constexpr):
+def _add_rmsnorm_row(x, res, nw, h_out, r_out, t, stride_x, stride_res, H, eps, offset, write, o_h, m_h):
+    """Token t's normalized row [BLOCK_H >= H] as float32, as norms._rmsnorm_kernel computes it: r = x + res
+    rounded to x's dtype, h = r / rms(r) * (nw + offset) rounded too. `write`: store h and r (rows of H)."""
+    b_r = tl.load(x + t * stride_x + o_h, mask=m_h, other=0.0).to(tl.float32)
+    b_r = (b_r + tl.load(res + t * stride_res + o_h, mask=m_h, other=0.0).to(tl.float32)).to(x.dtype.element_ty)
+    b_f = b_r.to(tl.float32)
+    b_rstd = tl.rsqrt(tl.sum(b_f * b_f, 0) / H + eps)
+    b_h = (b_f * b_rstd * (tl.load(nw + o_h, mask=m_h, other=0.0).to(tl.float32) + offset)).to(x.dtype.element_ty)
+    if write:
+        tl.store(r_out + t * H + o_h, b_r, mask=m_h)
+        tl.store(h_out + t * H + o_h, b_h, mask=m_h)
+    return b_h.to(tl.float32)
+
+
+@triton.jit
+def _route_kernel(x, w, logits, weights, ids, arrivals, res, nw, h_out, r_out, T, R, H, E, shared_id, stride_x,
+                  stride_w, stride_res, eps, offset, TOP_K: tl.constexpr, RENORM: tl.constexpr, SLOTS: tl.constexpr,
+                  SHARED_GATE: tl.constexpr, NORM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
+                  BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
     """Program i_r: logits [T, BLOCK_R rows] (each weight tile read once for all T tokens). The last
     program to arrive takes the softmax and top-k of all T tokens at once, [BLOCK_T, BLOCK_E]
-    (_topk_slots)."""
+    (_topk_slots). NORM (BLOCK_H >= H): x is the delta to add to res, and the router reads the normed
+    rows (_add_rmsnorm_row), which program 0 writes to h_out and r_out."""
     i_r = tl.program_id(0)
     o_r = i_r * BLOCK_R + tl.arange(0, BLOCK_R)
     o_t = tl.arange(0, BLOCK_T)
@@ -148,7 +169,11 @@ def _route_kernel(x, w, logits, weights, ids, arrivals, T, R, H, E, shared_id, s
         b_w = tl.load(w + o_r.to(tl.int64)[:, None] * stride_w + h0 + o_h[None, :], mask=m_r[:, None] & m_h[None, :],
                       other=0.0)
         for t in range(T):
-            b_x = tl.load(x + t * stride_x + h0 + o_h, mask=m_h, other=0.0).to(tl.float32)
+            if NORM:
+                b_x = _add_rmsnorm_row(x, res, nw, h_out, r_out, t, stride_x, stride_res, H, eps, offset, i_r == 0,
+                                       o_h, m_h)
+            else:
+                b_x = tl.load(x + t * stride_x + h0 + o_h, mask=m_h, other=0.0).to(tl.float32)
             part = tl.sum(b_w * b_x[None, :], 1)
             acc = tl.where(o_t[None, :] == t, acc + part[:, None], acc)
     m_t = o_t < T
@@ -174,18 +199,25 @@ def _route_kernel(x, w, logits, weights, ids, arrivals, T, R, H, E, shared_id, s
 ROUTE_CONFIG = dict(BLOCK_R=2, BLOCK_H=2048, num_warps=4)  # measured in serving: 7.5 us at T 1, E 256, H 2048
 
 
-def route_config(num_tokens: int) -> dict:
+def route_config(num_tokens: int, norm_hidden: int | None = None) -> dict:
     """The launch config for a batch: at 8 tokens and more, 8 router rows per program (on an H200, T = 8:
-    15.3 against 15.9 us at E 256, 18.4 against 21.2 us at E 512; at T = 1 every BLOCK_R was within 2 %)."""
-    return {**ROUTE_CONFIG, "BLOCK_R": 8} if num_tokens >= 8 else ROUTE_CONFIG
+    15.3 against 15.9 us at E 256, 18.4 against 21.2 us at E 512; at T = 1 every BLOCK_R was within 2 %).
+    norm_hidden (the pre-norm fused: whole rows of H in a tile): past H = 2048, 2 rows per program, which
+    sm_90 holds without spilling (tests/kernels/test_moe_sm90_compile.py)."""
+    c = {**ROUTE_CONFIG, "BLOCK_R": 8} if num_tokens >= 8 else dict(ROUTE_CONFIG)
+    if norm_hidden:
+        c["BLOCK_H"] = triton.next_power_of_2(norm_hidden)
+        c["BLOCK_R"] = c["BLOCK_R"] if c["BLOCK_H"] <= 2048 else 2
+    return c
 
 
 def route(*, x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool, num_experts: int,
-          shared_id: int | None = None, shared_gate: bool = False, config: dict | None = None
+          shared_id: int | None = None, shared_gate: bool = False, config: dict | None = None, _norm: dict | None = None
           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """route_ref (same arguments and results): up to ROUTER_KERNEL_MAX_TOKENS tokens in one launch, more
     through cuBLAS and the top-k kernel. config: BLOCK_R, BLOCK_H (at most), num_warps (benchmarks vary
-    it; default route_config(T))."""
+    it; default route_config(T)). _norm (norm_route's, for one launch only): residual, norm_weight, eps,
+    offset and the outputs h, r."""
     t, h = x.shape
     r, e = weight.shape[0], num_experts
     if t > ROUTER_KERNEL_MAX_TOKENS or t == 0:
@@ -199,10 +231,43 @@ def route(*, x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: boo
     logits = torch.empty((t, r), dtype=torch.float32, device=x.device)
     weights = torch.empty((t, slots), dtype=torch.float32, device=x.device)
     ids = torch.empty((t, slots), dtype=torch.int64, device=x.device)
-    c = {**route_config(t), **(config or {})}
+    norm = _norm or {}
+    c = {**route_config(t, h if norm else None), **(config or {})}
+    block_h = c["BLOCK_H"] if norm else min(c["BLOCK_H"], triton.next_power_of_2(h))
+    assert block_h >= h or not norm, f"the pre-norm needs whole rows: BLOCK_H {block_h} < H {h}"
+    res = norm.get("residual", x)
     _route_kernel[(triton.cdiv(r, c["BLOCK_R"]),)](
-        x, weight, logits, weights, ids, arrival_counters(x.device, 1), t, r, h, e, shared_id or 0, x.stride(0),
-        weight.stride(0), TOP_K=top_k, RENORM=renormalize, SLOTS=slots, SHARED_GATE=shared_gate,
-        BLOCK_R=c["BLOCK_R"], BLOCK_H=min(c["BLOCK_H"], triton.next_power_of_2(h)), BLOCK_T=triton.next_power_of_2(t),
-        BLOCK_E=triton.next_power_of_2(e), BLOCK_K=triton.next_power_of_2(slots), num_warps=c["num_warps"])
+        x, weight, logits, weights, ids, arrival_counters(x.device, 1), res, norm.get("norm_weight", x),
+        norm.get("h", x), norm.get("r", x), t, r, h, e, shared_id or 0, x.stride(0), weight.stride(0), res.stride(0),
+        norm.get("eps", 0.0), norm.get("offset", 0.0), TOP_K=top_k, RENORM=renormalize, SLOTS=slots,
+        SHARED_GATE=shared_gate, NORM=bool(norm), BLOCK_R=c["BLOCK_R"], BLOCK_H=block_h,
+        BLOCK_T=triton.next_power_of_2(t), BLOCK_E=triton.next_power_of_2(e), BLOCK_K=triton.next_power_of_2(slots),
+        num_warps=c["num_warps"])
     return weights, ids, logits
+
+
+NORM_ROUTE_MAX_HIDDEN = 4096  # each program holds whole token rows
+
+
+def norm_route_ref(*, x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                   offset: float = 0.0, **route_kw) -> tuple[torch.Tensor, ...]:
+    """The block's pre-norm, then route_ref: x (the delta), residual: [T, H]; norm_weight: [H]; route_kw as
+    route_ref's. Returns (weights, ids, logits) as route_ref's, then h = rmsnorm(x + residual) and
+    x + residual, [T, H] in x's dtype."""
+    h, r = add_rmsnorm_ref(x=x, residual=residual, weight=norm_weight, eps=eps, offset=offset)
+    return (*route_ref(x=h, **route_kw), h, r)
+
+
+def norm_route(*, x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+               offset: float = 0.0, **route_kw) -> tuple[torch.Tensor, ...]:
+    """norm_route_ref (same arguments and results). Decode batches (1 to ROUTER_KERNEL_MAX_TOKENS tokens,
+    H up to NORM_ROUTE_MAX_HIDDEN) in one launch; others through norms.add_rmsnorm, then route."""
+    t, h = x.shape
+    assert residual.shape == x.shape and residual.dtype == x.dtype and norm_weight.shape == (h,), \
+        f"residual {tuple(residual.shape)} {residual.dtype}, norm weight {tuple(norm_weight.shape)}, x {tuple(x.shape)}"
+    if not 0 < t <= ROUTER_KERNEL_MAX_TOKENS or h > NORM_ROUTE_MAX_HIDDEN or residual.stride(-1) != 1:
+        hn, r = add_rmsnorm(x=x, residual=residual, weight=norm_weight, eps=eps, offset=offset)
+        return (*route(x=hn, **route_kw), hn, r)
+    hn, r = torch.empty((t, h), dtype=x.dtype, device=x.device), torch.empty((t, h), dtype=x.dtype, device=x.device)
+    norm = dict(residual=residual, norm_weight=norm_weight, eps=eps, offset=offset, h=hn, r=r)
+    return (*route(x=x, **route_kw, _norm=norm), hn, r)

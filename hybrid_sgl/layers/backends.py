@@ -49,6 +49,7 @@ class MoEOps:
     name: str
     route: Callable  # x, router -> (top-k weights, expert ids, router logits)
     fused_moe: Callable
+    norm_route: Callable  # the block's pre-norm, then route: -> (weights, ids, logits, normed x, residual)
 
 
 def _torch_attention() -> AttentionOps:
@@ -107,13 +108,13 @@ def _triton_ssm() -> SSMOps:
 def _torch_moe() -> MoEOps:
     from triton_kernels import fused_moe, moe_routing
 
-    return MoEOps("torch", moe_routing.route_ref, fused_moe.fused_moe_ref)
+    return MoEOps("torch", moe_routing.route_ref, fused_moe.fused_moe_ref, moe_routing.norm_route_ref)
 
 
 def _triton_moe() -> MoEOps:
     from triton_kernels import fused_moe, moe_routing
 
-    return MoEOps("triton", moe_routing.route, fused_moe.fused_moe)
+    return MoEOps("triton", moe_routing.route, fused_moe.fused_moe, moe_routing.norm_route)
 
 
 REGISTRY: dict[str, dict[str, Callable]] = {

@@ -1,7 +1,8 @@
 """The pre-norm hybrid block shared by most families: norm -> mixer -> add -> norm -> ffn.
 
 Residual adds are fused into the next RMSNorm: a layer returns its FFN output as the delta for
-the next layer (or the final norm) to add. `residual_multiplier` scales both branch outputs
+the next layer (or the final norm) to add. An FFN with `add_norm_forward` (the sparse MoE) takes
+the add and its pre-norm into its own first kernel. `residual_multiplier` scales both branch outputs
 before they are added (Granite); `offset` = 1.0 for zero-centered norm weights (Qwen3-Next)."""
 
 from dataclasses import dataclass
@@ -40,8 +41,13 @@ class DecoderLayer(nn.Module):
             h, residual = self.input_norm(x), x
         else:
             h, residual = self.input_norm.add(x, residual)
-        h, residual = self.post_norm.add(self._scaled(self.mixer(h, fb)), residual)
-        return self._scaled(self.ffn(h)), residual
+        delta = self._scaled(self.mixer(h, fb))
+        if hasattr(self.ffn, "add_norm_forward"):  # the FFN takes its pre-norm in its own first kernel
+            out, residual = self.ffn.add_norm_forward(delta, residual, self.post_norm)
+        else:
+            h, residual = self.post_norm.add(delta, residual)
+            out = self.ffn(h)
+        return self._scaled(out), residual
 
     def _scaled(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.residual_multiplier if self.residual_multiplier != 1.0 else x

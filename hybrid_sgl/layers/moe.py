@@ -63,19 +63,36 @@ class SparseMoE(nn.Module):
 
     fp8_expert_weights = ("w13", "w2")
 
+    def _route_args(self) -> dict:
+        return dict(weight=self.router, top_k=self.spec.top_k, renormalize=self.spec.norm_topk_prob,
+                    num_experts=self.spec.num_experts, shared_id=self.num_local if self.stacked_shared else None,
+                    shared_gate=self.stacked_shared and self.has_shared_gate)
+
+    def _gate(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """The unstacked shared expert's gate logits [T] (column E of the router logits), else None."""
+        return logits[:, self.spec.num_experts] if self.has_shared_gate and not self.stacked_shared else None
+
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """x: [T, H] -> (weights [T, k] float32, expert ids [T, k], shared gate logits [T] or None). With
         the shared expert stacked, its slot is one more column, k + 1 (id num_local), and no gate is returned."""
-        e = self.spec.num_experts
-        weights, ids, logits = self.ops.route(x=x, weight=self.router, top_k=self.spec.top_k,  # logits [T, E (+ 1)]
-                                              renormalize=self.spec.norm_topk_prob, num_experts=e,
-                                              shared_id=self.num_local if self.stacked_shared else None,
-                                              shared_gate=self.stacked_shared and self.has_shared_gate)
-        return weights, ids, logits[:, e] if self.has_shared_gate and not self.stacked_shared else None
+        weights, ids, logits = self.ops.route(x=x, **self._route_args())  # logits [T, E (+ 1)]
+        return weights, ids, self._gate(logits)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
-        weights, ids, gate = self.route(x)
+        return self._experts(x, *self.route(x))
+
+    def add_norm_forward(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block behind its pre-norm: x (the delta), residual: [T, H] -> (forward(norm(x + residual)),
+        x + residual). norm: the layer's RMSNorm; at decode the add and norm run in the router's launch."""
+        weights, ids, logits, h, residual = self.ops.norm_route(x=x, residual=residual, norm_weight=norm.weight,
+                                                                eps=norm.eps, offset=norm.offset, **self._route_args())
+        return self._experts(h, weights, ids, self._gate(logits)), residual
+
+    def _experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate: torch.Tensor | None
+                 ) -> torch.Tensor:
+        """x: [T, H] with its routing -> the routed and shared experts' sum [T, H], reduced over the ranks."""
         partial = self.tp.expert_parallel
         if partial:  # this rank's experts as 0 .. num_local - 1; the others' as num_local (skipped)
             ids = ids - self.first_expert

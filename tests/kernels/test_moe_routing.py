@@ -5,6 +5,8 @@ import torch
 
 from triton_kernels.arrival_counters import arrival_counters
 from triton_kernels.moe_routing import (
+    norm_route,
+    norm_route_ref,
     route,
     route_ref,
     softmax_topk,
@@ -96,3 +98,41 @@ def test_route_breaks_ties_toward_the_lower_expert():
     weights, ids, _ = route(x=x, weight=weight, top_k=3, renormalize=False, num_experts=10)
     assert ids.tolist() == [[7, 0, 1], [7, 0, 1]]
     assert weights[:, 1].eq(weights[:, 2]).all() and (weights[:, 0] > weights[:, 1]).all()
+
+
+@pytest.mark.parametrize("num_tokens,hidden,experts,top_k,shared,offset", [
+    (1, 2048, 256, 8, "gated", 1.0),  # Qwen3.5-35B-A3B at decode (zero-centered norm weight)
+    (3, 100, 9, 3, None, 0.0),  # H not a power of two
+    (16, 72, 12, 4, "ungated", 0.0),  # the largest batch in one launch
+    (17, 40, 6, 2, "gated", 1.0),  # past it: the norm kernel, then route
+])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.gpu)])
+def test_norm_route_matches_its_reference(num_tokens, hidden, experts, top_k, shared, offset, dtype):
+    """The block's pre-norm (residual add, RMSNorm) inside the router's launch: the normed rows and the sum
+    as add_rmsnorm_ref's (bf16: equal but for the norm's summation order), the routing as route_ref's on
+    them, the counter left at 0. (bf16 on CUDA only: the interpreter rounds float32 to bf16 wrongly.)"""
+    g = torch.Generator().manual_seed(hidden + experts + num_tokens)
+    x = torch.randn(num_tokens, hidden, generator=g).to(DEVICE, dtype)
+    residual = (3 * torch.randn(num_tokens, hidden + 5, generator=g)).to(DEVICE, dtype)[:, :hidden]  # strided rows
+    norm_weight = (0.1 * torch.randn(hidden, generator=g) + 1 - offset).to(DEVICE, dtype)
+    weight = torch.randn(experts + (shared == "gated"), hidden, generator=g).div(hidden ** 0.5).to(DEVICE)
+    kw = dict(x=x, residual=residual, norm_weight=norm_weight, eps=1e-6, offset=offset, weight=weight, top_k=top_k,
+              renormalize=True, num_experts=experts, shared_id=None if shared is None else experts,
+              shared_gate=shared == "gated")
+    weights, ids, logits, h, r = norm_route(**kw)
+    ref_weights, ref_ids, ref_logits, ref_h, ref_r = norm_route_ref(**kw)
+    assert h.dtype == r.dtype == dtype and h.shape == r.shape == (num_tokens, hidden)
+    assert torch.equal(r, ref_r)
+    if dtype == torch.float32:
+        torch.testing.assert_close(h, ref_h, rtol=1e-5, atol=1e-5)
+    else:  # at most one bf16 step apart, in few elements
+        assert ((h.float() - ref_h.float()).abs() <= ref_h.float().abs() / 64).all()
+        assert (h != ref_h).float().mean() < 0.01
+    weights2, ids2, logits2 = route_ref(x=h, **{k: v for k, v in kw.items()
+                                                if k not in ("x", "residual", "norm_weight", "eps", "offset")})
+    torch.testing.assert_close(logits, logits2, rtol=1e-5, atol=1e-4)
+    assert torch.equal(ids, ids2)
+    torch.testing.assert_close(weights, weights2, rtol=1e-5, atol=1e-6)
+    if dtype == torch.float32:
+        assert torch.equal(ids, ref_ids)
+    assert int(arrival_counters(x.device, 1)[0]) == 0

@@ -1,5 +1,6 @@
 """The MoE decode kernels compile for Hopper (sm_90a) at the Qwen3.5-35B-A3B shape with the launch
-configs serving picks at T = 1, and ptxas reports no register spills: the one-launch router, the fused
+configs serving picks at T = 1, and ptxas reports no register spills: the one-launch router (with the
+pre-norm too, up to its largest hidden size), the fused
 MoE's up and down GEMMs (bf16 and FP8 experts), and every tuned config of the few-token expert GEMVs.
 
 Needs no GPU (tests/kernels/sm90.py)."""
@@ -14,12 +15,14 @@ from triton_kernels import fused_moe as moe, moe_routing as routing
 
 E, K, H, I = 257, 9, 2048, 512  # 256 experts + the stacked shared one, top-8 + its slot
 up_cfg, down_cfg = moe._gemm_configs(K, E, torch.bfloat16, torch.device("cuda"))
-types = dict(x="*bf16", w="*fp32", logits="*fp32", weights="*fp32", ids="*i64", arrivals="*i32")
+types = dict(x="*bf16", w="*fp32", logits="*fp32", weights="*fp32", ids="*i64", arrivals="*i32", res="*bf16",
+             nw="*bf16", h_out="*bf16", r_out="*bf16", eps="fp32", offset="fp32")
 for t in (1, 16):
-    c = routing.route_config(t)
-    out[f"route T{t}"] = compile_sm90(routing._route_kernel, types, dict(
-        TOP_K=8, RENORM=True, SLOTS=9, SHARED_GATE=True, BLOCK_R=c["BLOCK_R"], BLOCK_H=c["BLOCK_H"], BLOCK_T=t,
-        BLOCK_E=256, BLOCK_K=16), c["num_warps"], 1)
+    for norm_h in (None, H, routing.NORM_ROUTE_MAX_HIDDEN):  # the pre-norm in the router: whole rows of H
+        c = routing.route_config(t, norm_h)
+        out[f"route T{t}" + (f" norm H{norm_h}" if norm_h else "")] = compile_sm90(routing._route_kernel, types, dict(
+            TOP_K=8, RENORM=True, SLOTS=9, SHARED_GATE=True, NORM=bool(norm_h), BLOCK_R=c["BLOCK_R"],
+            BLOCK_H=c["BLOCK_H"], BLOCK_T=t, BLOCK_E=256, BLOCK_K=16), c["num_warps"], 1)
 for fp8 in (False, True):
     w = "*fp8e4nv" if fp8 else "*bf16"
     scale = "*fp32" if fp8 else w
@@ -55,6 +58,6 @@ print(json.dumps(out))
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernel tests run the compiled kernels")
 def test_moe_decode_kernels_compile_for_hopper_without_spills():
     results = compile_sm90_in_subprocess(SCRIPT)
-    assert len(results) == 6 + 2 * 8, sorted(results)
+    assert len(results) == 10 + 2 * 8, sorted(results)
     spilling = {name: r for name, r in results.items() if r[1] > 0}
     assert not spilling, f"(registers, spilled bytes) of configs that spill: {spilling}"
