@@ -32,7 +32,6 @@ def variants(x, q, s):
     out = {}
     if m <= 2:
         out["gemv (cuda cores)"] = lambda: _launch(x, q, s, None, y, "gemv")
-        out["gemv, summed after the K loop"] = lambda: _launch(x, q, s, None, y, "gemv", late_sum=True)
     out["dot, fp16 operands"] = lambda: _launch(x, q, s, None, y, "dot", f16_operands=True)
     out["dot, fp16 operands, widened by integer ops"] = lambda: _launch(x, q, s, None, y, "dot", f16_operands=True,
                                                                         widen_bits=True)

@@ -134,19 +134,19 @@ def test_weight_only_matches_reference(m, n, k, with_bias):
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 130, 200), (2, 40, 700)])
-def test_weight_only_gemv_summed_after_the_loop_matches_reference(m, n, k):
-    """The CUDA-core kernel's LATE_SUM variant (not served): the scaled products summed once after the K
-    loop give the reference's result, and a wrong block scale shows."""
+def test_weight_only_gemv_matches_reference(m, n, k):
+    """The CUDA-core kernel itself (on CUDA the dispatch may pick the tensor-core one): the scaled products,
+    summed once after the K loop, give the reference's result, and a wrong block scale shows."""
     from triton_kernels.fp8_weight_only import _launch
 
     kw = _problem(m, n, k, True, seed=16)
     ref = fp8_weight_only_gemm_ref(**kw)
     y = torch.empty_like(ref)
-    _launch(kw["x"], kw["weight"], kw["weight_scale_inv"], kw["bias"], y, "gemv", late_sum=True)
+    _launch(kw["x"], kw["weight"], kw["weight_scale_inv"], kw["bias"], y, "gemv")
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-4)
     wrong_block = kw["weight_scale_inv"].clone()
     wrong_block[-1, -1] *= 2.0
-    _launch(kw["x"], kw["weight"], wrong_block, kw["bias"], y, "gemv", late_sum=True)
+    _launch(kw["x"], kw["weight"], wrong_block, kw["bias"], y, "gemv")
     assert not torch.allclose(y, ref, rtol=1e-5, atol=1e-4)
 
 

@@ -23,9 +23,9 @@ for c in f._dot_tuned.configs:
         out[f"dot {name} {c.kwargs} w{c.num_warps} s{c.num_stages}"] = compile_sm90(
             f._dot_kernel, types, consts, c.num_warps, c.num_stages)
 for c in f._gemv_tuned.configs:
-    for late in (False, True):
-        out[f"gemv {c.kwargs} w{c.num_warps} late {late}"] = compile_sm90(
-            f._gemv_kernel, fp8, dict(HAS_BIAS=False, ROWS=1, LATE_SUM=late, **c.kwargs), c.num_warps, 1)
+    for rows in (1, 2):
+        out[f"gemv {c.kwargs} w{c.num_warps} rows {rows}"] = compile_sm90(
+            f._gemv_kernel, fp8, dict(HAS_BIAS=False, ROWS=rows, **c.kwargs), c.num_warps, 1)
 print(json.dumps(out))
 '''
 
