@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -161,6 +161,24 @@ for part in ${*:-tests}; do
       pk="--sampling temperature=0.7 --sampling top_p=0.9"
       offline t07p09k50_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 $pk --sampling top_k=50
       offline t07p09_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 $pk ;;
+    fuse)  # the decode fusions (GDN gated norm in the delta-rule kernel, the MoE pre-norm in the router) and the FP8
+      # GEMV summed after its loop: their CUDA tests and the model tests through them, then 35B-A3B bf16 at batch 1
+      # against .before/ (the tree before them, carried), 35B-A3B FP8, 9B bf16 and FP8 at batch 1
+      date +%T; timeout 170 python3 -m pytest -q -rfE -p no:cacheprovider --durations=10 tests/kernels/test_gdn_recurrent.py \
+        tests/kernels/test_moe_routing.py tests/kernels/test_fp8_gemm.py tests/gpu/test_model_cuda.py \
+        -k "norm or weight_only or real_shapes or graphs or triton and (qwen3_5 or qwen3_next or granite or jamba)" 2>&1 \
+        | tee "$OUT/tests_fuse.log" | tail -12
+      date +%T; offline bf16_35b_b1 qwen3_5-35b-a3b-text --batch 1 --prompt 512 --output 128
+      date +%T; timeout 300 python3 .before/bench/offline.py --config configs/qwen3_5-35b-a3b-text --skip-hf --batch 1 \
+        --prompt 512 --output 128 --out "$OUT/offline_before_bf16_35b_b1.json" 2>&1 | quiet \
+        | tee "$OUT/offline_before_bf16_35b_b1.md" | sed -n '/## Decode$/,/## End/p' | head -6
+      date +%T; offline fp8_35b_b1 qwen3_5-35b-a3b-text --batch 1 --prompt 512 --output 128 --engine-arg quantization=fp8 \
+        --engine-arg enable_fp8_experts=true
+      date +%T; offline bf16_9b_b1 qwen3_5-9b-text --batch 1 --prompt 512 --output 128
+      date +%T; offline fp8_9b_b1 qwen3_5-9b-text --batch 1 --prompt 512 --output 128 --engine-arg quantization=fp8
+      date +%T; left=$((570 - SECONDS)); [ $left -gt 40 ] && timeout $left python3 bench/decode_profile.py \
+        --config configs/qwen3_5-35b-a3b-text --batch 1 --graphs --top 20 2>&1 | quiet | tee "$OUT/profile_35b_b1.md" \
+        | tail -24 ;;
     head)  # the HEAD check of 2026-12-02 (d): tests/gpu as a whole (the fused MoE's CUDA tests among them), the bf16
       # fused MoE at T 1-16 again (the fault of 2026-12-02 (c)), the dense FP8 decode GEMMs with the LATE_SUM column
       timeout ${TESTS_TIMEOUT:-400} python3 -m pytest -q -rfE -p no:cacheprovider --durations=15 tests/gpu \
