@@ -152,8 +152,10 @@ def test_decode_norm_rejects_partial_heads():
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch", [1, 8, 64, 256])
 def test_decode_with_gated_norm_bf16_real_shapes(batch):
-    """Qwen3.5-9B linear attention with the fused norm, bf16: bit for bit the unfused kernel followed by the
-    served gated norm kernel (the same roundings in the same order), and close to the float32 reference."""
+    """Qwen3.5-9B linear attention with the fused norm, bf16: the unfused kernel followed by the served gated
+    norm kernel, up to summation order (a whole head per program sums over K in another order than the
+    unfused kernel's narrow tiles, which can move a bf16 output by a rounding step), and close to the
+    float32 reference."""
     from triton_kernels.norms import gated_rmsnorm
     num_slots = batch + 8
     base = decode_inputs(batch, 16, 32, 128, 128, num_slots=num_slots, dtype=torch.bfloat16)
@@ -164,7 +166,7 @@ def test_decode_with_gated_norm_bf16_real_shapes(batch):
     fused = gdn_decode(**base, **norm, ssm_states=fused_states, state_slots=slots, pad_slot=num_slots - 1)
     o = gdn_decode(**base, ssm_states=split_states, state_slots=slots, pad_slot=num_slots - 1)
     split = gated_rmsnorm(x=o, z=norm["z"], weight=norm["norm_weight"], eps=norm["norm_eps"])
-    assert torch.equal(fused_states, split_states)
-    assert (fused != split).float().mean().item() < 1e-3  # the norm's sum may reduce in another order
+    torch.testing.assert_close(fused_states, split_states, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused, split)  # bf16 tolerances: a rounding step apart at most
     ref = gdn_decode_ref(**base, **norm, ssm_states=states.clone(), state_slots=slots, pad_slot=num_slots - 1)
     assert rel_err(fused, ref) < 1e-2
