@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -161,6 +161,20 @@ for part in ${*:-tests}; do
       pk="--sampling temperature=0.7 --sampling top_p=0.9"
       offline t07p09k50_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 $pk --sampling top_k=50
       offline t07p09_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 $pk ;;
+    verify_d)  # the CUDA tests at the round's final code, most important first, in three pytest runs that each
+      # print a summary: the changed kernels; every family against HF (model tests, FP8 models); the rest of tests/gpu
+      group() {  # group NAME SECONDS FILES...: one pytest run, each test named as it ends (-v), into $OUT/tests_NAME.log
+        local name=$1 limit=$2; shift 2; date +%T
+        timeout "$limit" python3 -m pytest -v -rfE -p no:cacheprovider --durations=10 "$@" 2>&1 \
+          > "$OUT/tests_$name.log"; grep -E "FAILED|ERROR|passed|failed" "$OUT/tests_$name.log" | tail -12
+      }
+      group kernels 110 tests/kernels/test_gdn_recurrent.py tests/kernels/test_moe_routing.py tests/kernels/test_fp8_gemm.py
+      group models 200 tests/gpu/test_model_cuda.py tests/gpu/test_fp8_cuda.py
+      group rest $((525 - SECONDS)) tests/gpu/test_overlap_cuda.py tests/gpu/test_prefix_cache_cuda.py \
+        tests/gpu/test_sampler_cuda.py tests/gpu/test_tensor_parallel_cuda.py tests/test_composed_gpu.py \
+        tests/test_fp8_checkpoint.py tests/gpu/test_ssm_step_cuda.py tests/gpu/test_ssd_chunk_cuda.py \
+        tests/gpu/test_fused_moe_cuda.py
+      date +%T ;;
     fuse)  # the decode fusions (GDN gated norm in the delta-rule kernel, the MoE pre-norm in the router) and the FP8
       # GEMV summed after its loop: their CUDA tests and the model tests through them, then 35B-A3B bf16 at batch 1
       # against .before/ (the tree before them, carried), 35B-A3B FP8, 9B bf16 and FP8 at batch 1
