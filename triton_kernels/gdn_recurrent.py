@@ -6,14 +6,32 @@ Per value head h (key head h // (Hv // Hk)), with q, k l2-normalized and q scale
     S  = S + k u^T
     o  = q^T S
 State pool: `[num_slots, Hv, K, V]` (float32 by default).
+
+With `z` and `norm_weight` given, the output is the mixer's gated RMSNorm of o (norms.gated_rmsnorm:
+o rounded to its dtype, normalized over V, scaled, gated by silu(z)), computed in the same kernel,
+one program per whole head: at decode this saves the norm's launch, a few microseconds per layer.
+Prepared, not served: narrower V blocks, the head's last program to finish normalizing it
+(`_gdn_decode_fwd(..., BV=...)`, timed by bench/gdn_decode_norm.py).
 """
 
 import torch
 import triton
 import triton.language as tl
 
+from triton_kernels.arrival_counters import MAX_COUNTERS, arrival_counters
 from triton_kernels.gdn_gating import gdn_gate, gdn_gating_ref, l2norm, l2norm_ref
 from triton_kernels.norms import gated_rmsnorm_ref
+
+
+@triton.jit
+def _gated_norm(b_x, z, norm_w, o_v, m_v, eps, V: tl.constexpr, o):
+    """A head's output b_x [>= V] float32, already rounded to o's dtype (0 past V) -> its gated RMSNorm
+    in float32, as norms._gated_rmsnorm_kernel: normalized and rounded, scaled by norm_w, gated by
+    silu(z) (z: the head's row)."""
+    b_rstd = tl.rsqrt(tl.sum(b_x * b_x, 0) / V + eps)
+    b_n = (b_x * b_rstd).to(o.dtype.element_ty)
+    b_z = tl.load(z + o_v, mask=m_v, other=0.0).to(tl.float32)
+    return (tl.load(norm_w + o_v, mask=m_v, other=0.0) * b_n).to(tl.float32) * (b_z * tl.sigmoid(b_z))
 
 
 @triton.jit
@@ -30,6 +48,7 @@ def _gdn_decode_kernel(
     z,
     norm_w,
     o,
+    arrivals,
     stride_q_b,
     stride_q_h,
     stride_k_b,
@@ -50,11 +69,15 @@ def _gdn_decode_kernel(
     V: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
+    VP: tl.constexpr,
     NORM: tl.constexpr,
 ):
     """One program per (V block, value head, request): the [K, BV] state tile is read once,
-    decayed, delta-updated and written back; the output uses the updated tile. NORM (BV >= V, one
-    block per head): the output is gated_rmsnorm(o, z) with weight norm_w and epsilon eps."""
+    decayed, delta-updated and written back; the output uses the updated tile. NORM: the output is
+    gated_rmsnorm(o, z) with weight norm_w and epsilon eps. With BV >= V a program holds its whole
+    head and normalizes it; with narrower blocks (not served) each program writes its block of o, and
+    the head's last to arrive (arrivals[request * HV + head]) reads the row back ([VP >= V]) and
+    normalizes it in place."""
     i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_hk = i_h // (HV // HK)
     o_k = tl.arange(0, BK)
@@ -85,13 +108,21 @@ def _gdn_decode_kernel(
     b_s = b_s + b_k[:, None] * b_u[None, :]
     b_o = tl.sum(b_s * b_q[:, None], 0)
     tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_s)
-    if NORM:  # as norms._gated_rmsnorm_kernel, each rounding where eager rounds
-        b_x = tl.where(m_v, b_o.to(o.dtype.element_ty).to(tl.float32), 0.0)
-        b_rstd = tl.rsqrt(tl.sum(b_x * b_x, 0) / V + eps)
-        b_n = (b_x * b_rstd).to(o.dtype.element_ty)
-        b_z = tl.load(z + i_b * stride_z_b + i_h * stride_z_h + o_v, mask=m_v, other=0.0).to(tl.float32)
-        b_o = (tl.load(norm_w + o_v, mask=m_v, other=0.0) * b_n).to(tl.float32) * (b_z * tl.sigmoid(b_z))
+    p_z = z + i_b * stride_z_b + i_h * stride_z_h
+    if NORM and BV >= V:
+        b_o = _gated_norm(tl.where(m_v, b_o.to(o.dtype.element_ty).to(tl.float32), 0.0), p_z, norm_w, o_v, m_v, eps,
+                          V, o)
     tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_v)
+    if NORM and BV < V:
+        tl.debug_barrier()  # every thread's block of o is written before the count says so
+        p_count = arrivals + i_b * HV + i_h
+        if tl.atomic_add(p_count, 1, sem="acq_rel") == tl.num_programs(0) - 1:  # the head's other blocks are in
+            o_w = tl.arange(0, VP)
+            m_w = o_w < V
+            p_row = o + (i_b * HV + i_h) * V + o_w
+            b_x = tl.load(p_row, mask=m_w, other=0.0, cache_modifier=".cg").to(tl.float32)
+            tl.store(p_row, _gated_norm(b_x, p_z, norm_w, o_w, m_w, eps, V, o).to(o.dtype.element_ty), mask=m_w)
+            tl.atomic_xchg(p_count, 0)
 
 
 def _decode_config(batch: int, HV: int, K: int, V: int, whole_heads: bool = False) -> tuple[int, int]:
@@ -126,14 +157,16 @@ def _gdn_decode_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, pad_
         return o
     if BV is None:
         BV, num_warps = _decode_config(B, HV, K, V, whole_heads=norm)
-    assert not norm or BV >= V, f"the fused norm needs whole heads: BV {BV} < V {V}"
+    counters = B * HV if norm and BV < V else 1  # (the last-arriver norm's)
+    assert counters <= MAX_COUNTERS, f"{B} x {HV} heads normalized by their last program: too many counters"
     zz = z if norm else v  # (unread without the norm)
     grid = (triton.cdiv(V, BV), HV, B)
     _gdn_decode_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, zz, norm_weight if norm else v, o,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
-        zz.stride(0), zz.stride(1), ssm_states.stride(0), pad_slot, scale, norm_eps,
-        HK=HK, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, NORM=norm, num_warps=num_warps,
+        arrival_counters(o.device, counters), q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
+        v.stride(1), a.stride(0), b.stride(0), zz.stride(0), zz.stride(1), ssm_states.stride(0), pad_slot, scale,
+        norm_eps, HK=HK, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, VP=triton.next_power_of_2(V),
+        NORM=norm, num_warps=num_warps,
     )
     return o
 

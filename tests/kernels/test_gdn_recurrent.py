@@ -142,11 +142,23 @@ def test_decode_with_gated_norm_matches_ref(batch, hk, hv, dk, dv, dtype):
     assert (o[1] == 0).all() and torch.equal(ours[5], states[5])
 
 
-def test_decode_norm_rejects_partial_heads():
-    kwargs = {**decode_inputs(1, 1, 1, 16, 32, num_slots=2), **norm_inputs(1, 1, 32)}
-    with pytest.raises(AssertionError, match="whole heads"):
-        _gdn_decode_fwd(**kwargs, ssm_states=pool(2, 1, 16, 32), state_slots=torch.tensor([0], device=DEVICE),
-                        pad_slot=1, scale=0.25, BV=16, num_warps=1)
+@pytest.mark.parametrize("dv,bv", [(32, 16), (24, 8)])
+def test_decode_norm_by_the_heads_last_program_matches_ref(dv, bv):
+    """The prepared variant (not served): V in blocks of bv, the head's last program to arrive normalizing
+    the row its blocks wrote; the same result as the reference, every counter back at 0."""
+    from triton_kernels.arrival_counters import arrival_counters
+
+    batch, hv = 3, 2
+    kwargs = {**decode_inputs(batch, 1, hv, 16, dv, num_slots=5), **norm_inputs(batch, hv, dv)}
+    states = pool(5, hv, 16, dv)
+    slots = torch.tensor([3, 4, 0], device=DEVICE)
+    ours, ref = states.clone(), states.clone()
+    o = _gdn_decode_fwd(**kwargs, ssm_states=ours, state_slots=slots, pad_slot=4, scale=0.25, BV=bv, num_warps=1)
+    o_ref = gdn_decode_ref(**kwargs, ssm_states=ref, state_slots=slots, pad_slot=4, scale=0.25)
+    torch.testing.assert_close(o, o_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+    assert (o[1] == 0).all()
+    assert int(arrival_counters(o.device, batch * hv)[: batch * hv].abs().sum()) == 0
 
 
 @pytest.mark.gpu

@@ -18,13 +18,15 @@ HK, HV, K, V, D = 16, 32, 128, 128, 8192
 BF16 = "*bf16"
 gdn = dict(q=BF16, k=BF16, v=BF16, a=BF16, b=BF16, A_log="*fp32", dt_bias="*fp32", ssm_states="*fp32",
            state_slots="*i32", cu_seqlens="*i32", has_initial_state="*i1", o=BF16, g_cum="*fp32", kn=BF16,
-           w=BF16, u=BF16, h=BF16, v_new=BF16, scale="fp32", z=BF16, norm_w=BF16, eps="fp32")
+           w=BF16, u=BF16, h=BF16, v_new=BF16, scale="fp32", z=BF16, norm_w=BF16, eps="fp32", arrivals="*i32")
 for batch in (1, 8, 64, 256):
     for norm in (False, True):
         BV, warps = gdn_recurrent._decode_config(batch, HV, K, V, whole_heads=norm)
-        out[f"decode B{batch}{' norm' * norm}"] = compile_sm90(gdn_recurrent._gdn_decode_kernel, gdn,
-                                                               dict(HK=HK, HV=HV, K=K, V=V, BK=K, BV=BV, NORM=norm),
-                                                               warps, 1)
+        out[f"decode B{batch}{' norm' * norm}"] = compile_sm90(
+            gdn_recurrent._gdn_decode_kernel, gdn, dict(HK=HK, HV=HV, K=K, V=V, BK=K, BV=BV, VP=V, NORM=norm), warps, 1)
+    BV, warps = gdn_recurrent._decode_config(batch, HV, K, V)  # the prepared last-arriver norm at the unfused tiles
+    out[f"decode B{batch} norm by the last"] = compile_sm90(
+        gdn_recurrent._gdn_decode_kernel, gdn, dict(HK=HK, HV=HV, K=K, V=V, BK=K, BV=BV, VP=V, NORM=True), warps, 1)
 for c in parts.INTRA_CONFIGS:
     out[f"intra BV{c.kwargs['BV']} w{c.num_warps} s{c.num_stages}"] = compile_sm90(parts._gdn_chunk_intra_kernel, gdn,
         dict(HK=HK, HV=HV, K=K, V=V, BT=64, BK=K, BLOCK_N=64, PREC="tf32", **c.kwargs), c.num_warps, c.num_stages)
