@@ -9,6 +9,13 @@ import triton.testing
 _CHOSEN: dict[tuple, str] = {}
 
 
+def graph_time(fn: Callable[[], object], quantiles: tuple[float, ...] | None = None):
+    """ms per call of fn (or the given quantiles of it, as Triton's autotuner asks its do_bench), timed
+    as CUDA-graph replays of many calls: at decode sizes a plain launch loop measures the host. `fastest`
+    and the decode kernels' autotuners time this way."""
+    return triton.testing.do_bench_cudagraph(fn, rep=20, quantiles=quantiles)
+
+
 def fastest(key: tuple, make_candidates: Callable[[], dict[str, Callable[[], object]]],
             margin: float = 1.0) -> str | None:
     """The name of the fastest of the candidates (name -> a call), remembered under `key`;
@@ -23,7 +30,7 @@ def fastest(key: tuple, make_candidates: Callable[[], dict[str, Callable[[], obj
         times = {}
         for name, run in candidates.items():
             run()
-            times[name] = triton.testing.do_bench_cudagraph(run, rep=20)
+            times[name] = graph_time(run)
         incumbent, *others = candidates
         best = min(others, key=times.get, default=incumbent)
         _CHOSEN[key] = best if others and times[best] < margin * times[incumbent] else incumbent

@@ -17,10 +17,9 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-import triton.testing
 
 from triton_kernels.arrival_counters import arrival_counters, parts_scratch
-from triton_kernels.fastest import fastest
+from triton_kernels.fastest import fastest, graph_time
 from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8, e4m3_to_f16, f16_rows
 
 # The GEMMs of more rows quantize activations too (fp8_gemm.py). At 17-64 rows this kernel is slower
@@ -135,22 +134,18 @@ def _dot_kernel(x, w, s, b, y, partials, arrivals, M, N, K, stride_xm, stride_wn
         tl.store(p_y, acc.to(y.dtype.element_ty), mask=m_y)
 
 
-def _bench():
-    """Configs are timed as CUDA-graph replays: at decode sizes a plain launch loop measures the host."""
-    return functools.partial(triton.testing.do_bench_cudagraph, rep=20)
-
 
 _gemv_tuned = triton.autotune(
     configs=[triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "STAGES": st}, num_warps=w)
              for bn, bk, w, st in [(8, 512, 4, 2), (8, 512, 4, 3), (16, 256, 4, 3), (16, 512, 4, 2),
                                    (16, 512, 8, 3), (32, 256, 4, 2), (32, 256, 8, 3), (8, 1024, 8, 2)]],
-    key=["N", "K", "ROWS"], do_bench=_bench())(_gemv_kernel)
+    key=["N", "K", "ROWS"], do_bench=graph_time)(_gemv_kernel)
 _dot_tuned = triton.autotune(
     configs=[triton.Config({"BLOCK_N": bn, "SPLIT_K": sk}, num_warps=w, num_stages=st)
              for bn, sk, w, st in [(16, 1, 4, 4), (16, 1, 4, 6), (32, 1, 4, 4), (64, 1, 4, 4), (64, 1, 4, 6),
                                    (128, 1, 4, 4), (32, 2, 4, 4), (64, 2, 4, 4), (32, 4, 4, 4), (64, 4, 4, 4),
                                    (16, 4, 4, 6), (64, 8, 4, 4)]],
-    key=["N", "K", "M_BUCKET", "F16_OPERANDS", "SCALED", "WIDEN_BITS"], do_bench=_bench())(_dot_kernel)
+    key=["N", "K", "M_BUCKET", "F16_OPERANDS", "SCALED", "WIDEN_BITS"], do_bench=graph_time)(_dot_kernel)
 GEMV_MAX_ROWS = 2
 
 

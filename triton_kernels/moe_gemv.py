@@ -16,14 +16,12 @@ selected experts' weights stream from every SM at once. Launch configs are tuned
 FP8 experts (e4m3 with 128 x 128 block scales, fp8_quant.py): each product is scaled by its weight's
 block scale before the sum, so the result is that of the dequantized weight."""
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
-import triton.testing
 
 from triton_kernels.arrival_counters import arrival_counters, parts_scratch
+from triton_kernels.fastest import graph_time
 from triton_kernels.moe_epilogue import expert_activation, sum_slots_if_last
 
 
@@ -105,10 +103,6 @@ def _down_gemv_kernel(inter, w2, s2, rows, ids, topk_weights, out, shared, share
 MIN_BLOCK_N = 4  # the narrowest column block any config takes: bounds the counters a launch needs
 
 
-def _bench():
-    """Configs are timed as CUDA-graph replays: at decode sizes a plain launch loop measures the host."""
-    return functools.partial(triton.testing.do_bench_cudagraph, rep=20)
-
 
 def _configs(shapes: list[tuple[int, int, int, int]]) -> list[triton.Config]:
     """(BLOCK_N, K tile width, warps, stages) -> configs with G = width / 128."""
@@ -122,10 +116,10 @@ def _configs(shapes: list[tuple[int, int, int, int]]) -> list[triton.Config]:
 # the slowest in every case: bench/results/2026-12-02c/call3/moe_gemv_check.log).
 _up_tuned = triton.autotune(
     configs=_configs([(4, 512, 4, 2), (8, 256, 4, 3), (8, 512, 4, 3), (16, 256, 4, 3)]),
-    key=["H", "I", "ROWS_BUCKET", "TOPK", "GATED", "FP8_W"], do_bench=_bench())(_up_gemv_kernel)
+    key=["H", "I", "ROWS_BUCKET", "TOPK", "GATED", "FP8_W"], do_bench=graph_time)(_up_gemv_kernel)
 _down_tuned = triton.autotune(
     configs=_configs([(8, 256, 4, 2), (16, 256, 4, 2), (8, 512, 4, 1), (16, 512, 4, 1)]),
-    key=["H", "I", "ROWS_BUCKET", "TOPK", "FP8_W", "HAS_SHARED", "HAS_GATE"], do_bench=_bench())(_down_gemv_kernel)
+    key=["H", "I", "ROWS_BUCKET", "TOPK", "FP8_W", "HAS_SHARED", "HAS_GATE"], do_bench=graph_time)(_down_gemv_kernel)
 _INTERPRETER = dict(BLOCK_N=16, G=1, STAGES=1, num_warps=4)  # one config off CUDA (the interpreter cannot time configs)
 
 
