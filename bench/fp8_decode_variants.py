@@ -1,9 +1,8 @@
 """Decode-sized FP8 GEMMs on the Qwen3.5-9B shapes, every way this repository can run them, timed
 back to back inside CUDA graphs, against bf16 cuBLAS and the measured copy bandwidth: the weight-only
-CUDA-core GEMV (summing every K step, or once after the K loop), the weight-only tensor-core kernel with
-the weight widened to bf16 or to fp16 (by the conversion instruction or by integer ops on its bits), and
-the W8A8 path (activations quantized, e4m3 x e4m3) through Triton and through cuBLAS. Picks the decode
-kernel.
+CUDA-core GEMV (summing once after the K loop), the weight-only tensor-core kernel with the weight widened
+to bf16 or to fp16, and the W8A8 path (activations quantized, e4m3 x e4m3) through Triton and through
+cuBLAS. Picks the decode kernel.
 
     python bench/fp8_decode_variants.py
 """
@@ -33,8 +32,6 @@ def variants(x, q, s):
     if m <= 2:
         out["gemv (cuda cores)"] = lambda: _launch(x, q, s, None, y, "gemv")
     out["dot, fp16 operands"] = lambda: _launch(x, q, s, None, y, "dot", f16_operands=True)
-    out["dot, fp16 operands, widened by integer ops"] = lambda: _launch(x, q, s, None, y, "dot", f16_operands=True,
-                                                                        widen_bits=True)
     out["dot, bf16 operands"] = lambda: _launch(x, q, s, None, y, "dot", f16_operands=False)
     out["w8a8 triton"] = lambda: fp8_gemm(x=x, weight=q, weight_scale_inv=s, cublas=False)
     if _cublas_takes(n, x.shape[1], x.device):

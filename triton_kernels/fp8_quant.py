@@ -132,15 +132,3 @@ def f16_rows(b_x, AXIS: tl.constexpr):
     shift = 14.0 - tl.floor(tl.log2(tl.maximum(amax, 1e-30)))
     return (b_x.to(tl.float32) * tl.exp2(tl.expand_dims(shift, AXIS))).to(tl.float16), shift
 
-
-@triton.jit
-def e4m3_to_f16(b_w, WIDEN_BITS: tl.constexpr):
-    """e4m3 tile -> fp16 tile of the same values, or with WIDEN_BITS of the values times 2**-8, by integer
-    ops on the bits instead of the conversion instruction (sign to bit 15, exponent and mantissa shifted
-    left by 7; subnormals included): the caller multiplies by 2**8."""
-    if WIDEN_BITS:
-        b_u = b_w.to(tl.uint8, bitcast=True).to(tl.uint16)
-        b_w = (((b_u & 0x80) << 8) | ((b_u & 0x7F) << 7)).to(tl.float16, bitcast=True)
-    else:
-        b_w = b_w.to(tl.float16)
-    return b_w

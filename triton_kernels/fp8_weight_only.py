@@ -20,7 +20,7 @@ import triton.language as tl
 
 from triton_kernels.arrival_counters import arrival_counters, parts_scratch
 from triton_kernels.fastest import fastest, graph_time
-from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8, e4m3_to_f16, f16_rows
+from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8, f16_rows
 
 # The GEMMs of more rows quantize activations too (fp8_gemm.py). At 17-64 rows this kernel is slower
 # than bf16 cuBLAS on the H200 (0.47-0.75x) and the e4m3 x e4m3 GEMMs are faster on most shapes, but
@@ -74,15 +74,14 @@ def _gemv_kernel(x, w, s, b, y, M, N, K, stride_xm, stride_wn, stride_sn, stride
 @triton.jit
 def _dot_kernel(x, w, s, b, y, partials, arrivals, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym,
                 HAS_BIAS: tl.constexpr, EXACT_DOT: tl.constexpr, F16_OPERANDS: tl.constexpr, M_BUCKET: tl.constexpr,
-                SCALED: tl.constexpr, WIDEN_BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+                SCALED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                SPLIT_K: tl.constexpr):
     """M <= BLOCK_M (16 to 64): a [BLOCK_N, BLOCK_M] tile of y^T = w @ x^T on the tensor cores, the
     widened weight tile as the register operand; BLOCK_K is the 128-wide scale block, so each step's
     partial sum is scaled per output column. SCALED False: w is in x's dtype (16-bit decode linears,
     dense_few_rows_gemm), unscaled. M_BUCKET only keys the autotuner. EXACT_DOT: float32 x,
     multiplied in full float32 (no tf32). F16_OPERANDS (bf16 x): both operands go to fp16, each
-    token's tile scaled by a power of two (fp8_quant.py: f16_rows). WIDEN_BITS (with F16_OPERANDS; not
-    the default, kept to be measured): e4m3 widens by integer ops (fp8_quant.py: e4m3_to_f16).
+    token's tile scaled by a power of two (fp8_quant.py: f16_rows), e4m3 widened by one conversion per pair.
 
     SPLIT_K > 1 (narrow N, long K: more programs stream the weight): program (i_n, i_k) sums its K
     range into partials [SPLIT_K, BLOCK_M, N] float32 and counts itself in arrivals[i_n]; the last
@@ -103,9 +102,7 @@ def _dot_kernel(x, w, s, b, y, partials, arrivals, M, N, K, stride_xm, stride_wn
         b_w = tl.load(p_w + k0, mask=m_n[:, None] & m_k[None, :], other=0.0)
         if F16_OPERANDS:
             b_x16, shift = f16_rows(b_x, 0)  # [BLOCK_K, BLOCK_M], [BLOCK_M]
-            if WIDEN_BITS:
-                shift = shift - 8.0
-            part = tl.dot(e4m3_to_f16(b_w, WIDEN_BITS), b_x16) * tl.exp2(-shift)[None, :]
+            part = tl.dot(b_w.to(tl.float16), b_x16) * tl.exp2(-shift)[None, :]
         elif EXACT_DOT:
             part = tl.dot(b_w.to(b_x.dtype), b_x, input_precision="ieee")
         else:
@@ -145,7 +142,7 @@ _dot_tuned = triton.autotune(
              for bn, sk, w, st in [(16, 1, 4, 4), (16, 1, 4, 6), (32, 1, 4, 4), (64, 1, 4, 4), (64, 1, 4, 6),
                                    (128, 1, 4, 4), (32, 2, 4, 4), (64, 2, 4, 4), (32, 4, 4, 4), (64, 4, 4, 4),
                                    (16, 4, 4, 6), (64, 8, 4, 4)]],
-    key=["N", "K", "M_BUCKET", "F16_OPERANDS", "SCALED", "WIDEN_BITS"], do_bench=graph_time)(_dot_kernel)
+    key=["N", "K", "M_BUCKET", "F16_OPERANDS", "SCALED"], do_bench=graph_time)(_dot_kernel)
 GEMV_MAX_ROWS = 2
 
 
@@ -208,9 +205,9 @@ def _kernel_for(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.T
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor | None, bias: torch.Tensor | None,
-            y: torch.Tensor, kernel: str, f16_operands: bool | None = None, widen_bits: bool = False) -> None:
+            y: torch.Tensor, kernel: str, f16_operands: bool | None = None) -> None:
     """Run `kernel` ("gemv" for 1-2 rows, or "dot") into y; f16_operands None: for bf16 x up to 16 rows.
-    weight_scale_inv None: a 16-bit weight ("dot" only). widen_bits: _dot_kernel's WIDEN_BITS."""
+    weight_scale_inv None: a 16-bit weight ("dot" only)."""
     (m, k), n = x.shape, weight.shape[0]
     scales = weight if weight_scale_inv is None else weight_scale_inv  # (16-bit weights: unread)
     args = (x, weight, scales, bias if bias is not None else y, y, m, n, k,
@@ -228,7 +225,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tenso
     f16 = x.dtype == torch.bfloat16 and bucket == 16 if f16_operands is None else f16_operands
     f16 = f16 and weight_scale_inv is not None  # (16-bit weights multiply as they are)
     flags = dict(HAS_BIAS=bias is not None, EXACT_DOT=x.dtype == torch.float32, F16_OPERANDS=f16, M_BUCKET=bucket,
-                 SCALED=weight_scale_inv is not None, WIDEN_BITS=widen_bits and f16, BLOCK_M=bucket, BLOCK_K=FP8_BLOCK)
+                 SCALED=weight_scale_inv is not None, BLOCK_M=bucket, BLOCK_K=FP8_BLOCK)
     args = args[:5] + (parts_scratch(x.device, MAX_SPLIT_K * bucket * n),
                        arrival_counters(x.device, triton.cdiv(n, 16))) + args[5:]
     if x.is_cuda:

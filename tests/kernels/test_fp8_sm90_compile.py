@@ -19,7 +19,7 @@ dense = dict(fp8, w="*bf16", s="*bf16")
 for c in f._dot_tuned.configs:
     for name, types, scaled in (("fp8", fp8, True), ("bf16", dense, False)):
         consts = dict(HAS_BIAS=False, EXACT_DOT=False, F16_OPERANDS=scaled, M_BUCKET=16, SCALED=scaled,
-                      WIDEN_BITS=False, BLOCK_M=16, BLOCK_K=f.FP8_BLOCK, **c.kwargs)
+                      BLOCK_M=16, BLOCK_K=f.FP8_BLOCK, **c.kwargs)
         out[f"dot {name} {c.kwargs} w{c.num_warps} s{c.num_stages}"] = compile_sm90(
             f._dot_kernel, types, consts, c.num_warps, c.num_stages)
 for c in f._gemv_tuned.configs:
