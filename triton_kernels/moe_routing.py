@@ -213,18 +213,27 @@ def route_config(num_tokens: int, norm_hidden: int | None = None) -> dict:
 
 
 def route(*, x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool, num_experts: int,
-          shared_id: int | None = None, shared_gate: bool = False, config: dict | None = None, _norm: dict | None = None
+          shared_id: int | None = None, shared_gate: bool = False, config: dict | None = None
           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """route_ref (same arguments and results): up to ROUTER_KERNEL_MAX_TOKENS tokens in one launch, more
     through cuBLAS and the top-k kernel. config: BLOCK_R, BLOCK_H (at most), num_warps (benchmarks vary
-    it; default route_config(T)). _norm (norm_route's, for one launch only): residual, norm_weight, eps,
-    offset and the outputs h, r."""
-    t, h = x.shape
-    r, e = weight.shape[0], num_experts
+    it; default route_config(T))."""
+    t = x.shape[0]
     if t > ROUTER_KERNEL_MAX_TOKENS or t == 0:
         logits = router_logits_ref(x=x, weight=weight)
-        return *softmax_topk(logits=logits, top_k=top_k, renormalize=renormalize, num_experts=e,
+        return *softmax_topk(logits=logits, top_k=top_k, renormalize=renormalize, num_experts=num_experts,
                              shared_id=shared_id, shared_gate=shared_gate), logits
+    return _route_launch(x=x, weight=weight, top_k=top_k, renormalize=renormalize, num_experts=num_experts,
+                         shared_id=shared_id, shared_gate=shared_gate, config=config)
+
+
+def _route_launch(*, x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool, num_experts: int,
+                  shared_id: int | None = None, shared_gate: bool = False, config: dict | None = None,
+                  norm: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One _route_kernel launch for 1 to ROUTER_KERNEL_MAX_TOKENS tokens, arguments as route's. norm
+    (norm_route's): residual, norm_weight, eps, offset, and the outputs h and r it fills."""
+    t, h = x.shape
+    r, e = weight.shape[0], num_experts
     assert weight.shape == (r, h) and weight.dtype == torch.float32 and weight.stride(-1) == 1 and x.stride(-1) == 1
     assert 0 < top_k <= e <= r, f"top_k={top_k} must be in [1, {e}] and {e} experts at most the {r} router rows"
     assert not shared_gate or (shared_id is not None and r > e), "the shared gate is row E of the router"
@@ -232,7 +241,7 @@ def route(*, x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: boo
     logits = torch.empty((t, r), dtype=torch.float32, device=x.device)
     weights = torch.empty((t, slots), dtype=torch.float32, device=x.device)
     ids = torch.empty((t, slots), dtype=torch.int64, device=x.device)
-    norm = _norm or {}
+    norm = norm or {}
     c = {**route_config(t, h if norm else None), **(config or {})}
     block_h = c["BLOCK_H"] if norm else min(c["BLOCK_H"], triton.next_power_of_2(h))
     assert block_h >= h or not norm, f"the pre-norm needs whole rows: BLOCK_H {block_h} < H {h}"
@@ -271,4 +280,4 @@ def norm_route(*, x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Te
         return (*route(x=hn, **route_kw), hn, r)
     hn, r = torch.empty((t, h), dtype=x.dtype, device=x.device), torch.empty((t, h), dtype=x.dtype, device=x.device)
     norm = dict(residual=residual, norm_weight=norm_weight, eps=eps, offset=offset, h=hn, r=r)
-    return (*route(x=x, **route_kw, _norm=norm), hn, r)
+    return (*_route_launch(x=x, **route_kw, norm=norm), hn, r)
