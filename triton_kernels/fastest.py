@@ -9,11 +9,11 @@ import triton.testing
 _CHOSEN: dict[tuple, str] = {}
 
 
-def graph_time(fn: Callable[[], object], quantiles: tuple[float, ...] | None = None):
-    """ms per call of fn (or the given quantiles of it, as Triton's autotuner asks its do_bench), timed
-    as CUDA-graph replays of many calls: at decode sizes a plain launch loop measures the host. `fastest`
-    and the decode kernels' autotuners time this way."""
-    return triton.testing.do_bench_cudagraph(fn, rep=20, quantiles=quantiles)
+def graph_time(fn: Callable[[], object], **quantiles):
+    """ms per call of fn, timed as CUDA-graph replays of many calls: at decode sizes a plain launch loop
+    measures the host. `fastest` and the decode kernels' autotuners time this way (the autotuners, as
+    their do_bench, pass `quantiles=` and get those of the time)."""
+    return triton.testing.do_bench_cudagraph(fn, rep=20, **quantiles)
 
 
 def fastest(key: tuple, make_candidates: Callable[[], dict[str, Callable[[], object]]],
