@@ -2,12 +2,17 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
   timeout 300 python3 bench/offline.py --config "configs/$config" --skip-hf --out "$OUT/offline_$name.json" "$@" \
     2>&1 | quiet | tee "$OUT/offline_$name.md" | sed -n '/## Decode$/,/## End/p' | head -12
+}
+group() {  # group NAME SECONDS FILES...: one pytest run, each test named as it ends (-v), into $OUT/tests_NAME.log
+  local name=$1 limit=$2; shift 2; date +%T
+  timeout "$limit" python3 -m pytest -v -rfE -p no:cacheprovider --durations=10 "$@" 2>&1 \
+    > "$OUT/tests_$name.log"; grep -E "FAILED|ERROR|passed|failed" "$OUT/tests_$name.log" | tail -12
 }
 for part in ${*:-tests}; do
   case $part in
@@ -166,13 +171,16 @@ for part in ${*:-tests}; do
       timeout 120 python3 bench/gdn_decode_norm.py 2>&1 | tee "$OUT/gdn_decode_norm.md" | grep -E "^\||Error"
       timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_gdn_recurrent.py 2>&1 \
         | tee "$OUT/tests_gdn.log" | tail -4 ;;
+    verify_e)  # the review mends of 2026-12-02 (d) on CUDA (shared autotuner timing, the route launcher, the FP8
+      # decode kernel's signature) and the prepared GDN last-program norm: its timing first, then the kernel tests
+      timeout 100 python3 bench/gdn_decode_norm.py 2>&1 | tee "$OUT/gdn_decode_norm.md" | grep -E "^\||Error"
+      group kernels 260 tests/kernels/test_gdn_recurrent.py tests/kernels/test_moe_routing.py \
+        tests/kernels/test_moe_gemv.py tests/kernels/test_fp8_gemm.py
+      group moe $((540 - SECONDS)) tests/gpu/test_fused_moe_cuda.py tests/gpu/test_fp8_cuda.py \
+        tests/kernels/test_fused_moe.py tests/kernels/test_fastest.py
+      date +%T ;;
     verify_d)  # the CUDA tests at the round's final code, most important first, in three pytest runs that each
       # print a summary: the changed kernels; every family against HF (model tests, FP8 models); the rest of tests/gpu
-      group() {  # group NAME SECONDS FILES...: one pytest run, each test named as it ends (-v), into $OUT/tests_NAME.log
-        local name=$1 limit=$2; shift 2; date +%T
-        timeout "$limit" python3 -m pytest -v -rfE -p no:cacheprovider --durations=10 "$@" 2>&1 \
-          > "$OUT/tests_$name.log"; grep -E "FAILED|ERROR|passed|failed" "$OUT/tests_$name.log" | tail -12
-      }
       group kernels 110 tests/kernels/test_gdn_recurrent.py tests/kernels/test_moe_routing.py tests/kernels/test_fp8_gemm.py
       group models 200 tests/gpu/test_model_cuda.py tests/gpu/test_fp8_cuda.py
       group rest $((525 - SECONDS)) tests/gpu/test_overlap_cuda.py tests/gpu/test_prefix_cache_cuda.py \
