@@ -22,7 +22,7 @@ import triton.language as tl
 
 from triton_kernels.arrival_counters import arrival_counters, parts_scratch
 from triton_kernels.fastest import graph_time
-from triton_kernels.moe_epilogue import expert_activation, sum_slots_if_last
+from triton_kernels.moe_epilogue import expert_activation, finish_combine, sum_slots_if_last
 
 
 @triton.jit
@@ -100,6 +100,43 @@ def _down_gemv_kernel(inter, w2, s2, rows, ids, topk_weights, out, shared, share
                       stride_shared, stride_gate, TOPK, HAS_SHARED, HAS_GATE)
 
 
+@triton.jit
+def _down_slots_gemv_kernel(inter, w2, s2, ids, topk_weights, out, shared, shared_gate, stride_inter, stride_we,
+                            stride_wh, stride_se, stride_sh, stride_out, stride_shared, stride_gate, H, I, E,
+                            ROWS_BUCKET, TOPK: tl.constexpr, FP8_W: tl.constexpr, HAS_SHARED: tl.constexpr,
+                            HAS_GATE: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, STAGES: tl.constexpr):
+    """Program (t, i_n): out[t, o_n] = sum_j topk_weights[t, j] * (w2[e_j] rows o_n . inter[t * TOPK + j]),
+    finished as the combine does. One loop walks the token's TOPK slots and each slot's K tiles (TOPK *
+    ceil(I / (G * 128)) steps, so the weight stream of every slot is pipelined as one), each activation
+    tile weighted by its slot's routing weight; the products are summed once after the loop. No scratch
+    rows and no counters: the program holds every slot of its columns. Slots of an expert e >= E add 0."""
+    num_n = tl.cdiv(H, BLOCK_N)
+    t, i_n = tl.program_id(0) // num_n, tl.program_id(0) % num_n
+    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_n = o_n < H
+    o_g = tl.arange(0, G)
+    o_k = o_g[:, None] * 128 + tl.arange(0, 128)[None, :]  # [G, 128]
+    p_w = w2 + o_n.to(tl.int64)[:, None, None] * stride_wh + o_k[None, :, :]
+    p_s = s2 + (o_n // 128)[:, None, None] * stride_sh + o_g[None, :, None]  # (FP8_W)
+    k_steps = tl.cdiv(I, G * 128)
+    acc = tl.zeros([BLOCK_N, G, 128], dtype=tl.float32)
+    for step in tl.range(0, TOPK * k_steps, num_stages=STAGES):
+        a = t * TOPK + step // k_steps
+        k0 = (step % k_steps) * (G * 128)
+        i_e = tl.load(ids + a).to(tl.int64)
+        k_end = tl.where(i_e < E, I, 0)  # a slot held elsewhere reads nothing
+        i_e = tl.where(i_e < E, i_e, 0)
+        m_k = (k0 + o_k < k_end)[None, :, :]
+        b_a = tl.load(inter + a.to(tl.int64) * stride_inter + k0 + o_k[None, :, :], mask=m_k, other=0.0)
+        b_a = b_a.to(tl.float32) * tl.load(topk_weights + a)
+        m_s = m_n[:, None, None] & (k0 + o_g * 128 < k_end)[None, :, None]
+        acc += _scaled_products(p_w + i_e * stride_we + k0, p_s + i_e * stride_se + k0 // 128, b_a,
+                                m_n[:, None, None] & m_k, m_s, FP8_W)
+    b_out = finish_combine(tl.sum(tl.sum(acc, 2), 1), shared, shared_gate, t, o_n, m_n, stride_shared, stride_gate,
+                           out.dtype.element_ty, HAS_SHARED, HAS_GATE)
+    tl.store(out + t.to(tl.int64) * stride_out + o_n, b_out, mask=m_n)
+
+
 MIN_BLOCK_N = 4  # the narrowest column block any config takes: bounds the counters a launch needs
 
 
@@ -120,18 +157,27 @@ _up_tuned = triton.autotune(
 _down_tuned = triton.autotune(
     configs=_configs([(8, 256, 4, 2), (16, 256, 4, 2), (8, 512, 4, 1), (16, 512, 4, 1)]),
     key=["H", "I", "ROWS_BUCKET", "TOPK", "FP8_W", "HAS_SHARED", "HAS_GATE"], do_bench=graph_time)(_down_gemv_kernel)
+# The slot loop: one program per (token, column block) streams every slot's rows, so the column blocks are
+# narrow (H / BLOCK_N programs per token) and the loop long (TOPK * I / (G * 128) steps). Prepared, not yet
+# timed on a GPU: served only with SLOT_LOOP.
+_down_slots_tuned = triton.autotune(
+    configs=_configs([(4, 256, 4, 3), (8, 256, 4, 3), (8, 512, 4, 3), (16, 256, 4, 4), (4, 512, 4, 4),
+                      (8, 128, 4, 4)]),
+    key=["H", "I", "ROWS_BUCKET", "TOPK", "FP8_W", "HAS_SHARED", "HAS_GATE"],
+    do_bench=graph_time)(_down_slots_gemv_kernel)
+SLOT_LOOP = False  # the served down kernel: the slot loop (True) or a program per slot (False)
 _INTERPRETER = dict(BLOCK_N=16, G=1, STAGES=1, num_warps=4)  # one config off CUDA (the interpreter cannot time configs)
 
 
 def expert_gemvs(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, s13: torch.Tensor | None,
                  s2: torch.Tensor | None, topk_weights: torch.Tensor, topk_ids: torch.Tensor, gated: bool,
                  shared: torch.Tensor | None, shared_gate: torch.Tensor | None,
-                 configs: tuple[dict, dict] | None = None) -> torch.Tensor:
+                 configs: tuple[dict, dict] | None = None, slot_loop: bool | None = None) -> torch.Tensor:
     """x [T, H]; w13 [E, 2I or I, H]; w2 [E, H, I]; s13, s2: FP8 block scales or None; topk_weights
     [T, k] float32 contiguous; topk_ids [T, k] (E: an expert held elsewhere, adds nothing); shared
     [T, H] or None; shared_gate [T] or None -> [T, H] in x's dtype. Arguments are checked by the caller
     (fused_moe.py: _fused_moe_fwd). configs: (up, down) dicts of BLOCK_N, G, STAGES, num_warps instead
-    of the tuned ones (the benchmarks)."""
+    of the tuned ones (the benchmarks). slot_loop: which down kernel (None: SLOT_LOOP)."""
     (t, h), (e, _, i), k = x.shape, w2.shape, topk_ids.shape[1]
     rows = t * k
     fp8 = s13 is not None
@@ -150,20 +196,27 @@ def expert_gemvs(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, s13: torc
                  0 if shared is None else shared.stride(0), 0 if shared_gate is None else shared_gate.stride(0),
                  h, i, e, bucket)
     down_flags = dict(TOPK=k, FP8_W=fp8, HAS_SHARED=shared is not None, HAS_GATE=shared_gate is not None)
+    slot_loop = SLOT_LOOP if slot_loop is None else slot_loop
+    if slot_loop:  # no scratch rows, no counters; a program per (token, column block)
+        down_args = down_args[:3] + down_args[4:9] + down_args[10:]
+        down_kernel, down_tuned, down_rows = _down_slots_gemv_kernel, _down_slots_tuned, t
+    else:
+        down_kernel, down_tuned, down_rows = _down_gemv_kernel, _down_tuned, rows
     if configs is None and not x.is_cuda:
         configs = (_INTERPRETER, _INTERPRETER)
     if configs is None:
         _up_tuned[lambda meta: (rows * triton.cdiv(i, meta["BLOCK_N"]),)](*up_args, **up_flags)
-        _down_tuned[lambda meta: (rows * triton.cdiv(h, meta["BLOCK_N"]),)](
+        down_tuned[lambda meta: (down_rows * triton.cdiv(h, meta["BLOCK_N"]),)](
             *down_args, **down_flags, enable_fp_fusion=False)
     else:
         up, down = configs
         _up_gemv_kernel[(rows * triton.cdiv(i, up["BLOCK_N"]),)](*up_args, **up_flags, **up)
-        _down_gemv_kernel[(rows * triton.cdiv(h, down["BLOCK_N"]),)](*down_args, **down_flags, **down,
-                                                                     enable_fp_fusion=False)
+        down_kernel[(down_rows * triton.cdiv(h, down["BLOCK_N"]),)](*down_args, **down_flags, **down,
+                                                                    enable_fp_fusion=False)
     return out
 
 
 def tuned_configs() -> tuple[list[dict], list[dict]]:
-    """The configs the tuner tries, (up, down), as expert_gemvs takes them."""
-    return tuple([{**c.kwargs, "num_warps": c.num_warps} for c in tuned.configs] for tuned in (_up_tuned, _down_tuned))
+    """The configs the tuner tries, (up, down), as expert_gemvs takes them (down: of the SLOT_LOOP kernel)."""
+    return tuple([{**c.kwargs, "num_warps": c.num_warps} for c in tuned.configs]
+                 for tuned in (_up_tuned, _down_slots_tuned if SLOT_LOOP else _down_tuned))

@@ -1,0 +1,81 @@
+"""The few-token fused MoE at the Qwen3.5-35B-A3B expert shape (the shared expert stacked: E 257, k 9),
+bf16 and FP8 experts, every way it can run: the tensor-core kernels ("dot"), and the expert GEMVs with
+each of their two down kernels (a program per slot summed by the last to arrive; a program per token
+looping over its slots, under each of its launch configs and as tuned). Same up GEMV in both GEMV
+rows, so their difference is the down kernel's. CUDA-graph replays, L2 flushed; errors against the
+float32 reference.
+
+    PYTHONPATH=. python bench/moe_down_variants.py [--tokens 1 2 4 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import triton.testing
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.moe_kernels import SHAPES, copy_bandwidth, graphed, problem, rel_err  # noqa: E402
+from triton_kernels import fused_moe as moe  # noqa: E402
+from triton_kernels import moe_gemv  # noqa: E402
+
+
+def bytes_moved(kw: dict) -> int:
+    """Weights of the experts touched (once each), activations in and out."""
+    experts = kw["topk_ids"].unique().numel()
+    per_expert = (kw["w13"][0].numel() + kw["w2"][0].numel()) * kw["w13"].element_size()
+    return experts * per_expert + 2 * kw["x"].numel() * kw["x"].element_size()
+
+
+def timed(call) -> float:
+    call()
+    torch.cuda.synchronize()
+    return triton.testing.do_bench(graphed(call), warmup=10, rep=50, return_mode="median")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8])
+    args = ap.parse_args()
+    copy_bw = copy_bandwidth()
+    print(f"copy bandwidth {copy_bw / 1e12:.2f} TB/s\n")
+    print("| experts | T | path | down config | us | % copy BW | rel err vs ref |")
+    print("|---|---|---|---|---|---|---|")
+    e, k, h, i = SHAPES["Qwen3.5-35B-A3B"]
+    def as_dicts(tuned) -> list[dict]:
+        return [{**c.kwargs, "num_warps": c.num_warps} for c in tuned.configs]
+
+    ups, per_slot, slot_configs = (as_dicts(t) for t in (moe_gemv._up_tuned, moe_gemv._down_tuned,
+                                                        moe_gemv._down_slots_tuned))
+    for fp8 in (False, True):
+        for tokens in args.tokens:
+            kw = problem(e, k, h, i, tokens, seed=tokens, fp8=fp8)
+            ref = moe.fused_moe_ref(**{n: v.float() if torch.is_tensor(v) and v.dtype == torch.bfloat16 else v
+                                       for n, v in kw.items()})
+            moved = bytes_moved(kw)
+            weights = kw["topk_weights"].float().contiguous()
+
+            def gemvs(configs=None, slot_loop=None, kw=kw, weights=weights):
+                return lambda: moe_gemv.expert_gemvs(kw["x"], kw["w13"], kw["w2"], kw.get("w13_scale"),
+                                                     kw.get("w2_scale"), weights, kw["topk_ids"], True, None, None,
+                                                     configs=configs, slot_loop=slot_loop)
+
+            rows = [("dot", "", lambda kw=kw: moe._fused_moe_fwd(**kw, activation="silu", path="dot")),
+                    ("gemv, program per slot", "tuned", gemvs(slot_loop=False)),
+                    ("gemv, slot loop", "tuned", gemvs(slot_loop=True))]
+            rows += [("gemv, slot loop", str(c), gemvs(configs=(ups[0], c), slot_loop=True)) for c in slot_configs]
+            rows.append(("gemv, program per slot", str(per_slot[0]), gemvs(configs=(ups[0], per_slot[0]),
+                                                                           slot_loop=False)))
+            for path, config, call in rows:
+                err = rel_err(call(), ref)
+                ms = timed(call)
+                print(f"| {'fp8' if fp8 else 'bf16'} | {tokens} | {path} | {config} | {ms * 1e3:.1f} | "
+                      f"{100 * moved / (ms * 1e-3) / copy_bw:.1f} | {err:.1e} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
