@@ -10,8 +10,8 @@ State pool: `[num_slots, Hv, K, V]` (float32 by default).
 With `z` and `norm_weight` given, the output is the mixer's gated RMSNorm of o (norms.gated_rmsnorm:
 o rounded to its dtype, normalized over V, scaled, gated by silu(z)), computed in the same kernel,
 one program per whole head: at decode this saves the norm's launch, a few microseconds per layer.
-Prepared, not served: narrower V blocks, the head's last program to finish normalizing it
-(`_gdn_decode_fwd(..., BV=...)`, timed by bench/gdn_decode_norm.py).
+Prepared, not served (NORM_BY_LAST_PROGRAM): narrower V blocks, the head's last program to finish
+normalizing it (`_gdn_decode_fwd(..., BV=...)`, timed by bench/gdn_decode_norm.py).
 """
 
 import torch
@@ -137,6 +137,9 @@ def _decode_config(batch: int, HV: int, K: int, V: int, whole_heads: bool = Fals
     return BV, max(num_warps, min(8, BK * BV // (32 * 128)))
 
 
+NORM_BY_LAST_PROGRAM = False  # the fused norm at the unfused kernel's tiles, the head's last program normalizing
+
+
 def _gdn_decode_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, pad_slot, scale,
                     z=None, norm_weight=None, norm_eps=1e-6, BV=None, num_warps=None):
     B, HK, K = q.shape
@@ -156,7 +159,8 @@ def _gdn_decode_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, pad_
     if B == 0:
         return o
     if BV is None:
-        BV, num_warps = _decode_config(B, HV, K, V, whole_heads=norm)
+        by_last = norm and NORM_BY_LAST_PROGRAM and B * HV <= MAX_COUNTERS
+        BV, num_warps = _decode_config(B, HV, K, V, whole_heads=norm and not by_last)
     counters = B * HV if norm and BV < V else 1  # (the last-arriver norm's)
     assert counters <= MAX_COUNTERS, f"{B} x {HV} heads normalized by their last program: too many counters"
     zz = z if norm else v  # (unread without the norm)
