@@ -171,12 +171,17 @@ for part in ${*:-tests}; do
       timeout 120 python3 bench/gdn_decode_norm.py 2>&1 | tee "$OUT/gdn_decode_norm.md" | grep -E "^\||Error"
       timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_gdn_recurrent.py 2>&1 \
         | tee "$OUT/tests_gdn.log" | tail -4 ;;
-    verify_e)  # the review mends of 2026-12-02 (d) on CUDA (shared autotuner timing, the route launcher, the FP8
-      # decode kernel's signature) and the prepared GDN last-program norm: its timing first, then the kernel tests
-      timeout 100 python3 bench/gdn_decode_norm.py 2>&1 | tee "$OUT/gdn_decode_norm.md" | grep -E "^\||Error"
-      group kernels 260 tests/kernels/test_gdn_recurrent.py tests/kernels/test_moe_routing.py \
-        tests/kernels/test_moe_gemv.py tests/kernels/test_fp8_gemm.py
-      group moe $((540 - SECONDS)) tests/gpu/test_fused_moe_cuda.py tests/gpu/test_fp8_cuda.py \
+    verify_e)  # the prepared variants timed (the MoE down GEMV's slot loop, the GDN last-program norm), then the
+      # review mends of 2026-12-02 (d) on CUDA (shared autotuner timing, the route launcher, the FP8 decode
+      # kernel's signature) and the slot loop's tests
+      timeout 150 python3 bench/moe_down_variants.py --tokens 1 2 4 8 2>&1 | tee "$OUT/moe_down_variants.md" \
+        | grep -E "^\||copy|Error"
+      timeout 90 python3 bench/gdn_decode_norm.py --batch 1 8 64 2>&1 | tee "$OUT/gdn_decode_norm.md" \
+        | grep -E "^\||Error"
+      group kernels 220 tests/kernels/test_moe_gemv.py tests/kernels/test_gdn_recurrent.py \
+        tests/kernels/test_moe_routing.py \
+        tests/kernels/test_fp8_gemm.py
+      group moe $((560 - SECONDS)) tests/gpu/test_fused_moe_cuda.py tests/gpu/test_fp8_cuda.py \
         tests/kernels/test_fused_moe.py tests/kernels/test_fastest.py
       date +%T ;;
     verify_d)  # the CUDA tests at the round's final code, most important first, in three pytest runs that each
