@@ -257,6 +257,7 @@ def _combine(out_rows: torch.Tensor, t: int, k: int, shared: torch.Tensor | None
 
 UNSORTED_MAX_ROWS = 32
 GEMV_MAX_ROWS = 64  # FP8 experts at 35B-A3B's 9 slots: the GEMVs won at T = 1 and 2, lost from T = 8
+GEMV_16BIT = False  # 16-bit experts choose between the two paths too (off: the tensor-core kernels serve)
 
 
 def _gemm_configs(num_rows: int, num_experts: int, dtype: torch.dtype, device: torch.device) -> tuple[dict, dict]:
@@ -328,7 +329,7 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     if rows == 0:  # no tokens
         return torch.zeros_like(x)
     defaults = up_config is None and down_config is None and unsorted is None
-    if path is None and defaults and fp8 and rows <= GEMV_MAX_ROWS and x.is_cuda:
+    if path is None and defaults and (fp8 or GEMV_16BIT) and rows <= GEMV_MAX_ROWS and x.is_cuda:
         path = _few_rows_path(x, w13, w2, topk_weights, topk_ids, activation, shared, shared_gate, partial,
                               w13_scale, w2_scale)
     if path == "gemv":
