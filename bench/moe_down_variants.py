@@ -1,9 +1,8 @@
 """The few-token fused MoE at the Qwen3.5-35B-A3B expert shape (the shared expert stacked: E 257, k 9),
-bf16 and FP8 experts, every way it can run: the tensor-core kernels ("dot"), and the expert GEMVs with
-each of their two down kernels (a program per slot summed by the last to arrive; a program per token
-looping over its slots, under each of its launch configs and as tuned). Same up GEMV in both GEMV
-rows, so their difference is the down kernel's. CUDA-graph replays, L2 flushed; errors against the
-float32 reference.
+bf16 and FP8 experts, both ways it can run: the tensor-core kernels ("dot") and the expert GEMVs
+(moe_gemv.py) as tuned, then the GEMVs with the first up config and each down config. CUDA-graph
+replays, L2 flushed; errors against the float32 reference. (Its first run, in
+bench/results/2026-12-02e/call1, also timed the down GEMV of a program per slot that this one replaced.)
 
     PYTHONPATH=. python bench/moe_down_variants.py [--tokens 1 2 4 8]
 """
@@ -46,11 +45,7 @@ def main() -> None:
     print("| experts | T | path | down config | us | % copy BW | rel err vs ref |")
     print("|---|---|---|---|---|---|---|")
     e, k, h, i = SHAPES["Qwen3.5-35B-A3B"]
-    def as_dicts(tuned) -> list[dict]:
-        return [{**c.kwargs, "num_warps": c.num_warps} for c in tuned.configs]
-
-    ups, per_slot, slot_configs = (as_dicts(t) for t in (moe_gemv._up_tuned, moe_gemv._down_tuned,
-                                                        moe_gemv._down_slots_tuned))
+    ups, downs = moe_gemv.tuned_configs()
     for fp8 in (False, True):
         for tokens in args.tokens:
             kw = problem(e, k, h, i, tokens, seed=tokens, fp8=fp8)
@@ -59,17 +54,14 @@ def main() -> None:
             moved = bytes_moved(kw)
             weights = kw["topk_weights"].float().contiguous()
 
-            def gemvs(configs=None, slot_loop=None, kw=kw, weights=weights):
+            def gemvs(configs=None, kw=kw, weights=weights):
                 return lambda: moe_gemv.expert_gemvs(kw["x"], kw["w13"], kw["w2"], kw.get("w13_scale"),
                                                      kw.get("w2_scale"), weights, kw["topk_ids"], True, None, None,
-                                                     configs=configs, slot_loop=slot_loop)
+                                                     configs=configs)
 
             rows = [("dot", "", lambda kw=kw: moe._fused_moe_fwd(**kw, activation="silu", path="dot")),
-                    ("gemv, program per slot", "tuned", gemvs(slot_loop=False)),
-                    ("gemv, slot loop", "tuned", gemvs(slot_loop=True))]
-            rows += [("gemv, slot loop", str(c), gemvs(configs=(ups[0], c), slot_loop=True)) for c in slot_configs]
-            rows.append(("gemv, program per slot", str(per_slot[0]), gemvs(configs=(ups[0], per_slot[0]),
-                                                                           slot_loop=False)))
+                    ("gemv", "tuned", gemvs())]
+            rows += [("gemv", str(c), gemvs(configs=(ups[0], c))) for c in downs]
             for path, config, call in rows:
                 err = rel_err(call(), ref)
                 ms = timed(call)

@@ -1,18 +1,18 @@
 """The fused MoE for a few tokens as expert GEMVs on the CUDA cores: out[t] = sum_j w[t, j] * y_{e(t, j)}(x[t])
-(+ the shared expert), the contract of fused_moe.py. Its dispatcher runs this for FP8 experts where it
-timed faster than the tensor-core kernels (on the H200: at T = 1 and 2 of the 35B-A3B shape); for bf16
-experts the two timed alike, and the tensor-core kernels serve.
+(+ the shared expert), the contract of fused_moe.py. Its dispatcher runs this where it timed faster than
+the tensor-core kernels at the shape (fastest.py; on the H200 at the 35B-A3B shape: FP8 experts up to
+T = 8, bf16 at T = 1 to 4, bench/results/2026-12-02e/call1/moe_down_variants.md).
 
 With few tokens (decode at small batch) each (token, slot) assignment a = t * k + j has an expert of its
 own, so each is one matrix-vector product per GEMM. The tensor-core kernels pad that row to 16 and walk
-each program's K loop in order; here a program takes one assignment and BLOCK_N output rows of its
-expert's weight, and multiplies [BLOCK_N, BLOCK_K] tiles (K contiguous, FP8 widened in registers)
-element-wise with x, summing over K once at the end. Narrow BLOCK_N gives many short programs, so the
-selected experts' weights stream from every SM at once. Launch configs are tuned per shape on CUDA (four per kernel).
-  up:   inter[a] = act(w13[e] @ x[t])            [T*k, I] in x's dtype
-  down: rows[a]  = w[a] * (w2[e] @ inter[a])     [T*k, H] float32 scratch; the last of a token's k
-        programs to finish a column block sums its slots in slot order (a counter per token and block,
-        as in fused_moe.py's unsorted path) and adds the shared expert: two launches, deterministic.
+each program's K loop in order; here the programs multiply [BLOCK_N, G * 128] weight tiles (K contiguous,
+FP8 widened in registers) element-wise with the activations and sum over K once, after the loop. Narrow
+BLOCK_N gives many programs, so the selected experts' weights stream from every SM at once. Launch
+configs are tuned per shape on CUDA.
+  up:   inter[a] = act(w13[e] @ x[t])              [T*k, I] in x's dtype; a program per (a, column block)
+  down: out[t] = sum_j w[t, j] * (w2[e_j] @ inter[t*k + j]), then the shared expert added as the combine
+        does; a program per (t, column block) walks the token's k slots and their K tiles in one loop:
+        two launches, no scratch, deterministic.
 FP8 experts (e4m3 with 128 x 128 block scales, fp8_quant.py): each product is scaled by its weight's
 block scale before the sum, so the result is that of the dequantized weight."""
 
@@ -20,9 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from triton_kernels.arrival_counters import arrival_counters, parts_scratch
 from triton_kernels.fastest import graph_time
-from triton_kernels.moe_epilogue import expert_activation, finish_combine, sum_slots_if_last
+from triton_kernels.moe_epilogue import expert_activation, finish_combine
 
 
 @triton.jit
@@ -69,47 +68,16 @@ def _up_gemv_kernel(x, w13, s13, inter, ids, stride_x, stride_we, stride_wn, str
 
 
 @triton.jit
-def _down_gemv_kernel(inter, w2, s2, rows, ids, topk_weights, out, shared, shared_gate, arrivals, stride_inter,
-                      stride_we, stride_wh, stride_se, stride_sh, stride_out, stride_shared, stride_gate, H, I, E,
-                      ROWS_BUCKET, TOPK: tl.constexpr, FP8_W: tl.constexpr, HAS_SHARED: tl.constexpr,
-                      HAS_GATE: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, STAGES: tl.constexpr):
-    """Program (a, i_n): rows[a, o_n] = topk_weights[a] * (w2[e] rows o_n . inter[a]) in float32 (zeros
-    for e >= E), then the last of token t's TOPK programs of column block i_n to count itself in
-    arrivals[t * num_n + i_n] sums the slots in order, adds the shared expert, writes out[t, o_n] and
-    sets the count back to 0."""
-    num_n = tl.cdiv(H, BLOCK_N)
-    a, i_n = tl.program_id(0) // num_n, tl.program_id(0) % num_n
-    i_e = tl.load(ids + a).to(tl.int64)
-    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_n = o_n < H
-    o_g = tl.arange(0, G)
-    o_k = o_g[:, None] * 128 + tl.arange(0, 128)[None, :]  # [G, 128]
-    p_a = inter + a.to(tl.int64) * stride_inter + o_k[None, :, :]
-    p_w = w2 + i_e * stride_we + o_n.to(tl.int64)[:, None, None] * stride_wh + o_k[None, :, :]
-    p_s = s2 + i_e * stride_se + (o_n // 128)[:, None, None] * stride_sh + o_g[None, :, None]  # (FP8_W)
-    acc = tl.zeros([BLOCK_N, G, 128], dtype=tl.float32)
-    for k0 in tl.range(0, tl.where(i_e < E, I, 0), G * 128, num_stages=STAGES):
-        m_k = (k0 + o_k < I)[None, :, :]
-        b_a = tl.load(p_a + k0, mask=m_k, other=0.0).to(tl.float32)
-        m_s = m_n[:, None, None] & (k0 + o_g * 128 < I)[None, :, None]
-        acc += _scaled_products(p_w + k0, p_s + k0 // 128, b_a, m_n[:, None, None] & m_k, m_s, FP8_W)
-    b_y = tl.sum(tl.sum(acc, 2), 1) * tl.load(topk_weights + a)
-    tl.store(rows + a.to(tl.int64) * H + o_n, b_y, mask=m_n)
-    t = a // TOPK
-    sum_slots_if_last(rows, H, arrivals, t * num_n + i_n, t, o_n, m_n, out, stride_out, shared, shared_gate,
-                      stride_shared, stride_gate, TOPK, HAS_SHARED, HAS_GATE)
-
-
-@triton.jit
-def _down_slots_gemv_kernel(inter, w2, s2, ids, topk_weights, out, shared, shared_gate, stride_inter, stride_we,
-                            stride_wh, stride_se, stride_sh, stride_out, stride_shared, stride_gate, H, I, E,
-                            ROWS_BUCKET, TOPK: tl.constexpr, FP8_W: tl.constexpr, HAS_SHARED: tl.constexpr,
-                            HAS_GATE: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, STAGES: tl.constexpr):
+def _down_gemv_kernel(inter, w2, s2, ids, topk_weights, out, shared, shared_gate, stride_inter, stride_we, stride_wh,
+                      stride_se, stride_sh, stride_out, stride_shared, stride_gate, H, I, E, ROWS_BUCKET,
+                      TOPK: tl.constexpr, FP8_W: tl.constexpr, HAS_SHARED: tl.constexpr, HAS_GATE: tl.constexpr,
+                      BLOCK_N: tl.constexpr, G: tl.constexpr, STAGES: tl.constexpr):
     """Program (t, i_n): out[t, o_n] = sum_j topk_weights[t, j] * (w2[e_j] rows o_n . inter[t * TOPK + j]),
     finished as the combine does. One loop walks the token's TOPK slots and each slot's K tiles (TOPK *
     ceil(I / (G * 128)) steps, so the weight stream of every slot is pipelined as one), each activation
     tile weighted by its slot's routing weight; the products are summed once after the loop. No scratch
-    rows and no counters: the program holds every slot of its columns. Slots of an expert e >= E add 0."""
+    rows and no counters: the program holds every slot of its columns, and sums them in a fixed order.
+    Slots of an expert e >= E add 0."""
     num_n = tl.cdiv(H, BLOCK_N)
     t, i_n = tl.program_id(0) // num_n, tl.program_id(0) % num_n
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -137,47 +105,36 @@ def _down_slots_gemv_kernel(inter, w2, s2, ids, topk_weights, out, shared, share
     tl.store(out + t.to(tl.int64) * stride_out + o_n, b_out, mask=m_n)
 
 
-MIN_BLOCK_N = 4  # the narrowest column block any config takes: bounds the counters a launch needs
-
-
-
 def _configs(shapes: list[tuple[int, int, int, int]]) -> list[triton.Config]:
     """(BLOCK_N, K tile width, warps, stages) -> configs with G = width / 128."""
-    assert min(bn for bn, *_ in shapes) >= MIN_BLOCK_N
     return [triton.Config({"BLOCK_N": bn, "G": bk // 128, "STAGES": st}, num_warps=w) for bn, bk, w, st in shapes]
 
 
-# Up: K = H is long (2048 at the Qwen3.5 / Qwen3-Next MoE shapes), each program reads gate and up rows.
-# Down: K = I is short (512), one or two tiles per program. The four configs of each kernel that came
-# first in one H200 sweep of eight (bf16, float32 and FP8 at T = 1, bf16 at T = 2; 8-warp configs were
-# the slowest in every case: bench/results/2026-12-02c/call3/moe_gemv_check.log).
+# Up: K = H is long (2048 at the Qwen3.5 / Qwen3-Next MoE shapes), each program reads gate and up rows:
+# the four configs that came first in one H200 sweep of eight (bf16, float32 and FP8 at T = 1, bf16 at
+# T = 2; 8-warp configs were the slowest in every case: bench/results/2026-12-02c/call3/moe_gemv_check.log).
+# Down: a program per (token, column block) streams every slot's rows, so the column blocks are narrow
+# (H / BLOCK_N programs per token) and the loop long (TOPK * I / (G * 128) steps); the tuned choice won
+# at every T of bench/results/2026-12-02e/call1/moe_down_variants.md, where no single config did.
 _up_tuned = triton.autotune(
     configs=_configs([(4, 512, 4, 2), (8, 256, 4, 3), (8, 512, 4, 3), (16, 256, 4, 3)]),
     key=["H", "I", "ROWS_BUCKET", "TOPK", "GATED", "FP8_W"], do_bench=graph_time)(_up_gemv_kernel)
 _down_tuned = triton.autotune(
-    configs=_configs([(8, 256, 4, 2), (16, 256, 4, 2), (8, 512, 4, 1), (16, 512, 4, 1)]),
-    key=["H", "I", "ROWS_BUCKET", "TOPK", "FP8_W", "HAS_SHARED", "HAS_GATE"], do_bench=graph_time)(_down_gemv_kernel)
-# The slot loop: one program per (token, column block) streams every slot's rows, so the column blocks are
-# narrow (H / BLOCK_N programs per token) and the loop long (TOPK * I / (G * 128) steps). Prepared, not yet
-# timed on a GPU: served only with SLOT_LOOP.
-_down_slots_tuned = triton.autotune(
     configs=_configs([(4, 256, 4, 3), (8, 256, 4, 3), (8, 512, 4, 3), (16, 256, 4, 4), (4, 512, 4, 4),
                       (8, 128, 4, 4)]),
-    key=["H", "I", "ROWS_BUCKET", "TOPK", "FP8_W", "HAS_SHARED", "HAS_GATE"],
-    do_bench=graph_time)(_down_slots_gemv_kernel)
-SLOT_LOOP = False  # the served down kernel: the slot loop (True) or a program per slot (False)
+    key=["H", "I", "ROWS_BUCKET", "TOPK", "FP8_W", "HAS_SHARED", "HAS_GATE"], do_bench=graph_time)(_down_gemv_kernel)
 _INTERPRETER = dict(BLOCK_N=16, G=1, STAGES=1, num_warps=4)  # one config off CUDA (the interpreter cannot time configs)
 
 
 def expert_gemvs(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, s13: torch.Tensor | None,
                  s2: torch.Tensor | None, topk_weights: torch.Tensor, topk_ids: torch.Tensor, gated: bool,
                  shared: torch.Tensor | None, shared_gate: torch.Tensor | None,
-                 configs: tuple[dict, dict] | None = None, slot_loop: bool | None = None) -> torch.Tensor:
+                 configs: tuple[dict, dict] | None = None) -> torch.Tensor:
     """x [T, H]; w13 [E, 2I or I, H]; w2 [E, H, I]; s13, s2: FP8 block scales or None; topk_weights
     [T, k] float32 contiguous; topk_ids [T, k] (E: an expert held elsewhere, adds nothing); shared
     [T, H] or None; shared_gate [T] or None -> [T, H] in x's dtype. Arguments are checked by the caller
     (fused_moe.py: _fused_moe_fwd). configs: (up, down) dicts of BLOCK_N, G, STAGES, num_warps instead
-    of the tuned ones (the benchmarks). slot_loop: which down kernel (None: SLOT_LOOP)."""
+    of the tuned ones (the benchmarks)."""
     (t, h), (e, _, i), k = x.shape, w2.shape, topk_ids.shape[1]
     rows = t * k
     fp8 = s13 is not None
@@ -185,38 +142,29 @@ def expert_gemvs(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, s13: torc
     ids = topk_ids.reshape(-1).contiguous()
     inter = torch.empty((rows, i), dtype=x.dtype, device=x.device)
     out = torch.empty_like(x)
-    scratch = parts_scratch(x.device, rows * h)
-    counters = arrival_counters(x.device, t * triton.cdiv(h, MIN_BLOCK_N))
     bucket = triton.next_power_of_2(rows)
     up_args = (x, w13, s13, inter, ids, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1),
                inter.stride(0), h, i, e, bucket)
     up_flags = dict(TOPK=k, GATED=gated, FP8_W=fp8)
-    down_args = (inter, w2, s2, scratch, ids, topk_weights, out, shared, shared_gate, counters, inter.stride(0),
-                 w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), out.stride(0),
+    down_args = (inter, w2, s2, ids, topk_weights, out, shared, shared_gate, inter.stride(0), w2.stride(0),
+                 w2.stride(1), s2.stride(0), s2.stride(1), out.stride(0),
                  0 if shared is None else shared.stride(0), 0 if shared_gate is None else shared_gate.stride(0),
                  h, i, e, bucket)
     down_flags = dict(TOPK=k, FP8_W=fp8, HAS_SHARED=shared is not None, HAS_GATE=shared_gate is not None)
-    slot_loop = SLOT_LOOP if slot_loop is None else slot_loop
-    if slot_loop:  # no scratch rows, no counters; a program per (token, column block)
-        down_args = down_args[:3] + down_args[4:9] + down_args[10:]
-        down_kernel, down_tuned, down_rows = _down_slots_gemv_kernel, _down_slots_tuned, t
-    else:
-        down_kernel, down_tuned, down_rows = _down_gemv_kernel, _down_tuned, rows
     if configs is None and not x.is_cuda:
         configs = (_INTERPRETER, _INTERPRETER)
     if configs is None:
         _up_tuned[lambda meta: (rows * triton.cdiv(i, meta["BLOCK_N"]),)](*up_args, **up_flags)
-        down_tuned[lambda meta: (down_rows * triton.cdiv(h, meta["BLOCK_N"]),)](
+        _down_tuned[lambda meta: (t * triton.cdiv(h, meta["BLOCK_N"]),)](
             *down_args, **down_flags, enable_fp_fusion=False)
     else:
         up, down = configs
         _up_gemv_kernel[(rows * triton.cdiv(i, up["BLOCK_N"]),)](*up_args, **up_flags, **up)
-        down_kernel[(down_rows * triton.cdiv(h, down["BLOCK_N"]),)](*down_args, **down_flags, **down,
-                                                                    enable_fp_fusion=False)
+        _down_gemv_kernel[(t * triton.cdiv(h, down["BLOCK_N"]),)](*down_args, **down_flags, **down,
+                                                                  enable_fp_fusion=False)
     return out
 
 
 def tuned_configs() -> tuple[list[dict], list[dict]]:
-    """The configs the tuner tries, (up, down), as expert_gemvs takes them (down: of the SLOT_LOOP kernel)."""
-    return tuple([{**c.kwargs, "num_warps": c.num_warps} for c in tuned.configs]
-                 for tuned in (_up_tuned, _down_slots_tuned if SLOT_LOOP else _down_tuned))
+    """The configs the tuner tries, (up, down), as expert_gemvs takes them."""
+    return tuple([{**c.kwargs, "num_warps": c.num_warps} for c in tuned.configs] for tuned in (_up_tuned, _down_tuned))

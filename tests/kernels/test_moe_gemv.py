@@ -6,7 +6,6 @@ a scale block."""
 import pytest
 import torch
 
-from triton_kernels import moe_gemv
 from triton_kernels.arrival_counters import MAX_COUNTERS, arrival_counters
 from triton_kernels.fp8_quant import quantize_fp8_stacked
 from triton_kernels.fused_moe import GEMV_MAX_ROWS, _fused_moe_fwd, fused_moe, fused_moe_ref
@@ -27,14 +26,6 @@ def _problem(num_tokens: int, top_k: int, activation: str, num_experts: int = 5,
     return {name: v.to(DEVICE) for name, v in dict(x=x, w13=w13, w2=w2, topk_weights=weights, topk_ids=ids).items()}
 
 
-@pytest.fixture(params=[False, True], ids=["slot_programs", "slot_loop"])
-def down_kernel(request, monkeypatch):
-    """Each test below runs through both down kernels: a program per slot, summed by the last to arrive,
-    and a program per token looping over its slots."""
-    monkeypatch.setattr(moe_gemv, "SLOT_LOOP", request.param)
-    return request.param
-
-
 def _gemvs(kw: dict, activation: str = "silu") -> torch.Tensor:
     out = _fused_moe_fwd(**kw, activation=activation, path="gemv")
     assert int(arrival_counters(kw["x"].device, MAX_COUNTERS).count_nonzero()) == 0, "a counter was left raised"
@@ -43,7 +34,7 @@ def _gemvs(kw: dict, activation: str = "silu") -> torch.Tensor:
 
 @pytest.mark.parametrize("num_tokens,top_k", [(1, 1), (1, 3), (3, 2), (12, 3)])  # 12 x 3: experts repeat
 @pytest.mark.parametrize("activation", ["silu", "relu2"])
-def test_matches_reference(num_tokens, top_k, activation, down_kernel):
+def test_matches_reference(num_tokens, top_k, activation):
     kw = _problem(num_tokens, top_k, activation, seed=num_tokens * 10 + top_k)
     out = _gemvs(kw, activation)
     assert out.shape == kw["x"].shape and out.dtype == kw["x"].dtype
@@ -54,7 +45,7 @@ def test_matches_reference(num_tokens, top_k, activation, down_kernel):
 
 
 @pytest.mark.parametrize("gated", [False, True])
-def test_shared_expert_slots_held_elsewhere_and_strided_x(gated, down_kernel):
+def test_shared_expert_slots_held_elsewhere_and_strided_x(gated):
     """A gated (or plain) shared expert joins the slot sum; a slot routed to another rank's expert (id E)
     adds nothing; x is a column slice of a wider tensor; the same call twice on the same counters."""
     kw = _problem(3, 2, "silu", seed=21)
@@ -70,7 +61,7 @@ def test_shared_expert_slots_held_elsewhere_and_strided_x(gated, down_kernel):
 
 
 @pytest.mark.parametrize("activation", ["silu", "relu2"])
-def test_fp8_experts_match_their_dequantized_reference(activation, down_kernel):
+def test_fp8_experts_match_their_dequantized_reference(activation):
     """e4m3 experts with 128 x 128 block scales against the reference on the dequantized weights; a
     wrong scale of one block of w2 and of w13's up rows shows."""
     kw = _problem(2, 2, activation, seed=31)
@@ -86,7 +77,7 @@ def test_fp8_experts_match_their_dequantized_reference(activation, down_kernel):
         assert not torch.allclose(_gemvs({**kw, name: wrong}, activation), ref, rtol=1e-4, atol=1e-5 * scale)
 
 
-def test_expert_gemvs_direct_call_without_shared_expert(down_kernel):
+def test_expert_gemvs_direct_call_without_shared_expert():
     """The module's entry point as fused_moe.py calls it: weights contiguous float32, no scales."""
     kw = _problem(2, 3, "silu", seed=41)
     out = expert_gemvs(kw["x"], kw["w13"], kw["w2"], None, None, kw["topk_weights"].float().contiguous(),
