@@ -256,8 +256,7 @@ def _combine(out_rows: torch.Tensor, t: int, k: int, shared: torch.Tensor | None
 
 
 UNSORTED_MAX_ROWS = 32
-GEMV_MAX_ROWS = 64  # FP8 experts at 35B-A3B's 9 slots: the GEMVs won at T = 1 and 2, lost from T = 8
-GEMV_16BIT = False  # 16-bit experts choose between the two paths too (off: the tensor-core kernels serve)
+GEMV_MAX_ROWS = 64  # past this the tensor-core kernels serve (35B-A3B's 9 slots: bf16 GEMVs lost at T = 8)
 
 
 def _gemm_configs(num_rows: int, num_experts: int, dtype: torch.dtype, device: torch.device) -> tuple[dict, dict]:
@@ -299,10 +298,8 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     num_stages); explicit ones take the sorted path unless `unsorted` says otherwise (None: unsorted up
     to UNSORTED_MAX_ROWS assignments with the default configs). path: "gemv" runs the few-token expert
     GEMVs (moe_gemv.py; up to GEMV_MAX_ROWS assignments, nothing else varied), "dot" the tensor-core
-    kernels above; None: for FP8 experts on CUDA up to GEMV_MAX_ROWS assignments, whichever of the two
-    timed faster at this shape (fastest.py), else "dot". (bf16 experts: the GEMVs timed no faster than
-    the tensor-core kernels at T = 1 and 2 on the H200, bench/results/2026-12-02c/call3, so bf16 keeps
-    one path.)"""
+    kernels above; None: on CUDA up to GEMV_MAX_ROWS assignments, whichever of the two timed faster at
+    this shape (fastest.py), else "dot"."""
     if activation not in ("silu", "relu2"):
         raise ValueError(f"unsupported MoE activation {activation!r}; expected 'silu' or 'relu2'")
     gated = activation == "silu"
@@ -329,7 +326,7 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     if rows == 0:  # no tokens
         return torch.zeros_like(x)
     defaults = up_config is None and down_config is None and unsorted is None
-    if path is None and defaults and (fp8 or GEMV_16BIT) and rows <= GEMV_MAX_ROWS and x.is_cuda:
+    if path is None and defaults and rows <= GEMV_MAX_ROWS and x.is_cuda:
         path = _few_rows_path(x, w13, w2, topk_weights, topk_ids, activation, shared, shared_gate, partial,
                               w13_scale, w2_scale)
     if path == "gemv":
