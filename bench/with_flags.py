@@ -1,7 +1,8 @@
 """Run a bench script with module-level switches set first, in the same process, so that one call can time
 the served code against a prepared variant without editing it.
 
-    PYTHONPATH=. python bench/with_flags.py triton_kernels.moe_gemv.SLOT_LOOP=1 -- bench/offline.py --config ...
+    PYTHONPATH=. python bench/with_flags.py triton_kernels.gdn_recurrent.NORM_BY_LAST_PROGRAM_MAX_ROWS=0 -- \
+        bench/offline.py --config ...
 
 Each switch is MODULE.NAME=VALUE; VALUE is read as a Python literal (1 / True / 0.5 / 'text').
 """

@@ -8,10 +8,10 @@ Per value head h (key head h // (Hv // Hk)), with q, k l2-normalized and q scale
 State pool: `[num_slots, Hv, K, V]` (float32 by default).
 
 With `z` and `norm_weight` given, the output is the mixer's gated RMSNorm of o (norms.gated_rmsnorm:
-o rounded to its dtype, normalized over V, scaled, gated by silu(z)), computed in the same kernel,
-one program per whole head: at decode this saves the norm's launch, a few microseconds per layer.
-Prepared, not served (NORM_BY_LAST_PROGRAM): narrower V blocks, the head's last program to finish
-normalizing it (`_gdn_decode_fwd(..., BV=...)`, timed by bench/gdn_decode_norm.py).
+o rounded to its dtype, normalized over V, scaled, gated by silu(z)), computed in the same kernel: at
+decode this saves the norm's launch, a few microseconds per layer. From NORM_BY_LAST_PROGRAM_MAX_ROWS
+(request, head) rows on, one program holds a whole head; below, the programs keep the unfused kernel's
+narrow V blocks and the head's last program to finish normalizes it (bench/gdn_decode_norm.py).
 """
 
 import torch
@@ -75,7 +75,7 @@ def _gdn_decode_kernel(
     """One program per (V block, value head, request): the [K, BV] state tile is read once,
     decayed, delta-updated and written back; the output uses the updated tile. NORM: the output is
     gated_rmsnorm(o, z) with weight norm_w and epsilon eps. With BV >= V a program holds its whole
-    head and normalizes it; with narrower blocks (not served) each program writes its block of o, and
+    head and normalizes it; with narrower blocks (small batches) each program writes its block of o, and
     the head's last to arrive (arrivals[request * HV + head]) reads the row back ([VP >= V]) and
     normalizes it in place."""
     i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
@@ -137,7 +137,10 @@ def _decode_config(batch: int, HV: int, K: int, V: int, whole_heads: bool = Fals
     return BV, max(num_warps, min(8, BK * BV // (32 * 128)))
 
 
-NORM_BY_LAST_PROGRAM = False  # the fused norm at the unfused kernel's tiles, the head's last program normalizing
+# Fewer (request, head) rows than this take the fused norm at the unfused kernel's tiles ([K, 16], one warp),
+# the head's last program normalizing it: on the H200 at 32 heads, batch 1: 4.45 against 4.99 us for whole
+# heads; batch 8: 9.43 against 8.69 (bench/results/2026-12-02e/call1/gdn_decode_norm.md)
+NORM_BY_LAST_PROGRAM_MAX_ROWS = 128
 
 
 def _gdn_decode_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, pad_slot, scale,
@@ -159,7 +162,7 @@ def _gdn_decode_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, pad_
     if B == 0:
         return o
     if BV is None:
-        by_last = norm and NORM_BY_LAST_PROGRAM and B * HV <= MAX_COUNTERS
+        by_last = norm and B * HV < NORM_BY_LAST_PROGRAM_MAX_ROWS
         BV, num_warps = _decode_config(B, HV, K, V, whole_heads=norm and not by_last)
     counters = B * HV if norm and BV < V else 1  # (the last-arriver norm's)
     assert counters <= MAX_COUNTERS, f"{B} x {HV} heads normalized by their last program: too many counters"

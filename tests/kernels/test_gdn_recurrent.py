@@ -125,10 +125,15 @@ def norm_inputs(batch, hv, dv, *, dtype=torch.float32, seed=3, device=DEVICE):
 
 @pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("batch,hk,hv,dk,dv", [(3, 1, 2, 16, 16), (4, 2, 4, 16, 32), (2, 1, 3, 32, 24)])
-def test_decode_with_gated_norm_matches_ref(batch, hk, hv, dk, dv, dtype):
+@pytest.mark.parametrize("by_last_below", [0, 128], ids=["whole_heads", "last_program"])
+def test_decode_with_gated_norm_matches_ref(batch, hk, hv, dk, dv, dtype, by_last_below, monkeypatch):
     """The gated RMSNorm fused into the decode kernel equals gdn_decode_ref then gated_rmsnorm_ref (odd V
-    included: the head is one masked block), states as without the norm, padded rows 0. (bf16 on CUDA only:
-    the interpreter's bf16 arithmetic is wrong, the unfused norm kernel's too.)"""
+    included: the head is one masked block), states as without the norm, padded rows 0, both ways it is
+    served (a program per whole head, or narrow blocks normalized by the head's last program). (bf16 on
+    CUDA only: the interpreter's bf16 arithmetic is wrong, the unfused norm kernel's too.)"""
+    import triton_kernels.gdn_recurrent as gdn
+
+    monkeypatch.setattr(gdn, "NORM_BY_LAST_PROGRAM_MAX_ROWS", by_last_below)
     num_slots = 6
     kwargs = {**decode_inputs(batch, hk, hv, dk, dv, num_slots=num_slots, dtype=dtype),
               **norm_inputs(batch, hv, dv, dtype=dtype)}
@@ -144,8 +149,8 @@ def test_decode_with_gated_norm_matches_ref(batch, hk, hv, dk, dv, dtype):
 
 @pytest.mark.parametrize("dv,bv", [(32, 16), (24, 8)])
 def test_decode_norm_by_the_heads_last_program_matches_ref(dv, bv):
-    """The prepared variant (not served): V in blocks of bv, the head's last program to arrive normalizing
-    the row its blocks wrote; the same result as the reference, every counter back at 0."""
+    """V in blocks of bv (as served at small batches), the head's last program to arrive normalizing the
+    row its blocks wrote; the same result as the reference, every counter back at 0."""
     from triton_kernels.arrival_counters import arrival_counters
 
     batch, hv = 3, 2
