@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [vary_e|verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [final_e|verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -171,29 +171,25 @@ for part in ${*:-tests}; do
       timeout 120 python3 bench/gdn_decode_norm.py 2>&1 | tee "$OUT/gdn_decode_norm.md" | grep -E "^\||Error"
       timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_gdn_recurrent.py 2>&1 \
         | tee "$OUT/tests_gdn.log" | tail -4 ;;
-    vary_e)  # the prepared variants: the MoE down GEMV's slot loop (bf16 and FP8 experts, T 1 / 2 / 8), the GDN
-      # last-program norm, then 35B-A3B batch-1 decode with each switched on (bench/with_flags.py), same call
-      timeout 150 python3 bench/moe_down_variants.py --tokens 1 2 8 2>&1 | tee "$OUT/moe_down_variants.md" \
-        | grep -E "^\||copy|Error"
-      timeout 60 python3 bench/gdn_decode_norm.py --batch 1 8 64 2>&1 | tee "$OUT/gdn_decode_norm.md" \
-        | grep -E "^\||Error"
-      flagged() {  # flagged NAME SWITCHES -- offline.py args: bench/offline.py with module switches set
-        local name=$1; shift; local switches=(); while [ "$1" != "--" ]; do switches+=("$1"); shift; done; shift
-        date +%T; timeout 150 python3 bench/with_flags.py "${switches[@]}" -- bench/offline.py --skip-hf \
-          --out "$OUT/offline_$name.json" "$@" 2>&1 | quiet | tee "$OUT/offline_$name.md" \
-          | grep -E "^# |Decode" -A4 | grep -E "^# |^\| 1 " | head -6
+    final_e)  # HEAD against the tree before this round's serving changes (.before/ = a4cb4b8, carried): the fused
+      # MoE at T 1-8 as served (bf16 experts now choose through fastest.py too), 35B-A3B batch-1 decode bf16 and
+      # FP8 each way, bf16 at batch 4; then the CUDA tests of the changed kernels and the MoE families
+      date +%T; timeout 60 python3 bench/moe_kernels.py --no-tune --no-profile --models 35B --tokens 1 2 4 8 2>&1 \
+        | tee "$OUT/moe_bf16.md" | grep -E "^\||copy|Error"
+      ab() {  # ab NAME ARGS...: bench/offline.py at HEAD, then the same from .before/
+        date +%T; offline "$@"
+        local name=$1 config=$2; shift 2
+        timeout 150 python3 .before/bench/offline.py --config "configs/$config" --skip-hf \
+          --out "$OUT/offline_before_$name.json" "$@" 2>&1 | quiet | tee "$OUT/offline_before_$name.md" \
+          | sed -n '/## Decode$/,/## End/p' | head -6
       }
-      b1="--config configs/qwen3_5-35b-a3b-text --batch 1 --prompt 512 --output 128"
-      fp8="--engine-arg quantization=fp8 --engine-arg enable_fp8_experts=true"
-      slot=triton_kernels.moe_gemv.SLOT_LOOP=True
-      gdn=triton_kernels.gdn_recurrent.NORM_BY_LAST_PROGRAM=True
-      bf16gemv=triton_kernels.fused_moe.GEMV_16BIT=True
-      flagged bf16_35b -- $b1
-      flagged bf16_35b_gdnlast $gdn -- $b1
-      flagged bf16_35b_gemv_slots $bf16gemv $slot -- $b1
-      flagged bf16_35b_all $gdn $bf16gemv $slot -- $b1
-      flagged fp8_35b -- $b1 $fp8
-      flagged fp8_35b_slots_gdnlast $slot $gdn -- $b1 $fp8
+      ab bf16_35b_b1 qwen3_5-35b-a3b-text --batch 1 --prompt 512 --output 128
+      ab fp8_35b_b1 qwen3_5-35b-a3b-text --batch 1 --prompt 512 --output 128 --engine-arg quantization=fp8 \
+        --engine-arg enable_fp8_experts=true
+      ab bf16_35b_b4 qwen3_5-35b-a3b-text --batch 4 --prompt 512 --output 128
+      group kernels 150 tests/kernels/test_moe_gemv.py tests/kernels/test_gdn_recurrent.py
+      group moe $((575 - SECONDS)) tests/gpu/test_fused_moe_cuda.py tests/gpu/test_model_cuda.py \
+        -k "fused or graphs or triton and (qwen3_next or qwen3_5_moe or granitemoehybrid or nemotron_h or jamba)"
       date +%T ;;
     verify_e)  # the prepared variants timed (the MoE down GEMV's slot loop, the GDN last-program norm), then the
       # review mends of 2026-12-02 (d) on CUDA (shared autotuner timing, the route launcher, the FP8 decode
