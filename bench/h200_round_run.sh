@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [final_e|verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [last_e|final_e|verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -171,6 +171,13 @@ for part in ${*:-tests}; do
       timeout 120 python3 bench/gdn_decode_norm.py 2>&1 | tee "$OUT/gdn_decode_norm.md" | grep -E "^\||Error"
       timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_gdn_recurrent.py 2>&1 \
         | tee "$OUT/tests_gdn.log" | tail -4 ;;
+    last_e)  # 35B-A3B bf16 batch-1 decode with the 16-bit experts' GEMV choice off (served) and on, same call
+      for on in False True; do
+        date +%T; timeout 100 python3 bench/with_flags.py triton_kernels.fused_moe.GEMV_16BIT=$on -- bench/offline.py \
+          --config configs/qwen3_5-35b-a3b-text --batch 1 --prompt 512 --output 128 --skip-hf \
+          --out "$OUT/offline_bf16_35b_b1_gemv16_$on.json" 2>&1 | quiet | tee "$OUT/offline_bf16_35b_b1_gemv16_$on.md" \
+          | grep -E "^# |^\| 1 \| 512" | head -3
+      done ;;
     final_e)  # HEAD against the tree before this round's serving changes (.before/ = a4cb4b8, carried): the fused
       # MoE at T 1-8 as served (bf16 experts now choose through fastest.py too), 35B-A3B batch-1 decode bf16 and
       # FP8 each way, bf16 at batch 4; then the CUDA tests of the changed kernels and the MoE families

@@ -257,6 +257,9 @@ def _combine(out_rows: torch.Tensor, t: int, k: int, shared: torch.Tensor | None
 
 UNSORTED_MAX_ROWS = 32
 GEMV_MAX_ROWS = 64  # past this the tensor-core kernels serve (35B-A3B's 9 slots: bf16 GEMVs lost at T = 8)
+# 16-bit experts choose between the two paths too. Off: bench/moe_kernels.py faulted (illegal address) while
+# fastest.py timed the bf16 paths, in 2026-12-02e call2 as in two calls of 2026-12-02 (c); not understood
+GEMV_16BIT = False
 
 
 def _gemm_configs(num_rows: int, num_experts: int, dtype: torch.dtype, device: torch.device) -> tuple[dict, dict]:
@@ -298,8 +301,8 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     num_stages); explicit ones take the sorted path unless `unsorted` says otherwise (None: unsorted up
     to UNSORTED_MAX_ROWS assignments with the default configs). path: "gemv" runs the few-token expert
     GEMVs (moe_gemv.py; up to GEMV_MAX_ROWS assignments, nothing else varied), "dot" the tensor-core
-    kernels above; None: on CUDA up to GEMV_MAX_ROWS assignments, whichever of the two timed faster at
-    this shape (fastest.py), else "dot"."""
+    kernels above; None: on CUDA up to GEMV_MAX_ROWS assignments of FP8 experts (or any, GEMV_16BIT),
+    whichever of the two timed faster at this shape (fastest.py), else "dot"."""
     if activation not in ("silu", "relu2"):
         raise ValueError(f"unsupported MoE activation {activation!r}; expected 'silu' or 'relu2'")
     gated = activation == "silu"
@@ -326,7 +329,7 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     if rows == 0:  # no tokens
         return torch.zeros_like(x)
     defaults = up_config is None and down_config is None and unsorted is None
-    if path is None and defaults and rows <= GEMV_MAX_ROWS and x.is_cuda:
+    if path is None and defaults and (fp8 or GEMV_16BIT) and rows <= GEMV_MAX_ROWS and x.is_cuda:
         path = _few_rows_path(x, w13, w2, topk_weights, topk_ids, activation, shared, shared_gate, partial,
                               w13_scale, w2_scale)
     if path == "gemv":
