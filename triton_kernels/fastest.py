@@ -12,7 +12,11 @@ _CHOSEN: dict[tuple, str] = {}
 def graph_time(fn: Callable[[], object], **quantiles):
     """ms per call of fn, timed as CUDA-graph replays of many calls: at decode sizes a plain launch loop
     measures the host. `fastest` and the decode kernels' autotuners time this way (the autotuners, as
-    their do_bench, pass `quantiles=` and get those of the time)."""
+    their do_bench, pass `quantiles=` and get those of the time). do_bench_cudagraph runs fn on a stream
+    of its own, which does not wait for the caller's: the device is synchronized first, so that fn never
+    reads inputs (say, the router's expert ids) that kernels still queued on the caller's stream write."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     return triton.testing.do_bench_cudagraph(fn, rep=20, **quantiles)
 
 

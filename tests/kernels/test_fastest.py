@@ -39,3 +39,15 @@ def test_a_known_key_is_not_timed_again(times):
 def test_nothing_is_timed_inside_a_capture(times, monkeypatch):
     monkeypatch.setattr(fastest_module.torch.cuda, "is_current_stream_capturing", lambda: True)
     assert fastest(("k",), lambda: pytest.fail("timed in a capture")) is None and chosen(("k",)) is None
+
+
+def test_timing_waits_for_the_callers_queued_work(monkeypatch):
+    """graph_time times on do_bench_cudagraph's own stream, which does not wait for the caller's: the device
+    is synchronized before, so fn cannot read inputs still being written by queued kernels."""
+    calls = []
+    monkeypatch.setattr(fastest_module.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(fastest_module.torch.cuda, "synchronize", lambda: calls.append("synchronize"))
+    monkeypatch.setattr(fastest_module.triton.testing, "do_bench_cudagraph",
+                        lambda run, rep: calls.append("time") or 1.0)
+    assert fastest_module.graph_time(lambda: None) == 1.0
+    assert calls == ["synchronize", "time"]
