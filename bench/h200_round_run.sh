@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [last_e|final_e|verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [fault_f|last_e|final_e|verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -171,6 +171,14 @@ for part in ${*:-tests}; do
       timeout 120 python3 bench/gdn_decode_norm.py 2>&1 | tee "$OUT/gdn_decode_norm.md" | grep -E "^\||Error"
       timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_gdn_recurrent.py 2>&1 \
         | tee "$OUT/tests_gdn.log" | tail -4 ;;
+    fault_f)  # prepared, not run: the bf16 fault of 2026-12-02e call2 with graph_time synchronizing first (2efcd6a):
+      # bench/moe_kernels.py with the 16-bit experts' GEMV choice on, in three fresh processes, then the fault probe
+      for n in 1 2 3; do
+        date +%T; timeout 90 python3 bench/with_flags.py triton_kernels.fused_moe.GEMV_16BIT=True -- \
+          bench/moe_kernels.py --no-tune --no-profile --models 35B --tokens 1 2 4 8 2>&1 | tee "$OUT/moe_bf16_$n.md" \
+          | grep -E "^\||Error" | head -8
+      done
+      timeout 90 python3 bench/moe_fault_probe.py 2>&1 | tee "$OUT/moe_fault_probe.log" | tail -4 ;;
     last_e)  # 35B-A3B bf16 batch-1 decode with the 16-bit experts' GEMV choice off (served) and on, same call
       for on in False True; do
         date +%T; timeout 100 python3 bench/with_flags.py triton_kernels.fused_moe.GEMV_16BIT=$on -- bench/offline.py \
