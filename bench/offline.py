@@ -41,6 +41,7 @@ from step_timing import StepTimer  # noqa: E402
 
 from hybrid_sgl import Engine  # noqa: E402
 from hybrid_sgl.config import ModelConfig  # noqa: E402
+from triton_kernels.fastest import choices  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -243,6 +244,8 @@ def main(argv=None) -> dict:
                 json.dump({**result, "ours": partial, "complete": False}, f, indent=1)
 
     result["ours"] = run_ours(a, device, dtype, context_length, ceilings, save)
+    # which implementation fastest.py chose per shape in the warm-ups (few-token MoE paths, decode GEMMs)
+    result["fastest"] = [[repr(key), name] for key, name in choices().items()]
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -256,6 +259,8 @@ def main(argv=None) -> dict:
         result["hf"] = {"skipped": reason or "no case with a batch in --hf-batches"}
     result["complete"] = True
     print(render(result))
+    for key, name in result["fastest"]:
+        print(f"fastest.py chose {name} for {key}")
     if a.out:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)

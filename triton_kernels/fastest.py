@@ -44,3 +44,8 @@ def fastest(key: tuple, make_candidates: Callable[[], dict[str, Callable[[], obj
 def chosen(key: tuple) -> str | None:
     """What `fastest` chose under key, or None before it timed it."""
     return _CHOSEN.get(key)
+
+
+def choices() -> dict[tuple, str]:
+    """Every choice made so far, key -> name (the benchmarks report them)."""
+    return dict(_CHOSEN)

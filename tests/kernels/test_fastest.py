@@ -51,3 +51,9 @@ def test_timing_waits_for_the_callers_queued_work(monkeypatch):
                         lambda run, rep: calls.append("time") or 1.0)
     assert fastest_module.graph_time(lambda: None) == 1.0
     assert calls == ["synchronize", "time"]
+
+
+def test_choices_lists_what_was_chosen(times):
+    times.update(a=2.0, b=1.0)
+    fastest(("k",), _runs("a", "b"))
+    assert fastest_module.choices() == {("k",): "b"}
