@@ -166,7 +166,7 @@ for part in ${*:-tests}; do
       pk="--sampling temperature=0.7 --sampling top_p=0.9"
       offline t07p09k50_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 $pk --sampling top_k=50
       offline t07p09_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 $pk ;;
-    gdnnorm)  # prepared, not run yet: the GDN decode step with its output norm each way it can run (two launches, the
+    gdnnorm)  # the GDN decode step with its output norm each way it can run (bench ran in verify_e; two launches, the
       # served whole-head kernel, 8 warps, the head's last program normalizing), then its kernel tests on CUDA
       timeout 120 python3 bench/gdn_decode_norm.py 2>&1 | tee "$OUT/gdn_decode_norm.md" | grep -E "^\||Error"
       timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_gdn_recurrent.py 2>&1 \
