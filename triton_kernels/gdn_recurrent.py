@@ -20,18 +20,15 @@ import triton.language as tl
 
 from triton_kernels.arrival_counters import MAX_COUNTERS, arrival_counters
 from triton_kernels.gdn_gating import gdn_gate, gdn_gating_ref, l2norm, l2norm_ref
-from triton_kernels.norms import gated_rmsnorm_ref
+from triton_kernels.norms import gated_rmsnorm_ref, gated_rmsnorm_tile
 
 
 @triton.jit
 def _gated_norm(b_x, z, norm_w, o_v, m_v, eps, V: tl.constexpr, o):
     """A head's output b_x [>= V] float32, already rounded to o's dtype (0 past V) -> its gated RMSNorm
-    in float32, as norms._gated_rmsnorm_kernel: normalized and rounded, scaled by norm_w, gated by
-    silu(z) (z: the head's row)."""
-    b_rstd = tl.rsqrt(tl.sum(b_x * b_x, 0) / V + eps)
-    b_n = (b_x * b_rstd).to(o.dtype.element_ty)
-    b_z = tl.load(z + o_v, mask=m_v, other=0.0).to(tl.float32)
-    return (tl.load(norm_w + o_v, mask=m_v, other=0.0) * b_n).to(tl.float32) * (b_z * tl.sigmoid(b_z))
+    in float32 (norms.gated_rmsnorm_tile), z: the head's row of the gate."""
+    return gated_rmsnorm_tile(b_x, tl.load(z + o_v, mask=m_v, other=0.0).to(tl.float32),
+                              tl.load(norm_w + o_v, mask=m_v, other=0.0), V, eps, o.dtype.element_ty)
 
 
 @triton.jit

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from triton_kernels.arrival_counters import arrival_counters
-from triton_kernels.norms import add_rmsnorm, add_rmsnorm_ref
+from triton_kernels.norms import add_rmsnorm, add_rmsnorm_ref, rmsnorm_tile
 
 
 def softmax_topk_ref(*, logits: torch.Tensor, top_k: int, renormalize: bool, num_experts: int | None = None,
@@ -137,12 +137,11 @@ def route_ref(*, x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize:
 @triton.jit
 def _add_rmsnorm_row(x, res, nw, h_out, r_out, t, stride_x, stride_res, H, eps, offset, write, o_h, m_h):
     """Token t's normalized row [BLOCK_H >= H] as float32, as norms._rmsnorm_kernel computes it: r = x + res
-    rounded to x's dtype, h = r / rms(r) * (nw + offset) rounded too. `write`: store h and r (rows of H)."""
+    rounded to x's dtype, h = norms.rmsnorm_tile(r) rounded too. `write`: store h and r (rows of H)."""
     b_r = tl.load(x + t * stride_x + o_h, mask=m_h, other=0.0).to(tl.float32)
     b_r = (b_r + tl.load(res + t * stride_res + o_h, mask=m_h, other=0.0).to(tl.float32)).to(x.dtype.element_ty)
-    b_f = b_r.to(tl.float32)
-    b_rstd = tl.rsqrt(tl.sum(b_f * b_f, 0) / H + eps)
-    b_h = (b_f * b_rstd * (tl.load(nw + o_h, mask=m_h, other=0.0).to(tl.float32) + offset)).to(x.dtype.element_ty)
+    b_h = rmsnorm_tile(b_r.to(tl.float32), tl.load(nw + o_h, mask=m_h, other=0.0), H, eps, offset)
+    b_h = b_h.to(x.dtype.element_ty)
     if write:
         tl.store(r_out + t * H + o_h, b_r, mask=m_h)
         tl.store(h_out + t * H + o_h, b_h, mask=m_h)

@@ -59,6 +59,24 @@ def relu2_ref(*, x: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------
+# The math of each norm over the last axis of a float32 tile (0 past N), shared by the norm kernels here
+# and the kernels that fuse a norm (moe_routing.py's router, gdn_recurrent.py's decode step).
+
+@triton.jit
+def rmsnorm_tile(b_x, b_w, N, eps, offset):
+    """b_x [..., BLOCK_N] float32; b_w [BLOCK_N] -> b_x / rms(b_x) * (b_w + offset) in float32."""
+    b_rstd = tl.rsqrt(tl.sum(b_x * b_x, -1, keep_dims=True) / N + eps)
+    return b_x * b_rstd * (b_w.to(tl.float32) + offset)
+
+
+@triton.jit
+def gated_rmsnorm_tile(b_x, b_z, b_w, N, eps, dtype: tl.constexpr):
+    """b_x, b_z [..., BLOCK_N] float32; b_w [BLOCK_N] in the model dtype -> the gated norm in float32:
+    b_x normalized and rounded to dtype (as eager rounds it first), times b_w, gated by silu(b_z)."""
+    b_rstd = tl.rsqrt(tl.sum(b_x * b_x, -1, keep_dims=True) / N + eps)
+    b_n = (b_x * b_rstd).to(dtype)
+    return (b_w * b_n).to(tl.float32) * (b_z * tl.sigmoid(b_z))
+
 
 @triton.jit
 def _rmsnorm_kernel(x, res, w, y, r_out, stride_x, stride_res, stride_y, stride_r, n_rows, N, eps, offset,
@@ -71,10 +89,7 @@ def _rmsnorm_kernel(x, res, w, y, r_out, stride_x, stride_res, stride_y, stride_
     if HAS_RES:
         b_x = b_x + tl.load(res + o_r[:, None] * stride_res + o_n[None, :], mask=m, other=0.0)
         tl.store(r_out + o_r[:, None] * stride_r + o_n[None, :], b_x, mask=m)
-    b_x = b_x.to(tl.float32)
-    b_rstd = tl.rsqrt(tl.sum(b_x * b_x, 1) / N + eps)
-    b_w = tl.load(w + o_n, mask=o_n < N, other=0.0).to(tl.float32) + offset
-    b_y = b_x * b_rstd[:, None] * b_w[None, :]
+    b_y = rmsnorm_tile(b_x.to(tl.float32), tl.load(w + o_n, mask=o_n < N, other=0.0), N, eps, offset)
     tl.store(y + o_r[:, None] * stride_y + o_n[None, :], b_y.to(y.dtype.element_ty), mask=m)
 
 
@@ -89,10 +104,7 @@ def _gated_rmsnorm_kernel(x, z, w, y, stride_xt, stride_xh, stride_zt, stride_zh
     o_z = (o_r // H) * stride_zt + (o_r % H) * stride_zh
     b_x = tl.load(x + o_x[:, None] + o_n[None, :], mask=m, other=0.0).to(tl.float32)
     b_z = tl.load(z + o_z[:, None] + o_n[None, :], mask=m, other=0.0).to(tl.float32)
-    b_rstd = tl.rsqrt(tl.sum(b_x * b_x, 1) / N + eps)
-    b_n = (b_x * b_rstd[:, None]).to(y.dtype.element_ty)  # eager rounds the normalized value first
-    b_w = tl.load(w + o_n, mask=o_n < N, other=0.0)
-    b_y = (b_w[None, :] * b_n).to(tl.float32) * (b_z * tl.sigmoid(b_z))
+    b_y = gated_rmsnorm_tile(b_x, b_z, tl.load(w + o_n, mask=o_n < N, other=0.0), N, eps, y.dtype.element_ty)
     tl.store(y + o_r[:, None] * stride_y + o_n[None, :], b_y.to(y.dtype.element_ty), mask=m)
 
 
