@@ -14,11 +14,10 @@ import os
 import sys
 
 import torch
-import triton.testing
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.moe_kernels import SHAPES, copy_bandwidth, graphed, problem, rel_err  # noqa: E402
+from bench.moe_kernels import SHAPES, bench_ms, copy_bandwidth, graphed, problem, rel_err  # noqa: E402
 from triton_kernels import fused_moe as moe  # noqa: E402
 from triton_kernels import moe_gemv  # noqa: E402
 
@@ -28,12 +27,6 @@ def bytes_moved(kw: dict) -> int:
     experts = kw["topk_ids"].unique().numel()
     per_expert = (kw["w13"][0].numel() + kw["w2"][0].numel()) * kw["w13"].element_size()
     return experts * per_expert + 2 * kw["x"].numel() * kw["x"].element_size()
-
-
-def timed(call) -> float:
-    call()
-    torch.cuda.synchronize()
-    return triton.testing.do_bench(graphed(call), warmup=10, rep=50, return_mode="median")
 
 
 def main() -> None:
@@ -64,7 +57,7 @@ def main() -> None:
             rows += [("gemv", str(c), gemvs(configs=(ups[0], c))) for c in downs]
             for path, config, call in rows:
                 err = rel_err(call(), ref)
-                ms = timed(call)
+                ms = bench_ms(graphed(call))
                 print(f"| {'fp8' if fp8 else 'bf16'} | {tokens} | {path} | {config} | {ms * 1e3:.1f} | "
                       f"{100 * moved / (ms * 1e-3) / copy_bw:.1f} | {err:.1e} |", flush=True)
 
