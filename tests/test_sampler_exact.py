@@ -201,11 +201,12 @@ def test_group_candidates_give_the_torch_draws(candidates, monkeypatch):
 
 
 @interpreted
-@pytest.mark.parametrize("readback_free", [True, False])
+@pytest.mark.parametrize("readback_free,race", [(True, 8), (True, 1), (True, 0), (False, 0)])
 @pytest.mark.parametrize("name", ["top_p", "top_p_past_candidates", "seeded", "combined"])
-def test_top_p_past_the_candidates_gives_the_torch_draws(name, readback_free, monkeypatch):
-    """The rows past the candidates searched by a kernel (READBACK_FREE_TOP_P, served), with nothing read back,
-    or read back and sorted."""
+def test_top_p_past_the_candidates_gives_the_torch_draws(name, readback_free, race, monkeypatch):
+    """The rows past the candidates on the device (READBACK_FREE_TOP_P, served), with nothing read back: the winner
+    found among the race's best tokens (TOP_P_RACE_CANDIDATES; with 1, many rows fall back to the search), or
+    every such row searched; or read back and sorted."""
     from hybrid_sgl.runner import sampler as sampler_module
 
     params, seed, candidates = CONFIGS[name]
@@ -218,6 +219,7 @@ def test_top_p_past_the_candidates_gives_the_torch_draws(name, readback_free, mo
         with monkeypatch.context() as patch:
             if kernels:
                 patch.setattr(sampler_module, "READBACK_FREE_TOP_P", readback_free)
+                patch.setattr(sampler_module, "TOP_P_RACE_CANDIDATES", race)
                 if readback_free:
                     patch.setattr(torch.Tensor, "nonzero", lambda *a, **k: pytest.fail("read back"))
             drawn[kernels] = sample(logits, reqs_of(params, rows, seed), (), candidates=candidates, kernels=kernels)

@@ -7,6 +7,9 @@ top_p_bound: for the rows flagged on the device, the top-p boundary found by a r
 top_logits: the k largest logits of each row, from the group maxima: the k groups with the largest
             maxima hold every one of the k largest values (torch.topk over [n, V / GROUP], a gather of
             k * GROUP logits, torch.topk over those) where torch.topk over [n, V] makes several passes.
+top_p_race: for the flagged top_p rows, the race's winner among the kept tokens found without the boundary: the
+            first of the race's best-scoring tokens (draw_kept's group_best) whose mass before it in the sorted row
+            is within top_p, the mass before each of them summed in one read of the row.
 draw_kept:  per row, the exponential race argmax_i w_i / E_i over the kept tokens, w_i = exp(l_i / T - m):
             kept = (l > bound) or (l == bound and among the first `need` such tokens by id), and w_i >= min_p
             (min-p relative to the largest probability, whose w is 1). Ties of the race go to the lower id.
@@ -29,6 +32,7 @@ import triton.language as tl
 GROUP = 16  # tokens per group maximum (top_logits)
 BLOCK = 1024  # vocabulary entries per loop step
 BOUND_BLOCK = 256  # top_p_bound's loop step (times the radix's buckets per entry)
+RACE_BLOCK = 256  # top_p_race's loop step (times its candidates per entry)
 CHUNK = 8192  # vocabulary entries per program: a row takes ceil(V / CHUNK) programs
 NUM_WARPS = 4
 
@@ -123,14 +127,23 @@ def row_stats(*, logits: torch.Tensor, temperature: torch.Tensor, group_max: tor
 
 
 @triton.jit
-def _tie_count_kernel(l_ptr, l_stride, bound_ptr, counts_ptr, vocab, num_chunks, CHUNK: tl.constexpr,
-                      BLOCK: tl.constexpr):
-    """Program (row, c): how many logits of chunk c equal the row's bound."""
+def _chunk_end(flag_ptr, row, c, vocab, CHUNK: tl.constexpr, FLAGGED: tl.constexpr):
+    """Where chunk c of the row ends; with FLAGGED, where it starts for a row whose flag is 0 (no loop steps)."""
+    end = tl.minimum(c * CHUNK + CHUNK, vocab)
+    if FLAGGED:
+        end = tl.where(tl.load(flag_ptr + row) != 0, end, c * CHUNK)
+    return end
+
+
+@triton.jit
+def _tie_count_kernel(l_ptr, l_stride, bound_ptr, flag_ptr, counts_ptr, vocab, num_chunks, CHUNK: tl.constexpr,
+                      BLOCK: tl.constexpr, FLAGGED: tl.constexpr):
+    """Program (row, c): how many logits of chunk c equal the row's bound (FLAGGED: 0 in unflagged rows)."""
     row, c = tl.program_id(0).to(tl.int64), tl.program_id(1)
     bound = tl.load(bound_ptr + row)
     o = tl.arange(0, BLOCK)
     count = tl.zeros([BLOCK], tl.int32)
-    for start in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, vocab), BLOCK):
+    for start in range(c * CHUNK, _chunk_end(flag_ptr, row, c, vocab, CHUNK, FLAGGED), BLOCK):
         x = tl.load(l_ptr + row * l_stride + start + o, mask=start + o < vocab, other=float("nan"))
         count += (x == bound).to(tl.int32)
     tl.store(counts_ptr + row * num_chunks + c, tl.sum(count, 0))
@@ -138,10 +151,12 @@ def _tie_count_kernel(l_ptr, l_stride, bound_ptr, counts_ptr, vocab, num_chunks,
 
 @triton.jit
 def _draw_kept_kernel(l_ptr, l_stride, e_ptr, e_stride, t_ptr, m_ptr, bound_ptr, need_ptr, min_p_ptr, counts_ptr,
-                      keys_ptr, vocab, num_chunks, TIES: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                      BLOCK_C: tl.constexpr):
+                      keys_ptr, group_best_ptr, flag_ptr, vocab, num_chunks, num_groups, TIES: tl.constexpr,
+                      CHUNK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_C: tl.constexpr, GROUP_BEST: tl.constexpr,
+                      GROUP: tl.constexpr, FLAGGED: tl.constexpr):
     """Program (row, c): the race's winner in chunk c, folded into the row's key by an atomic max; the key
-    is the score's float bits (non-negative, so ordered as integers) above 2^32 - 1 - token id."""
+    is the score's float bits (non-negative, so ordered as integers) above 2^32 - 1 - token id. GROUP_BEST:
+    also the best score (-1: none kept) of each group of GROUP tokens. FLAGGED: unflagged rows draw nothing."""
     row, c = tl.program_id(0).to(tl.int64), tl.program_id(1)
     t = tl.load(t_ptr + row)
     m = tl.load(m_ptr + row)
@@ -155,7 +170,7 @@ def _draw_kept_kernel(l_ptr, l_stride, e_ptr, e_stride, t_ptr, m_ptr, bound_ptr,
     o = tl.arange(0, BLOCK)
     best = tl.full([], -1.0, tl.float32)
     best_id = tl.full([], 0, tl.int32)
-    for start in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, vocab), BLOCK):
+    for start in range(c * CHUNK, _chunk_end(flag_ptr, row, c, vocab, CHUNK, FLAGGED), BLOCK):
         valid = start + o < vocab
         x = tl.load(l_ptr + row * l_stride + start + o, mask=valid, other=float("-inf"))
         e = tl.load(e_ptr + row * e_stride + start + o, mask=valid, other=1.0)
@@ -167,6 +182,10 @@ def _draw_kept_kernel(l_ptr, l_stride, e_ptr, e_stride, t_ptr, m_ptr, bound_ptr,
             ties += tl.sum(tie.to(tl.int32), 0)
         keep &= (w >= min_p) & valid
         score = tl.where(keep, w / e, -1.0)
+        if GROUP_BEST:
+            o_g = start // GROUP + tl.arange(0, BLOCK // GROUP)
+            tl.store(group_best_ptr + row * num_groups + o_g, tl.max(tl.reshape(score, (BLOCK // GROUP, GROUP)), 1),
+                     mask=o_g < num_groups)
         block_best = tl.max(score, 0)
         take = block_best > best  # strictly: an earlier block keeps an equal score (lower id)
         best_id = tl.where(take, start + tl.argmax(score, 0), best_id)
@@ -178,26 +197,35 @@ def _draw_kept_kernel(l_ptr, l_stride, e_ptr, e_stride, t_ptr, m_ptr, bound_ptr,
 
 def draw_kept(*, logits: torch.Tensor, noise: torch.Tensor, temperature: torch.Tensor, row_max: torch.Tensor,
               bound: torch.Tensor, need: torch.Tensor, min_p: torch.Tensor, ties: bool = True,
+              group_best: torch.Tensor | None = None, flag: torch.Tensor | None = None,
               chunk: int = CHUNK) -> torch.Tensor:
     """Same as draw_kept_ref: the same token, up to a float near-tie of two tokens' w / E (exp may round
     differently from torch's). ties=False says that every row's bound is -inf (no top-k / top-p), which
-    skips the tie count."""
+    skips the tie count. group_best: None, or [n, ceil(V / GROUP)] float32 filled with the best score w / E
+    of each group of GROUP tokens (-1 where the group keeps none; top_p_race's index). flag: None, or [n]
+    bool: only the flagged rows draw (the others' ids are meaningless and group_best is not written)."""
     n, vocab = logits.shape
     assert logits.dtype == noise.dtype == torch.float32 and noise.shape == logits.shape, (logits.dtype, noise.dtype)
     assert logits.stride(1) == 1 and noise.stride(1) == 1 and vocab < 2 ** 31
     temperature, row_max, bound, need, min_p = (
         t.reshape(-1).contiguous() for t in (temperature.float(), row_max.float(), bound.float(), need, min_p.float()))
-    block = min(BLOCK, chunk, triton.next_power_of_2(vocab))
-    num_chunks = triton.cdiv(vocab, chunk)
+    block = max(min(BLOCK, chunk, triton.next_power_of_2(vocab)), GROUP)
+    assert chunk % block == 0, f"chunk {chunk} must be a multiple of the block {block}"
+    num_chunks, num_groups = triton.cdiv(vocab, chunk), triton.cdiv(vocab, GROUP)
+    assert group_best is None or (group_best.shape == (n, num_groups) and group_best.is_contiguous()), group_best
+    flags = flag.reshape(-1).to(torch.int8) if flag is not None else need  # (unread without a flag)
     counts = torch.empty(n, num_chunks, dtype=torch.int32, device=logits.device)
     keys = torch.full((n,), -1, dtype=torch.int64, device=logits.device)
     if n and ties:
-        _tie_count_kernel[(n, num_chunks)](logits, logits.stride(0), bound, counts, vocab, num_chunks, CHUNK=chunk,
-                                           BLOCK=block, num_warps=NUM_WARPS)
+        _tie_count_kernel[(n, num_chunks)](logits, logits.stride(0), bound, flags, counts, vocab, num_chunks,
+                                           CHUNK=chunk, BLOCK=block, FLAGGED=flag is not None, num_warps=NUM_WARPS)
     if n:
         _draw_kept_kernel[(n, num_chunks)](logits, logits.stride(0), noise, noise.stride(0), temperature, row_max,
-                                           bound, need, min_p, counts, keys, vocab, num_chunks, TIES=ties,
-                                           CHUNK=chunk, BLOCK=block, BLOCK_C=triton.next_power_of_2(num_chunks),
+                                           bound, need, min_p, counts, keys,
+                                           keys if group_best is None else group_best, flags, vocab, num_chunks,
+                                           num_groups, TIES=ties, CHUNK=chunk, BLOCK=block,
+                                           BLOCK_C=triton.next_power_of_2(num_chunks),
+                                           GROUP_BEST=group_best is not None, GROUP=GROUP, FLAGGED=flag is not None,
                                            num_warps=NUM_WARPS)
     return 0xFFFFFFFF - (keys & 0xFFFFFFFF)
 
@@ -347,3 +375,120 @@ def top_p_bound(*, logits: torch.Tensor, temperature: torch.Tensor, row_max: tor
                                             DIGIT_BITS=digit_bits, LAST=p == passes - 1, num_warps=NUM_WARPS)
     _top_p_final_kernel[(n,)](*rows, hist, count, prefix, above, bound, need, n, vocab, num_chunks, passes,
                               BLOCK_C=block_c, RADIX=radix, num_warps=1)
+
+
+def top_p_race_ref(*, logits: torch.Tensor, noise: torch.Tensor, temperature: torch.Tensor, row_max: torch.Tensor,
+                   target: torch.Tensor, min_p: torch.Tensor, flag: torch.Tensor, group_best: torch.Tensor,
+                   k: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """The winner of the race over a top_p row's kept tokens, from the race's k best tokens instead of the
+    boundary. logits, noise: [n, V] float32; temperature, row_max, target (top_p times the row's mass), min_p: [n]
+    float32; flag: [n] bool, the rows asked for; group_best: as draw_kept writes it for these rows with every
+    bound -inf (unread here). Of the k tokens with the largest score w / E among those min-p keeps (descending),
+    the first whose mass before it in the row sorted by logit (ties: lower ids first) is at most target: top-p
+    keeps it, and every token that scores higher lies outside top-p. Returns (token [n] int64, found [n] bool);
+    found is False in unflagged rows and where none of the k is kept (the caller then needs the boundary)."""
+    n, vocab = logits.shape
+    w = torch.exp(logits / temperature[:, None] - row_max[:, None])
+    score = torch.where((logits > float("-inf")) & (w >= min_p[:, None]), w / noise, -1.0)
+    best, cand = (t[:, :k] for t in score.sort(dim=-1, descending=True, stable=True))  # [n, k]; ties: lower id first
+    order = logits.sort(dim=-1, descending=True, stable=True)
+    before = (order.values.new_zeros(n, vocab).scatter_(1, order.indices, torch.exp(
+        order.values / temperature[:, None] - row_max[:, None]).cumsum(dim=-1)) - w)  # [n, V] mass before each token
+    ok = (before.gather(1, cand) <= target[:, None]) & (best >= 0) & flag[:, None]
+    return cand.gather(1, ok.to(torch.int8).argmax(dim=-1, keepdim=True))[:, 0], ok.any(dim=-1)
+
+
+@triton.jit
+def _race_candidates_kernel(l_ptr, l_stride, e_ptr, e_stride, t_ptr, m_ptr, min_p_ptr, groups_ptr, cand_l_ptr,
+                            cand_id_ptr, best_ptr, vocab, num_taken, K: tl.constexpr, GROUP: tl.constexpr,
+                            TAKEN: tl.constexpr):
+    """Program row: the race's scores over the row's num_taken best groups (draw_kept's arithmetic, so the same
+    bits), and the K best of them in order (equal scores: lower id first) with their logits."""
+    row = tl.program_id(0).to(tl.int64)
+    o = tl.arange(0, TAKEN * GROUP)
+    g = tl.load(groups_ptr + row * num_taken + o // GROUP, mask=o // GROUP < num_taken, other=-1)
+    ids = g * GROUP + o % GROUP
+    valid = (g >= 0) & (ids < vocab)
+    x = tl.load(l_ptr + row * l_stride + ids, mask=valid, other=float("-inf"))
+    e = tl.load(e_ptr + row * e_stride + ids, mask=valid, other=1.0)
+    w = tl.exp(tl.math.div_rn(x, tl.load(t_ptr + row)) - tl.load(m_ptr + row))
+    score = tl.where(valid & (x > float("-inf")) & (w >= tl.load(min_p_ptr + row)), w / e, -1.0)
+    ids = tl.where(valid, ids, vocab)  # past every real id
+    for j in tl.static_range(K):
+        best = tl.max(score, 0)
+        pick = tl.min(tl.where(score == best, ids, vocab), 0)
+        tl.store(best_ptr + row * K + j, best)
+        tl.store(cand_id_ptr + row * K + j, pick.to(tl.int64))
+        tl.store(cand_l_ptr + row * K + j, tl.max(tl.where(ids == pick, x, float("-inf")), 0))
+        score = tl.where(ids == pick, -2.0, score)
+
+
+@triton.jit
+def _race_before_kernel(l_ptr, l_stride, t_ptr, m_ptr, flag_ptr, cand_l_ptr, cand_id_ptr, part_ptr, vocab, num_chunks,
+                        CHUNK: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr):
+    """Program (row, c) of a flagged row: for each of the row's K candidates, the mass of chunk c's tokens that the
+    sorted row puts before it (a larger logit, or an equal one with a lower id)."""
+    row, c = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    o_k = tl.arange(0, K)
+    cand_l = tl.load(cand_l_ptr + row * K + o_k)
+    cand_id = tl.load(cand_id_ptr + row * K + o_k)
+    inv_t = 1.0 / tl.load(t_ptr + row)  # weights within rounding of exp(l / T - m), as top_p_bound's passes
+    m = tl.load(m_ptr + row)
+    o = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK, K], tl.float32)
+    for start in range(c * CHUNK, _chunk_end(flag_ptr, row, c, vocab, CHUNK, True), BLOCK):
+        ids = start + o
+        x = tl.load(l_ptr + row * l_stride + ids, mask=ids < vocab, other=float("-inf"))
+        w = tl.exp(x * inv_t - m)
+        before = (x[:, None] > cand_l[None, :]) | ((x[:, None] == cand_l[None, :]) & (ids[:, None] < cand_id[None, :]))
+        acc += tl.where(before, w[:, None], 0.0)
+    tl.store(part_ptr + (row * num_chunks + c) * K + o_k, tl.sum(acc, 0))
+
+
+@triton.jit
+def _race_final_kernel(part_ptr, target_ptr, flag_ptr, best_ptr, cand_id_ptr, token_ptr, found_ptr, num_chunks,
+                       K: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Program row: the first candidate whose mass before it (the chunks' parts, summed in order) is within target."""
+    row = tl.program_id(0).to(tl.int64)
+    o_c, o_k = tl.arange(0, BLOCK_C), tl.arange(0, K)
+    before = tl.sum(tl.load(part_ptr + (row * num_chunks + o_c[:, None]) * K + o_k[None, :],
+                            mask=o_c[:, None] < num_chunks, other=0.0), 0)  # [K]
+    ok = (before <= tl.load(target_ptr + row)) & (tl.load(best_ptr + row * K + o_k) >= 0)
+    ok &= tl.load(flag_ptr + row) != 0
+    first = tl.min(tl.where(ok, o_k, K), 0)
+    tl.store(token_ptr + row, tl.sum(tl.where(o_k == first, tl.load(cand_id_ptr + row * K + o_k), 0), 0))
+    tl.store(found_ptr + row, (first < K).to(tl.int8))
+
+
+def top_p_race(*, logits: torch.Tensor, noise: torch.Tensor, temperature: torch.Tensor, row_max: torch.Tensor,
+               target: torch.Tensor, min_p: torch.Tensor, flag: torch.Tensor, group_best: torch.Tensor, k: int = 8,
+               chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same as top_p_race_ref (k a power of two), without sorting: the k groups with the best scores (group_best)
+    hold the k best tokens, which a kernel ranks per row; another reads each flagged row once for the mass before
+    each of them, and a last one takes the first kept. The same tokens and flags, except where target is within
+    rounding of a candidate's mass before it, or the k-th best group ties with another on its best score."""
+    n, vocab = logits.shape
+    assert k == triton.next_power_of_2(k), k
+    assert group_best.shape == (n, triton.cdiv(vocab, GROUP)), group_best.shape
+    dev = logits.device
+    temperature, row_max, target, min_p = (t.reshape(-1).float().contiguous() for t in (temperature, row_max, target,
+                                                                                        min_p))
+    flags = flag.reshape(-1).to(torch.int8)
+    taken = min(k, group_best.shape[1])
+    groups = group_best.topk(taken, dim=-1).indices.contiguous()  # [n, taken]
+    cand_l = torch.empty(n, k, dtype=torch.float32, device=dev)
+    cand, best = torch.empty(n, k, dtype=torch.int64, device=dev), torch.empty_like(cand_l)
+    num_chunks = triton.cdiv(vocab, chunk)
+    part = torch.empty(n, num_chunks, k, dtype=torch.float32, device=dev)
+    token, found = torch.empty(n, dtype=torch.int64, device=dev), torch.empty(n, dtype=torch.int8, device=dev)
+    if n:
+        _race_candidates_kernel[(n,)](logits, logits.stride(0), noise, noise.stride(0), temperature, row_max, min_p,
+                                      groups, cand_l, cand, best, vocab, taken, K=k, GROUP=GROUP,
+                                      TAKEN=triton.next_power_of_2(taken), num_warps=NUM_WARPS)
+        _race_before_kernel[(n, num_chunks)](logits, logits.stride(0), temperature, row_max, flags, cand_l, cand, part,
+                                             vocab, num_chunks, CHUNK=chunk,
+                                             BLOCK=min(RACE_BLOCK, chunk, triton.next_power_of_2(vocab)), K=k,
+                                             num_warps=NUM_WARPS)
+        _race_final_kernel[(n,)](part, target, flags, best, cand, token, found, num_chunks, K=k,
+                                 BLOCK_C=triton.next_power_of_2(num_chunks), num_warps=1)
+    return token, found.view(torch.bool)

@@ -20,9 +20,11 @@ top_p times the total, where the two sum in a different order).
 On CUDA (`kernels=True`) the same boundary is found in logit space (the order of the logits is that of
 the probabilities; ties are exact in both) and two Triton kernels (triton_kernels/sampling.py) take
 the row statistics and the draw, each in one read of the row, instead of materializing the
-probabilities and the [n, V] masks. There a top_p row past its SEARCHED_CANDIDATES gets its boundary
-from a radix search on the device instead of the read-back and the sort (READBACK_FREE_TOP_P), so no
-draw waits for the device.
+probabilities and the [n, V] masks. There a top_p row past its SEARCHED_CANDIDATES is resolved on the device
+instead of by the read-back and the sort (READBACK_FREE_TOP_P), so no draw waits for the device: its race
+runs over every token, and the winner over the kept ones is the first of the race's best-scoring tokens that
+top-p keeps (one read of the row tells which are kept: TOP_P_RACE_CANDIDATES). Where none of those is kept,
+the boundary comes from a radix search and the row draws again.
 """
 
 from __future__ import annotations
@@ -32,7 +34,15 @@ from dataclasses import dataclass
 import torch
 
 from hybrid_sgl.scheduler.request import Req
-from triton_kernels.sampling import GROUP, draw_kept, row_stats, top_logits, top_p_bound, top_p_bound_ref
+from triton_kernels.sampling import (
+    GROUP,
+    draw_kept,
+    row_stats,
+    top_logits,
+    top_p_bound,
+    top_p_bound_ref,
+    top_p_race,
+)
 
 CANDIDATES = 1024  # tokens searched for a top_p boundary before a row falls back to the full sort
 # the same on CUDA with READBACK_FREE_TOP_P, where a row past its candidates is searched on the device: fewer
@@ -48,6 +58,10 @@ GROUP_CANDIDATES_MIN_ROWS = 32
 # (triton_kernels/sampling.py: top_p_bound, a radix search over the row) instead of reading those rows back
 # and sorting them, which stops the overlap schedule in every batch with a top_p-only row
 READBACK_FREE_TOP_P = True
+# kernels, with READBACK_FREE_TOP_P: such a row first takes the winner of its race from the race's best-scoring
+# tokens (this many; triton_kernels/sampling.py: top_p_race), one read of the row for all of them, and is searched
+# only where none of them is kept (on a flat top_p 0.9 row each is kept with probability ~0.9). 0: always searched
+TOP_P_RACE_CANDIDATES = 8
 
 
 @dataclass
@@ -258,13 +272,43 @@ def _draw_with_kernels(sub: torch.Tensor, params: BatchParams, candidates: int) 
             past = params.top_p_only & (count[:, 0] == k)  # every candidate kept: the boundary may lie beyond
             if params.any_min_p:
                 past &= weights[:, -1] >= params.min_p[:, 0]  # unless min-p already stops inside the candidates
+            target = params.top_p[:, 0] * mass
+            if READBACK_FREE_TOP_P and TOP_P_RACE_CANDIDATES:
+                return _draw_past_rows_by_race(sub, params, row_max, target, bound, need, past)
             # those rows searched on the device, or (the reference) read back and fully sorted: a host sync in
             # every batch with a top_p-only row
             (top_p_bound if READBACK_FREE_TOP_P else top_p_bound_ref)(
-                logits=sub, temperature=temperature, row_max=row_max, target=params.top_p[:, 0] * mass, flag=past,
+                logits=sub, temperature=temperature, row_max=row_max, target=target, flag=past,
                 bound=bound.view(-1), need=need.view(-1))
     return draw_kept(logits=sub, noise=_noise(sub, params), temperature=temperature, row_max=row_max,
                      bound=bound, need=need, min_p=params.min_p, ties=filters)
+
+
+def _draw_past_rows_by_race(sub: torch.Tensor, params: BatchParams, row_max: torch.Tensor, target: torch.Tensor,
+                            bound: torch.Tensor, need: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
+    """_draw_with_kernels' draw where top_p rows (`past` [n] bool) keep more than the candidates: those rows race
+    over every token (bound -inf), and their winner is the first of the race's TOP_P_RACE_CANDIDATES best tokens
+    that top-p keeps, which is the winner of the race over the kept tokens (the same token as the boundary's
+    draw). Rows where none of them is kept get the boundary by the radix search and draw again; every kernel's
+    programs of the other rows return at once, so nothing waits for the device. sub: [n, V] float32 logits;
+    row_max, target: [n]; bound, need: [n, 1] the candidates' boundary."""
+    n, vocab = sub.shape
+    temperature, min_p = params.temperature[:, 0], params.min_p[:, 0]
+    noise = _noise(sub, params)
+    bound = bound.masked_fill(past[:, None], float("-inf"))
+    need = need.masked_fill(past[:, None], 0)
+    group_best = torch.empty(n, -(-vocab // GROUP), dtype=torch.float32, device=sub.device)
+    drawn = draw_kept(logits=sub, noise=noise, temperature=temperature, row_max=row_max, bound=bound, need=need,
+                      min_p=min_p, group_best=group_best)
+    token, found = top_p_race(logits=sub, noise=noise, temperature=temperature, row_max=row_max, target=target,
+                              min_p=min_p, flag=past, group_best=group_best, k=TOP_P_RACE_CANDIDATES)
+    drawn = torch.where(found, token, drawn)
+    searched = past & ~found
+    top_p_bound(logits=sub, temperature=temperature, row_max=row_max, target=target, flag=searched,
+                bound=bound.view(-1), need=need.view(-1))
+    again = draw_kept(logits=sub, noise=noise, temperature=temperature, row_max=row_max, bound=bound, need=need,
+                      min_p=min_p, flag=searched)
+    return torch.where(searched, again, drawn)
 
 
 def _noise(probs: torch.Tensor, params: BatchParams) -> torch.Tensor:

@@ -14,6 +14,8 @@ from triton_kernels.sampling import (
     top_logits,
     top_p_bound,
     top_p_bound_ref,
+    top_p_race,
+    top_p_race_ref,
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -149,20 +151,117 @@ def test_top_p_bound_matches_ref(vocab, digit_bits, chunk):
     assert out["kernel"][1][4] == int(0.3 * vocab) + 1  # a flat row: ties kept while their mass before fits
 
 
+def test_draw_writes_group_best_and_skips_unflagged_rows():
+    n, vocab = 5, 300
+    logits = tied_logits(n, vocab, seed=9)
+    gen = torch.Generator().manual_seed(9)
+    noise = torch.empty(n, vocab).exponential_(generator=gen).to(DEVICE)
+    temperature = torch.tensor([0.7, 1.0, 1.5, 0.3, 1.0], device=DEVICE)
+    row_max, _ = row_stats_ref(logits=logits, temperature=temperature)
+    min_p = torch.tensor([0.0, 0.1, 0.0, 0.5, 0.0], device=DEVICE)
+    args = dict(logits=logits, noise=noise, temperature=temperature, row_max=row_max,
+                bound=torch.full((n,), float("-inf"), device=DEVICE),
+                need=torch.zeros(n, dtype=torch.int64, device=DEVICE), min_p=min_p)
+    group_best = torch.full((n, -(-vocab // GROUP)), 7.0, device=DEVICE)
+    ids = draw_kept(**args, group_best=group_best, chunk=CHUNK)
+    assert torch.equal(ids, draw_kept_ref(**args))
+    w = torch.exp(logits / temperature[:, None] - row_max[:, None])
+    score = torch.where((logits > float("-inf")) & (w >= min_p[:, None]), w / noise, -1.0)
+    padded = torch.full((n, group_best.shape[1] * GROUP), -1.0, device=DEVICE)
+    padded[:, :vocab] = score
+    torch.testing.assert_close(group_best, padded.view(n, -1, GROUP).amax(dim=-1), rtol=1e-6, atol=0)
+    flag = torch.tensor([False, True, False, True, True], device=DEVICE)
+    bound = logits[:, 3].clone()  # ties counted in flagged rows only
+    tied = dict(args, bound=bound, need=torch.full((n,), 2, dtype=torch.int64, device=DEVICE))
+    flagged = draw_kept(**tied, flag=flag, chunk=CHUNK)
+    assert torch.equal(flagged[flag], draw_kept_ref(**tied)[flag])
+
+
+def race_rows(vocab: int, seed: int) -> torch.Tensor:
+    """Flat, peaked, bf16-tied, few-valued and masked, all-equal, and mildly flat rows."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = [torch.randn(vocab, generator=gen) * 0.5, torch.randn(vocab, generator=gen) * 4,
+            (torch.randn(vocab, generator=gen) * 2).bfloat16().float(), tied_logits(1, vocab, seed=seed)[0].cpu(),
+            torch.zeros(vocab), torch.randn(vocab, generator=gen)]
+    return torch.stack(rows).to(DEVICE)
+
+
+@pytest.mark.parametrize("vocab,k,chunk", [(10, 8, 64), (300, 8, 128), (2000, 4, 512), (2000, 16, 8192)])
+def test_top_p_race_matches_ref(vocab, k, chunk):
+    """The same token and found flag as the sorting reference at several top_p and min_p, over one or several
+    chunks; and where found, the token that the boundary's draw (top_p_bound_ref, then draw_kept_ref) gives."""
+    logits = race_rows(vocab, seed=vocab + k)
+    n = logits.shape[0]
+    gen = torch.Generator().manual_seed(k)
+    noise = torch.empty(n, vocab).exponential_(generator=gen).to(DEVICE)
+    temperature = torch.tensor([0.7, 1.0, 1.3, 1.0, 1.0, 0.9], device=DEVICE)
+    row_max, mass = row_stats_ref(logits=logits, temperature=temperature)
+    for top_p, min_p in ((0.9, 0.0), (0.3, 0.0), (0.95, 0.3), (0.05, 0.0)):
+        target = top_p * mass
+        min_ps = torch.full((n,), min_p, device=DEVICE)
+        flag = torch.tensor([True, True, True, True, True, False], device=DEVICE)
+        args = dict(logits=logits, noise=noise, temperature=temperature, row_max=row_max, target=target,
+                    min_p=min_ps, flag=flag)
+        group_best = torch.empty(n, -(-vocab // GROUP), device=DEVICE)
+        unbounded = dict(bound=torch.full((n,), float("-inf"), device=DEVICE),
+                         need=torch.zeros(n, dtype=torch.int64, device=DEVICE))
+        draw_kept(logits=logits, noise=noise, temperature=temperature, row_max=row_max, min_p=min_ps,
+                  group_best=group_best, **unbounded, chunk=chunk)
+        token, found = top_p_race(**args, group_best=group_best, k=k, chunk=chunk)
+        ref_token, ref_found = top_p_race_ref(**args, group_best=group_best, k=k)
+        assert torch.equal(found, ref_found), (top_p, min_p, found, ref_found)
+        assert torch.equal(token[found], ref_token[found]), (top_p, min_p)
+        assert not found[-1]  # the unflagged row
+        bound, need = torch.full((n,), -7.0, device=DEVICE), torch.full((n,), -1, dtype=torch.int64, device=DEVICE)
+        top_p_bound_ref(logits=logits, temperature=temperature, row_max=row_max, target=target, flag=flag,
+                        bound=bound, need=need)
+        drawn = draw_kept_ref(logits=logits, noise=noise, temperature=temperature, row_max=row_max, bound=bound,
+                              need=need, min_p=min_ps)
+        assert torch.equal(token[found], drawn[found]), (top_p, min_p)
+        if top_p == 0.9 and min_p == 0.0:
+            assert found[:5].all()  # kept mass 0.9: one of the k best is kept unless all k land in the 10 %
+
+
+def test_top_p_race_counts_ties_before_by_id():
+    """All-equal rows: the mass before token i is i * w, so top_p 0.25 of 10 keeps ids 0-2 and the winner is the
+    best-scoring of them; with k = 1 a winner past them is not found."""
+    n, vocab = 3, 10
+    logits = torch.zeros(n, vocab, device=DEVICE)
+    noise = torch.ones(n, vocab, device=DEVICE)
+    noise[0, 2], noise[1, 7], noise[2, 7], noise[2, 1] = 0.5, 0.5, 0.5, 0.6  # the best score: id 2, 7, 7 (then 1)
+    one, zero = torch.ones(n, device=DEVICE), torch.zeros(n, device=DEVICE)
+    group_best = torch.empty(n, 1, device=DEVICE)
+    draw_kept(logits=logits, noise=noise, temperature=one, row_max=zero, bound=torch.full((n,), float("-inf"),
+              device=DEVICE), need=torch.zeros(n, dtype=torch.int64, device=DEVICE), min_p=zero, group_best=group_best)
+    args = dict(logits=logits, noise=noise, temperature=one, row_max=zero, target=torch.full((n,), 2.5, device=DEVICE),
+                min_p=zero, flag=torch.ones(n, dtype=torch.bool, device=DEVICE), group_best=group_best)
+    token, found = top_p_race(**args, k=8, chunk=CHUNK)
+    assert found.tolist() == [True, True, True] and token.tolist() == [2, 0, 1]
+    token, found = top_p_race(**args, k=1, chunk=CHUNK)
+    assert found.tolist() == [True, False, False] and token[0] == 2
+
+
 SM90_SCRIPT = r'''
 from triton_kernels import sampling as s
 
 types = dict(l_ptr="*fp32", e_ptr="*fp32", t_ptr="*fp32", m_ptr="*fp32", mass_ptr="*fp32", bound_ptr="*fp32",
              need_ptr="*i64", min_p_ptr="*fp32", out_ptr="*i64", l_stride="i64", e_stride="i64")
-types.update(part_m_ptr="*fp32", part_s_ptr="*fp32", counts_ptr="*i32", keys_ptr="*i64", group_max_ptr="*fp32")
+types.update(part_m_ptr="*fp32", part_s_ptr="*fp32", counts_ptr="*i32", keys_ptr="*i64", group_max_ptr="*fp32",
+             group_best_ptr="*fp32", flag_ptr="*i8", cand_l_ptr="*fp32", cand_id_ptr="*i64", part_ptr="*fp32")
 consts = dict(CHUNK=s.CHUNK, BLOCK=s.BLOCK)
 for groups in (False, True):
     out[f"row_stats groups {groups}"] = compile_sm90(s._row_stats_kernel, types, dict(consts, GROUPS=groups,
                                                      GROUP=s.GROUP), s.NUM_WARPS, 1)
-out["tie_count"] = compile_sm90(s._tie_count_kernel, types, consts, s.NUM_WARPS, 1)
-for ties in (False, True):
-    out[f"draw_kept ties {ties}"] = compile_sm90(s._draw_kept_kernel, types, dict(consts, TIES=ties, BLOCK_C=32),
-                                                 s.NUM_WARPS, 1)
+out["tie_count"] = compile_sm90(s._tie_count_kernel, types, dict(consts, FLAGGED=True), s.NUM_WARPS, 1)
+for ties, best in ((False, False), (True, False), (True, True)):
+    out[f"draw_kept ties {ties} group_best {best}"] = compile_sm90(s._draw_kept_kernel, types, dict(
+        consts, TIES=ties, BLOCK_C=32, GROUP_BEST=best, GROUP=s.GROUP, FLAGGED=best), s.NUM_WARPS, 1)
+types.update(target_ptr="*fp32", groups_ptr="*i64", best_ptr="*fp32", token_ptr="*i64", found_ptr="*i8")
+out["race_candidates"] = compile_sm90(s._race_candidates_kernel, types, dict(K=8, GROUP=s.GROUP, TAKEN=8),
+                                      s.NUM_WARPS, 1)
+out["race_before"] = compile_sm90(s._race_before_kernel, types, dict(CHUNK=s.CHUNK, BLOCK=s.RACE_BLOCK, K=8),
+                                  s.NUM_WARPS, 1)
+out["race_final"] = compile_sm90(s._race_final_kernel, types, dict(K=8, BLOCK_C=32), 1, 1)
 top_p = dict(types, target_ptr="*fp32", flag_ptr="*i8", hist_ptr="*fp32", count_ptr="*i32", prefix_ptr="*i32",
              above_ptr="*fp32")
 for last in (False, True):
@@ -178,8 +277,10 @@ def test_kernels_compile_for_hopper_without_spills():
     from tests.kernels.sm90 import compile_sm90_in_subprocess
 
     results = compile_sm90_in_subprocess(SM90_SCRIPT)
-    assert set(results) == {"row_stats groups False", "row_stats groups True", "tie_count", "draw_kept ties False",
-                            "draw_kept ties True", "top_p_pass last False", "top_p_pass last True",
-                            "top_p_final"}
+    assert set(results) == {"row_stats groups False", "row_stats groups True", "tie_count",
+                            "draw_kept ties False group_best False", "draw_kept ties True group_best False",
+                            "draw_kept ties True group_best True", "race_candidates", "race_before", "race_final",
+                            "top_p_pass last False",
+                            "top_p_pass last True", "top_p_final"}
     assert all(spilled == 0 for _, spilled in results.values()), results
 
