@@ -46,7 +46,10 @@ def _gemv_kernel(x, w, s, b, y, M, N, K, stride_xm, stride_wn, stride_sn, stride
     [BLOCK_N, BLOCK_K] weight tile (K contiguous), widens it to float32 and adds its products with x,
     scaled per 128-wide block, into an element-wise accumulator that is summed once after the K loop
     (as the MoE expert GEMVs do, moe_gemv.py): summing every step ran the loop at 45-50 % of copy
-    bandwidth on the H200, against 72 % now. STAGES steps of loads are in flight at once."""
+    bandwidth on the H200, against 72 % now. STAGES steps of loads are in flight at once. The program's
+    BLOCK_N columns (dividing 128) share one 128-row scale block, so x is scaled per K block and each
+    weight takes one multiply-add."""
+    tl.static_assert(128 % BLOCK_N == 0)
     G: tl.constexpr = BLOCK_K // 128
     i_n = tl.program_id(0)
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -56,14 +59,15 @@ def _gemv_kernel(x, w, s, b, y, M, N, K, stride_xm, stride_wn, stride_sn, stride
     m_n, m_m = o_n < N, o_m < M
     p_w = w + o_n.to(tl.int64)[:, None] * stride_wn + o_k[None, :]  # [BLOCK_N, BLOCK_K]
     p_x = x + o_m.to(tl.int64)[:, None] * stride_xm + o_k[None, :]  # [ROWS, BLOCK_K]
-    p_s = s + (o_n // 128)[:, None] * stride_sn + o_g[None, :]  # [BLOCK_N, G]
+    p_s = s + (i_n * BLOCK_N // 128) * stride_sn + o_g  # [G]
     acc = tl.zeros((ROWS, BLOCK_N, G, 128), dtype=tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         m_k = (k0 + o_k) < K
         b_w = tl.load(p_w + k0, mask=m_n[:, None] & m_k[None, :], other=0.0).to(tl.float32)
         b_x = tl.load(p_x + k0, mask=m_m[:, None] & m_k[None, :], other=0.0).to(tl.float32)
-        b_s = tl.load(p_s + k0 // 128, mask=m_n[:, None] & (k0 + o_g[None, :] * 128 < K), other=0.0)
-        acc += tl.reshape(b_w, (1, BLOCK_N, G, 128)) * tl.reshape(b_x, (ROWS, 1, G, 128)) * b_s[None, :, :, None]
+        b_s = tl.load(p_s + k0 // 128, mask=k0 + o_g * 128 < K, other=0.0)
+        b_x = tl.reshape(b_x, (ROWS, G, 128)) * b_s[None, :, None]
+        acc += tl.reshape(b_w, (1, BLOCK_N, G, 128)) * tl.reshape(b_x, (ROWS, 1, G, 128))
     y_rows = tl.sum(tl.sum(acc, 3), 2)  # [ROWS, BLOCK_N]
     if HAS_BIAS:
         y_rows += tl.load(b + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]

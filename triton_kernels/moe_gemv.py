@@ -14,8 +14,10 @@ configs are tuned per shape on CUDA.
   down: out[t] = sum_j w[t, j] * (w2[e_j] @ inter[t*k + j]), then the shared expert added as the combine
         does; a program per (t, column block) walks the token's k slots and their K tiles in one loop:
         two launches, no scratch, deterministic.
-FP8 experts (e4m3 with 128 x 128 block scales, fp8_quant.py): each product is scaled by its weight's
-block scale before the sum, so the result is that of the dequantized weight."""
+FP8 experts (e4m3 with 128 x 128 block scales, fp8_quant.py): a program's BLOCK_N rows (dividing 128) lie in one
+128-row block, so each K step multiplies its activation tile by the G block scales of those rows and the
+weights widen straight into one multiply-add each; the result is that of the dequantized weight. (Where the
+up half's rows can straddle a block, an intermediate size not a multiple of 32, each product is scaled instead.)"""
 
 import torch
 import triton
@@ -26,21 +28,29 @@ from triton_kernels.moe_epilogue import expert_activation, finish_combine
 
 
 @triton.jit
-def _scaled_products(p_w, p_s, b_x, m_w, m_s, FP8_W: tl.constexpr):
-    """The weight tile at p_w [BLOCK_N, G, 128] (m_w: in range) times b_x [1, G, 128] float32, element-wise
-    in float32; FP8_W: each times its block scale at p_s [BLOCK_N, G, 1] (m_s)."""
-    prod = tl.load(p_w, mask=m_w, other=0.0).to(tl.float32) * b_x
+def _products(p_w, m_w, b_x):
+    """The weight tile at p_w [BLOCK_N, G, 128] (m_w: in range), widened to float32, times b_x [1, G, 128]."""
+    return tl.load(p_w, mask=m_w, other=0.0).to(tl.float32) * b_x
+
+
+@triton.jit
+def _block_scaled(b_x, p_s, m_s, FP8_W: tl.constexpr):
+    """b_x [1, G, 128] float32 times the G block scales at p_s [G] (m_s: in range) of the weight rows it meets;
+    b_x as it is without FP8_W."""
     if FP8_W:
-        prod = prod * tl.load(p_s, mask=m_s, other=0.0)
-    return prod
+        b_x = b_x * tl.load(p_s, mask=m_s, other=0.0)[None, :, None]
+    return b_x
 
 
 @triton.jit
 def _up_gemv_kernel(x, w13, s13, inter, ids, stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_inter,
                     H, I, E, ROWS_BUCKET, TOPK: tl.constexpr, GATED: tl.constexpr, FP8_W: tl.constexpr,
-                    BLOCK_N: tl.constexpr, G: tl.constexpr, STAGES: tl.constexpr):
+                    ROW_SCALES: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, STAGES: tl.constexpr):
     """Program (a, i_n): inter[a, o_n] = act(w13[e] rows o_n (and I + o_n) . x[a // TOPK]), e = ids[a];
-    nothing for e >= E (an expert held elsewhere). K tiles are G x 128 wide. ROWS_BUCKET keys the tuner."""
+    nothing for e >= E (an expert held elsewhere). K tiles are G x 128 wide. ROWS_BUCKET keys the tuner.
+    FP8_W: x is scaled per K block by the block scale of the program's rows, or (ROW_SCALES: the up rows
+    I + o_n may straddle a 128-row block) each product by its row's."""
+    tl.static_assert(128 % BLOCK_N == 0)
     num_n = tl.cdiv(I, BLOCK_N)
     a, i_n = tl.program_id(0) // num_n, tl.program_id(0) % num_n
     i_e = tl.load(ids + a).to(tl.int64)
@@ -52,18 +62,24 @@ def _up_gemv_kernel(x, w13, s13, inter, ids, stride_x, stride_we, stride_wn, str
     o_k = o_g[:, None] * 128 + tl.arange(0, 128)[None, :]  # [G, 128]
     p_x = x + (a // TOPK).to(tl.int64) * stride_x + o_k[None, :, :]
     p_w = w13 + i_e * stride_we + o_n.to(tl.int64)[:, None, None] * stride_wn + o_k[None, :, :]
-    p_s = s13 + i_e * stride_se + (o_n // 128)[:, None, None] * stride_sn + o_g[None, :, None]  # (FP8_W)
-    p_su = s13 + i_e * stride_se + ((I + o_n) // 128)[:, None, None] * stride_sn + o_g[None, :, None]
+    p_s = s13 + i_e * stride_se + (i_n * BLOCK_N // 128) * stride_sn + o_g  # [G] (FP8_W)
+    p_su = s13 + i_e * stride_se + ((I + i_n * BLOCK_N) // 128) * stride_sn + o_g
+    p_su_rows = s13 + i_e * stride_se + ((I + o_n) // 128)[:, None, None] * stride_sn + o_g[None, :, None]
     acc = tl.zeros([BLOCK_N, G, 128], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, G, 128], dtype=tl.float32)
     for k0 in tl.range(0, H, G * 128, num_stages=STAGES):
         m_k = (k0 + o_k < H)[None, :, :]
         m_w = m_n[:, None, None] & m_k
-        m_s = m_n[:, None, None] & (k0 + o_g * 128 < H)[None, :, None]
+        m_s = k0 + o_g * 128 < H
         b_x = tl.load(p_x + k0, mask=m_k, other=0.0).to(tl.float32)
-        acc += _scaled_products(p_w + k0, p_s + k0 // 128, b_x, m_w, m_s, FP8_W)
+        acc += _products(p_w + k0, m_w, _block_scaled(b_x, p_s + k0 // 128, m_s, FP8_W))
         if GATED:
-            acc_up += _scaled_products(p_w + I * stride_wn + k0, p_su + k0 // 128, b_x, m_w, m_s, FP8_W)
+            p_up = p_w + I * stride_wn + k0
+            if FP8_W and ROW_SCALES:
+                acc_up += _products(p_up, m_w, b_x) * tl.load(p_su_rows + k0 // 128, mask=m_n[:, None, None] &
+                                                              m_s[None, :, None], other=0.0)
+            else:
+                acc_up += _products(p_up, m_w, _block_scaled(b_x, p_su + k0 // 128, m_s, FP8_W))
     b_h = expert_activation(tl.sum(tl.sum(acc, 2), 1), tl.sum(tl.sum(acc_up, 2), 1), GATED)
     tl.store(inter + a.to(tl.int64) * stride_inter + o_n, b_h.to(inter.dtype.element_ty), mask=m_n)
 
@@ -78,7 +94,8 @@ def _down_gemv_kernel(inter, w2, s2, ids, topk_weights, out, shared, shared_gate
     ceil(I / (G * 128)) steps, so the weight stream of every slot is pipelined as one), each activation
     tile weighted by its slot's routing weight; the products are summed once after the loop. No scratch
     rows and no counters: the program holds every slot of its columns, and sums them in a fixed order.
-    Slots of an expert e >= E add 0."""
+    Slots of an expert e >= E add 0. FP8_W: each activation tile is also scaled by the program's rows' block scales."""
+    tl.static_assert(128 % BLOCK_N == 0)
     num_n = tl.cdiv(H, BLOCK_N)
     t, i_n = tl.program_id(0) // num_n, tl.program_id(0) % num_n
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -86,7 +103,7 @@ def _down_gemv_kernel(inter, w2, s2, ids, topk_weights, out, shared, shared_gate
     o_g = tl.arange(0, G)
     o_k = o_g[:, None] * 128 + tl.arange(0, 128)[None, :]  # [G, 128]
     p_w = w2 + o_n.to(tl.int64)[:, None, None] * stride_wh + o_k[None, :, :]
-    p_s = s2 + (o_n // 128)[:, None, None] * stride_sh + o_g[None, :, None]  # (FP8_W)
+    p_s = s2 + (i_n * BLOCK_N // 128) * stride_sh + o_g  # [G] (FP8_W)
     k_steps = tl.cdiv(I, G * 128)
     acc = tl.zeros([BLOCK_N, G, 128], dtype=tl.float32)
     for step in tl.range(0, TOPK * k_steps, num_stages=STAGES):
@@ -98,9 +115,8 @@ def _down_gemv_kernel(inter, w2, s2, ids, topk_weights, out, shared, shared_gate
         m_k = (k0 + o_k < k_end)[None, :, :]
         b_a = tl.load(inter + a.to(tl.int64) * stride_inter + k0 + o_k[None, :, :], mask=m_k, other=0.0)
         b_a = b_a.to(tl.float32) * tl.load(topk_weights + a)
-        m_s = m_n[:, None, None] & (k0 + o_g * 128 < k_end)[None, :, None]
-        acc += _scaled_products(p_w + i_e * stride_we + k0, p_s + i_e * stride_se + k0 // 128, b_a,
-                                m_n[:, None, None] & m_k, m_s, FP8_W)
+        b_a = _block_scaled(b_a, p_s + i_e * stride_se + k0 // 128, k0 + o_g * 128 < k_end, FP8_W)
+        acc += _products(p_w + i_e * stride_we + k0, m_n[:, None, None] & m_k, b_a)
     b_out = finish_combine(tl.sum(tl.sum(acc, 2), 1), shared, shared_gate, t, o_n, m_n, stride_shared, stride_gate,
                            out.dtype.element_ty, HAS_SHARED, HAS_GATE)
     tl.store(out + t.to(tl.int64) * stride_out + o_n, b_out, mask=m_n)
@@ -146,7 +162,7 @@ def expert_gemvs(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, s13: torc
     bucket = triton.next_power_of_2(rows)
     up_args = (x, w13, s13, inter, ids, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1),
                inter.stride(0), h, i, e, bucket)
-    up_flags = dict(TOPK=k, GATED=gated, FP8_W=fp8)
+    up_flags = dict(TOPK=k, GATED=gated, FP8_W=fp8, ROW_SCALES=fp8 and gated and i % 32 != 0)  # BLOCK_N <= 32
     down_args = (inter, w2, s2, ids, topk_weights, out, shared, shared_gate, inter.stride(0), w2.stride(0),
                  w2.stride(1), s2.stride(0), s2.stride(1), out.stride(0),
                  0 if shared is None else shared.stride(0), 0 if shared_gate is None else shared_gate.stride(0),

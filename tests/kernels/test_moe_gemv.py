@@ -15,12 +15,13 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 H, I = 200, 136
 
 
-def _problem(num_tokens: int, top_k: int, activation: str, num_experts: int = 5, seed: int = 0) -> dict:
-    """Experts, x and a softmax top-k routing of random logits (distinct experts per token)."""
+def _problem(num_tokens: int, top_k: int, activation: str, num_experts: int = 5, seed: int = 0, inter: int = I) -> dict:
+    """Experts (intermediate size `inter`), x and a softmax top-k routing of random logits (distinct experts per
+    token)."""
     g = torch.Generator().manual_seed(seed)
-    w13 = torch.randn(num_experts, (2 if activation == "silu" else 1) * I, H, generator=g) / H**0.5
+    w13 = torch.randn(num_experts, (2 if activation == "silu" else 1) * inter, H, generator=g) / H**0.5
     w13[:, :100] *= 8.0  # blocks of different magnitudes: a wrong FP8 block scale shows
-    w2 = torch.randn(num_experts, H, I, generator=g) / I**0.5
+    w2 = torch.randn(num_experts, H, inter, generator=g) / inter**0.5
     x = torch.randn(num_tokens, H, generator=g)
     weights, ids = torch.randn(num_tokens, num_experts, generator=g).softmax(-1).topk(top_k, dim=-1)
     return {name: v.to(DEVICE) for name, v in dict(x=x, w13=w13, w2=w2, topk_weights=weights, topk_ids=ids).items()}
@@ -60,11 +61,12 @@ def test_shared_expert_slots_held_elsewhere_and_strided_x(gated):
         torch.testing.assert_close(_gemvs(kw), ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("activation", ["silu", "relu2"])
-def test_fp8_experts_match_their_dequantized_reference(activation):
+@pytest.mark.parametrize("activation,inter", [("silu", I), ("relu2", I), ("silu", 160)])
+def test_fp8_experts_match_their_dequantized_reference(activation, inter):
     """e4m3 experts with 128 x 128 block scales against the reference on the dequantized weights; a
-    wrong scale of one block of w2 and of w13's up rows shows."""
-    kw = _problem(2, 2, activation, seed=31)
+    wrong scale of one block of w2 and of w13's up rows shows. Gated w13's up rows start at row `inter`:
+    136 (not a multiple of 32) takes the per-row scales, 160 the block scale of each program's rows."""
+    kw = _problem(2, 2, activation, seed=31, inter=inter)
     for w in ("w13", "w2"):
         kw[w], kw[w + "_scale"] = quantize_fp8_stacked(kw[w].cpu())
     kw = {name: v.to(DEVICE) for name, v in kw.items()}
