@@ -4,13 +4,16 @@ CUDA graph (no launch overhead, as in decode), reported as bytes moved per secon
 bandwidth; prefill-sized M (8192) runs the W8A8 GEMM
 (triton_kernels/fp8_gemm.py) through cuBLAS's block-scaled GEMM where torch has it and through the
 Triton kernel, as TFLOP/s, the activation quantization included. The first call per shape and M
-bucket autotunes (not timed).
+bucket autotunes (not timed). At 1-2 rows the two weight-only kernels are also timed apart ("gemv" on the CUDA
+cores, "dot" on the tensor cores), besides the one the dispatch picks.
 
-    python bench/fp8_kernels.py
+    python bench/fp8_kernels.py [--tokens 1 2 16 64 8192]
 """
 
 from __future__ import annotations
 
+import argparse
+import functools
 import os
 import sys
 
@@ -25,7 +28,12 @@ from moe_kernels import bench_ms, copy_bandwidth  # noqa: E402
 
 from triton_kernels.fp8_gemm import _cublas_takes, fp8_gemm, fp8_gemm_ref  # noqa: E402
 from triton_kernels.fp8_quant import quantize_activations, quantize_fp8  # noqa: E402
-from triton_kernels.fp8_weight_only import fp8_weight_only_gemm, fp8_weight_only_gemm_ref  # noqa: E402
+from triton_kernels.fp8_weight_only import (  # noqa: E402
+    GEMV_MAX_ROWS,
+    _launch,
+    fp8_weight_only_gemm,
+    fp8_weight_only_gemm_ref,
+)
 
 SHAPES = {"mlp gate_up": (24576, 4096), "mlp down": (4096, 12288), "attn qkv+gate": (10240, 4096),
           "gdn in_proj": (12352, 4096), "o / out_proj": (4096, 4096)}
@@ -48,21 +56,35 @@ def in_graph_ms(fn) -> float:
 def kernels(m: int, n: int, k: int) -> dict:
     """name -> (fn, reference) of the FP8 paths that serve m rows."""
     if m <= 64:
-        return {"weight-only": (fp8_weight_only_gemm, fp8_weight_only_gemm_ref)}
+        paths = {"weight-only": (fp8_weight_only_gemm, fp8_weight_only_gemm_ref)}
+        if m <= GEMV_MAX_ROWS:
+            paths.update({f"weight-only {kernel}": (functools.partial(one_kernel, kernel), fp8_weight_only_gemm_ref)
+                          for kernel in ("gemv", "dot")})
+        return paths
     paths = {"w8a8 triton": (lambda **kw: fp8_gemm(cublas=False, **kw), fp8_gemm_ref)}
     if _cublas_takes(n, k, torch.device("cuda")):
         paths["w8a8 cublas"] = (lambda **kw: fp8_gemm(cublas=True, **kw), fp8_gemm_ref)
     return paths
 
 
+def one_kernel(kernel: str, *, x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor) -> torch.Tensor:
+    """The weight-only GEMM through one of its kernels ("gemv" or "dot"), whichever the dispatch would pick."""
+    y = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+    _launch(x, weight, weight_scale_inv, None, y, kernel)
+    return y
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, nargs="+", default=TOKENS)
+    tokens = ap.parse_args().tokens
     copy_bw = copy_bandwidth()
     print(f"copy bandwidth {copy_bw / 1e12:.2f} TB/s\n")
     print("| layer | N x K | M | path | bf16 ms | fp8 ms | bf16 / fp8 | fp8 % copy BW | bf16 % copy BW | fp8 TFLOP/s | "
           "bf16 TFLOP/s | fp8 vs ref |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, n, k, q, s, w16 in layer_weights():
-        for m in TOKENS:
+        for m in tokens:
             x = torch.randn(m, k, device="cuda").bfloat16()
             # decode sizes run back to back inside a CUDA graph, as decode runs them
             timed = in_graph_ms if m <= 64 else bench_ms
@@ -78,6 +100,8 @@ def main() -> None:
                 print(f"| {name} | {n} x {k} | {m} | {path} | {t16:.4f} | {t8:.4f} | {t16 / t8:.2f} | "
                       f"{100 * bytes8 / (t8 * 1e-3) / copy_bw:.0f} | {100 * bytes16 / (t16 * 1e-3) / copy_bw:.0f} | "
                       f"{flops / (t8 * 1e-3) / 1e12:.0f} | {flops / (t16 * 1e-3) / 1e12:.0f} | {err:.1e} |")
+    if max(tokens) <= 64:
+        return
     x = torch.randn(8192, 4096, device="cuda").bfloat16()
     t = bench_ms(lambda: quantize_activations(x))
     print(f"\nactivation quantization of 8192 x 4096 bf16: {t:.4f} ms, "

@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [fault_f|last_e|final_e|verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [g1|g2|fault_f|last_e|final_e|verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -171,6 +171,52 @@ for part in ${*:-tests}; do
       timeout 120 python3 bench/gdn_decode_norm.py 2>&1 | tee "$OUT/gdn_decode_norm.md" | grep -E "^\||Error"
       timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_gdn_recurrent.py 2>&1 \
         | tee "$OUT/tests_gdn.log" | tail -4 ;;
+    g1)  # the CUDA tests of the race for top_p rows past the candidates, one bf16 fault check (fault_f's first run),
+      # the sampler's device time (peaked and flat rows; the race against the search alone), the FP8 GEMVs at HEAD
+      # and in .before/ (the tree before the folded block scales, carried), then the FP8 GEMVs' tests and a second
+      # fault check in what is left
+      group sampler 150 tests/kernels/test_sampling_kernels.py tests/gpu/test_sampler_cuda.py
+      gemv16() {  # gemv16 N: bench/moe_kernels.py bf16 with the 16-bit experts' GEMV choice on, in a fresh process
+        date +%T; timeout 60 python3 bench/with_flags.py triton_kernels.fused_moe.GEMV_16BIT=True -- \
+          bench/moe_kernels.py --no-tune --no-profile --models 35B --tokens 1 2 4 8 2>&1 \
+          | tee "$OUT/moe_bf16_gemv16_$1.md" | grep -E "^\||Error" | head -8
+      }
+      gemv16 1
+      for scale in 4 0.5; do
+        timeout 50 python3 bench/sampler_kernels.py --scale $scale --batch 1 64 2>&1 \
+          | tee "$OUT/sampler_kernels_scale$scale.md" | grep -E "^\||copy|Error"
+      done
+      for tree in . .before; do
+        date +%T; timeout 40 python3 $tree/bench/fp8_kernels.py --tokens 1 2>&1 | tee "$OUT/fp8_kernels${tree#.}.md" \
+          | grep -E "^\||copy|Error"
+        timeout 40 python3 $tree/bench/moe_down_variants.py --experts fp8 --tokens 1 8 2>&1 \
+          | tee "$OUT/moe_down_variants${tree#.}.md" | grep -E "^\||copy|Error" | grep -v "slot loop | {"
+      done
+      left=$((490 - SECONDS)); [ $left -gt 20 ] && group fp8 $left tests/kernels/test_moe_gemv.py \
+        tests/kernels/test_fp8_gemm.py::test_weight_only_gemv_matches_reference \
+        tests/kernels/test_fp8_gemm.py::test_weight_only_matches_reference
+      [ $((550 - SECONDS)) -gt 60 ] && gemv16 2
+      date +%T ;;
+    g2)  # end to end: 9B greedy against top_p 0.9 alone (flat rows: the race) at batch 1 / 32 / 64, 9B FP8 batch 1,
+      # 35B-A3B bf16 batch 1 with the 16-bit experts' GEMV choice off and on, 35B-A3B FP8 (experts too) batch 1;
+      # then the FP8 models' and the families' CUDA tests in what is left
+      offline greedy_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128
+      offline t07p09_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 --sampling temperature=0.7 \
+        --sampling top_p=0.9
+      offline fp8_9b qwen3_5-9b-text --batch 1 --prompt 1024 --output 128 --engine-arg quantization=fp8
+      for on in False True; do
+        date +%T; timeout 100 python3 bench/with_flags.py triton_kernels.fused_moe.GEMV_16BIT=$on -- bench/offline.py \
+          --config configs/qwen3_5-35b-a3b-text --batch 1 --prompt 512 --output 128 --skip-hf \
+          --out "$OUT/offline_bf16_35b_b1_gemv16_$on.json" 2>&1 | quiet | tee "$OUT/offline_bf16_35b_b1_gemv16_$on.md" \
+          | grep -E "^# |^\| 1 \| 512|fastest" | head -6
+      done
+      offline fp8_35b_b1 qwen3_5-35b-a3b-text --batch 1 --prompt 512 --output 128 --engine-arg quantization=fp8 \
+        --engine-arg enable_fp8_experts=true
+      left=$((555 - SECONDS)); [ $left -gt 30 ] && group models $left \
+        "tests/gpu/test_fp8_cuda.py::test_cuda_fp8_matches_the_cpu_reference[fp8]" \
+        tests/gpu/test_fp8_cuda.py::test_cuda_fp8_experts_match_the_cpu_reference tests/gpu/test_fused_moe_cuda.py \
+        tests/gpu/test_model_cuda.py
+      date +%T ;;
     fault_f)  # prepared, not run: the bf16 fault of 2026-12-02e call2 with graph_time synchronizing first (2efcd6a):
       # bench/moe_kernels.py with the 16-bit experts' GEMV choice on, in three fresh processes, then the fault probe
       for n in 1 2 3; do

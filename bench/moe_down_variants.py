@@ -4,7 +4,7 @@ bf16 and FP8 experts, both ways it can run: the tensor-core kernels ("dot") and 
 replays, L2 flushed; errors against the float32 reference. (Its first run, in
 bench/results/2026-12-02e/call1, also timed the down GEMV of a program per slot that this one replaced.)
 
-    PYTHONPATH=. python bench/moe_down_variants.py [--tokens 1 2 4 8]
+    PYTHONPATH=. python bench/moe_down_variants.py [--tokens 1 2 4 8] [--experts bf16 fp8]
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ def bytes_moved(kw: dict) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--experts", nargs="+", choices=["bf16", "fp8"], default=["bf16", "fp8"])
     args = ap.parse_args()
     copy_bw = copy_bandwidth()
     print(f"copy bandwidth {copy_bw / 1e12:.2f} TB/s\n")
@@ -39,7 +40,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     e, k, h, i = SHAPES["Qwen3.5-35B-A3B"]
     ups, downs = moe_gemv.tuned_configs()
-    for fp8 in (False, True):
+    for fp8 in [experts == "fp8" for experts in args.experts]:
         for tokens in args.tokens:
             kw = problem(e, k, h, i, tokens, seed=tokens, fp8=fp8)
             ref = moe.fused_moe_ref(**{n: v.float() if torch.is_tensor(v) and v.dtype == torch.bfloat16 else v
