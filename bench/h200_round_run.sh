@@ -173,9 +173,8 @@ for part in ${*:-tests}; do
         | tee "$OUT/tests_gdn.log" | tail -4 ;;
     g1)  # the CUDA tests of the race for top_p rows past the candidates, one bf16 fault check (fault_f's first run),
       # the sampler's device time (peaked and flat rows; the race against the search alone), the FP8 GEMVs at HEAD
-      # and in .before/ (the tree before the folded block scales, carried), then the FP8 GEMVs' tests and a second
-      # fault check in what is left
-      group sampler 150 tests/kernels/test_sampling_kernels.py tests/gpu/test_sampler_cuda.py
+      # and in .before/ (the tree before the folded block scales, carried), then a second fault check if time is left
+      group sampler 120 tests/kernels/test_sampling_kernels.py tests/gpu/test_sampler_cuda.py
       gemv16() {  # gemv16 N: bench/moe_kernels.py bf16 with the 16-bit experts' GEMV choice on, in a fresh process
         date +%T; timeout 60 python3 bench/with_flags.py triton_kernels.fused_moe.GEMV_16BIT=True -- \
           bench/moe_kernels.py --no-tune --no-profile --models 35B --tokens 1 2 4 8 2>&1 \
@@ -187,19 +186,16 @@ for part in ${*:-tests}; do
           | tee "$OUT/sampler_kernels_scale$scale.md" | grep -E "^\||copy|Error"
       done
       for tree in . .before; do
-        date +%T; timeout 40 python3 $tree/bench/fp8_kernels.py --tokens 1 2>&1 | tee "$OUT/fp8_kernels${tree#.}.md" \
+        date +%T; timeout 60 python3 $tree/bench/fp8_kernels.py --tokens 1 2>&1 | tee "$OUT/fp8_kernels${tree#.}.md" \
           | grep -E "^\||copy|Error"
-        timeout 40 python3 $tree/bench/moe_down_variants.py --experts fp8 --tokens 1 8 2>&1 \
+        timeout 45 python3 $tree/bench/moe_down_variants.py --experts fp8 --tokens 1 8 2>&1 \
           | tee "$OUT/moe_down_variants${tree#.}.md" | grep -E "^\||copy|Error" | grep -v "slot loop | {"
       done
-      left=$((490 - SECONDS)); [ $left -gt 20 ] && group fp8 $left tests/kernels/test_moe_gemv.py \
-        tests/kernels/test_fp8_gemm.py::test_weight_only_gemv_matches_reference \
-        tests/kernels/test_fp8_gemm.py::test_weight_only_matches_reference
       [ $((550 - SECONDS)) -gt 60 ] && gemv16 2
       date +%T ;;
     g2)  # end to end: 9B greedy against top_p 0.9 alone (flat rows: the race) at batch 1 / 32 / 64, 9B FP8 batch 1,
       # 35B-A3B bf16 batch 1 with the 16-bit experts' GEMV choice off and on, 35B-A3B FP8 (experts too) batch 1;
-      # then the FP8 models' and the families' CUDA tests in what is left
+      # then the FP8 GEMVs', the FP8 models' and the families' CUDA tests in what is left
       offline greedy_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128
       offline t07p09_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 --sampling temperature=0.7 \
         --sampling top_p=0.9
@@ -212,7 +208,9 @@ for part in ${*:-tests}; do
       done
       offline fp8_35b_b1 qwen3_5-35b-a3b-text --batch 1 --prompt 512 --output 128 --engine-arg quantization=fp8 \
         --engine-arg enable_fp8_experts=true
-      left=$((555 - SECONDS)); [ $left -gt 30 ] && group models $left \
+      left=$((555 - SECONDS)); [ $left -gt 30 ] && group models $left tests/kernels/test_moe_gemv.py \
+        tests/kernels/test_fp8_gemm.py::test_weight_only_gemv_matches_reference \
+        tests/kernels/test_fp8_gemm.py::test_weight_only_matches_reference \
         "tests/gpu/test_fp8_cuda.py::test_cuda_fp8_matches_the_cpu_reference[fp8]" \
         tests/gpu/test_fp8_cuda.py::test_cuda_fp8_experts_match_the_cpu_reference tests/gpu/test_fused_moe_cuda.py \
         tests/gpu/test_model_cuda.py
