@@ -9,9 +9,9 @@ forward still runs, so device time is what a step pays). A call that waits for t
 back": top_p without top_k reads back which rows need the full sort) is timed with its wait. "served" is
 the kernel path as runner/sampler.py's settings are; the next columns change one setting: the
 candidates by torch.topk or through the group maxima (top_logits) at every batch size, and top_p rows
-past the candidates read back and sorted instead of found on the device (--scale 0.5 gives flat rows, whose top_p
-boundary lies past the candidates), those rows always searched by top_p_bound instead of first raced (top_p_race),
-and 1024 candidates before a top_p row is searched instead of SEARCHED_CANDIDATES.
+without top_k taking candidates and, past them, a search (top_p_bound) instead of the race (top_p_race), or read
+back and sorted (--scale 0.5 gives flat rows, whose top_p boundary lies past the candidates), and 1024 candidates
+before such a row is searched instead of SEARCHED_CANDIDATES (the last two without the race).
 The bytes column is the least the kernel path moves: the logits read three times (row statistics,
 torch.topk's candidates, draw), the noise written and read; % copy is against a device-to-device copy in the same
 run.
@@ -84,9 +84,9 @@ def main() -> None:
 # the served sampler with one of runner/sampler.py's settings changed
 VARIANTS = {"torch.topk candidates": {"GROUP_CANDIDATES_MIN_ROWS": 1 << 30},
             "group candidates": {"GROUP_CANDIDATES_MIN_ROWS": 1},
+            "top_p candidates, searched (no race)": {"TOP_P_RACE_CANDIDATES": 0},
             "top_p read back": {"READBACK_FREE_TOP_P": False},
-            "top_p searched (no race)": {"TOP_P_RACE_CANDIDATES": 0},
-            "1024 searched candidates": {"SEARCHED_CANDIDATES": 1024}}
+            "1024 searched candidates": {"SEARCHED_CANDIDATES": 1024, "TOP_P_RACE_CANDIDATES": 0}}
 
 
 def switched(sampler: Sampler, setting: dict, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:

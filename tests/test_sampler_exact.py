@@ -175,13 +175,15 @@ def test_kernel_draws_in_mixed_batches():
 
 
 @interpreted
-@pytest.mark.parametrize("candidates", [16, 1024])  # 16: top_p rows past the candidates take the full sort
-def test_group_candidates_give_the_torch_draws(candidates, monkeypatch):
-    """The candidates found through the group maxima (GROUP_CANDIDATES_MIN_ROWS) draw what the torch path draws."""
+@pytest.mark.parametrize("candidates,race", [(16, 8), (16, 0), (1024, 0)])  # 16: top_p rows past the candidates
+def test_group_candidates_give_the_torch_draws(candidates, race, monkeypatch):
+    """The candidates found through the group maxima (GROUP_CANDIDATES_MIN_ROWS) draw what the torch path draws.
+    Top_p rows without top_k take none when they race (TOP_P_RACE_CANDIDATES), so top_k's 16 are the candidates."""
     from hybrid_sgl.runner import sampler as sampler_module
 
     calls = []
     monkeypatch.setattr(sampler_module, "GROUP_CANDIDATES_MIN_ROWS", 1)
+    monkeypatch.setattr(sampler_module, "TOP_P_RACE_CANDIDATES", race)
     monkeypatch.setattr(sampler_module, "top_logits", lambda **kw: calls.append(kw["k"]) or top_logits(**kw))
     rows, vocab = 12, 2048
     logits = (torch.randn(rows, vocab, generator=torch.Generator().manual_seed(candidates)) * 3).bfloat16().float()

@@ -20,11 +20,10 @@ top_p times the total, where the two sum in a different order).
 On CUDA (`kernels=True`) the same boundary is found in logit space (the order of the logits is that of
 the probabilities; ties are exact in both) and two Triton kernels (triton_kernels/sampling.py) take
 the row statistics and the draw, each in one read of the row, instead of materializing the
-probabilities and the [n, V] masks. There a top_p row past its SEARCHED_CANDIDATES is resolved on the device
-instead of by the read-back and the sort (READBACK_FREE_TOP_P), so no draw waits for the device: its race
-runs over every token, and the winner over the kept ones is the first of the race's best-scoring tokens that
-top-p keeps (one read of the row tells which are kept: TOP_P_RACE_CANDIDATES). Where none of those is kept,
-the boundary comes from a radix search and the row draws again.
+probabilities and the [n, V] masks. There a top_p row without top_k takes no candidates and nothing is read
+back (READBACK_FREE_TOP_P, TOP_P_RACE_CANDIDATES): its race runs over every token, and the winner over the kept
+ones is the first of the race's best-scoring tokens that top-p keeps (one read of the row tells which are kept).
+Where none of those is kept, the boundary comes from a radix search on the device and the row draws again.
 """
 
 from __future__ import annotations
@@ -58,9 +57,10 @@ GROUP_CANDIDATES_MIN_ROWS = 32
 # (triton_kernels/sampling.py: top_p_bound, a radix search over the row) instead of reading those rows back
 # and sorting them, which stops the overlap schedule in every batch with a top_p-only row
 READBACK_FREE_TOP_P = True
-# kernels, with READBACK_FREE_TOP_P: such a row first takes the winner of its race from the race's best-scoring
-# tokens (this many; triton_kernels/sampling.py: top_p_race), one read of the row for all of them, and is searched
-# only where none of them is kept (on a flat top_p 0.9 row each is kept with probability ~0.9). 0: always searched
+# kernels, with READBACK_FREE_TOP_P: a top_p row without top_k takes no candidates; it races over its whole row and
+# keeps the first of the race's best-scoring tokens (this many; triton_kernels/sampling.py: top_p_race) that top-p
+# keeps, one read of the row for all of them, and is searched only where none of them is kept (each is kept with
+# probability about top_p). 0: candidates, and the search past them
 TOP_P_RACE_CANDIDATES = 8
 
 
@@ -247,13 +247,16 @@ def _prefix_bound(keys: torch.Tensor, weights: torch.Tensor, top_k: torch.Tensor
 
 def _draw_with_kernels(sub: torch.Tensor, params: BatchParams, candidates: int) -> torch.Tensor:
     """sub: [n, V] float32 logits of the sampled rows. The token each row draws [n] int64: the boundary
-    of top-k / top-p among the largest logits (for a top_p row without top_k whose kept mass reaches past
-    them: searched by a kernel over its whole row with READBACK_FREE_TOP_P, else read back and fully sorted),
-    then the Triton draw."""
+    of top-k / top-p among the largest logits, then the Triton draw. A top_p row without top_k instead races
+    over its whole row and keeps the first of the race's best tokens that top-p keeps (_draw_racing_top_p_rows,
+    with READBACK_FREE_TOP_P and TOP_P_RACE_CANDIDATES); without the race its boundary comes from the candidates,
+    and where its kept mass reaches past them, from a kernel's search over its whole row with READBACK_FREE_TOP_P,
+    else from the row read back and fully sorted."""
     n, vocab = sub.shape
     temperature = params.temperature[:, 0]
-    filters = bool(params.max_top_k or params.any_top_p)
-    k = params.num_candidates(vocab, candidates)
+    race = bool(READBACK_FREE_TOP_P and TOP_P_RACE_CANDIDATES and params.any_top_p_only)
+    k = min(vocab, params.max_top_k) if race else params.num_candidates(vocab, candidates)
+    filters = bool(params.max_top_k or (params.any_top_p and not race))  # some row's boundary from the candidates
     group_max = None
     if n >= GROUP_CANDIDATES_MIN_ROWS and filters and 4 * k * GROUP <= vocab:
         group_max = torch.empty(n, -(-vocab // GROUP), dtype=torch.float32, device=sub.device)
@@ -265,45 +268,45 @@ def _draw_with_kernels(sub: torch.Tensor, params: BatchParams, candidates: int) 
         keys = sub.topk(k, dim=-1).values if group_max is None else top_logits(logits=sub, group_max=group_max, k=k)
         weights = torch.exp(keys / params.temperature - row_max[:, None])  # probabilities times the row's mass
         count, bound, need = _prefix_bound(keys, weights, params.top_k, params.top_p, params.top_p_only,
-                                           mass[:, None] if params.any_top_p_only else None)
+                                           mass[:, None] if params.any_top_p_only and not race else None)
         bound = bound.masked_fill(params.no_k_or_p, float("-inf"))
         need = need.masked_fill(params.no_k_or_p, 0)
-        if params.any_top_p_only and k < vocab:
+        if params.any_top_p_only and k < vocab and not race:
             past = params.top_p_only & (count[:, 0] == k)  # every candidate kept: the boundary may lie beyond
             if params.any_min_p:
                 past &= weights[:, -1] >= params.min_p[:, 0]  # unless min-p already stops inside the candidates
-            target = params.top_p[:, 0] * mass
-            if READBACK_FREE_TOP_P and TOP_P_RACE_CANDIDATES:
-                return _draw_past_rows_by_race(sub, params, row_max, target, bound, need, past)
             # those rows searched on the device, or (the reference) read back and fully sorted: a host sync in
             # every batch with a top_p-only row
             (top_p_bound if READBACK_FREE_TOP_P else top_p_bound_ref)(
-                logits=sub, temperature=temperature, row_max=row_max, target=target, flag=past,
+                logits=sub, temperature=temperature, row_max=row_max, target=params.top_p[:, 0] * mass, flag=past,
                 bound=bound.view(-1), need=need.view(-1))
+    if race:
+        return _draw_racing_top_p_rows(sub, params, row_max, mass, bound, need, ties=filters)
     return draw_kept(logits=sub, noise=_noise(sub, params), temperature=temperature, row_max=row_max,
                      bound=bound, need=need, min_p=params.min_p, ties=filters)
 
 
-def _draw_past_rows_by_race(sub: torch.Tensor, params: BatchParams, row_max: torch.Tensor, target: torch.Tensor,
-                            bound: torch.Tensor, need: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
-    """_draw_with_kernels' draw where top_p rows (`past` [n] bool) keep more than the candidates: those rows race
-    over every token (bound -inf), and their winner is the first of the race's TOP_P_RACE_CANDIDATES best tokens
-    that top-p keeps, which is the winner of the race over the kept tokens (the same token as the boundary's
-    draw). Rows where none of them is kept get the boundary by the radix search and draw again; every kernel's
-    programs of the other rows return at once, so nothing waits for the device. sub: [n, V] float32 logits;
-    row_max, target: [n]; bound, need: [n, 1] the candidates' boundary."""
+def _draw_racing_top_p_rows(sub: torch.Tensor, params: BatchParams, row_max: torch.Tensor, mass: torch.Tensor,
+                            bound: torch.Tensor, need: torch.Tensor, ties: bool) -> torch.Tensor:
+    """_draw_with_kernels' draw where top_p rows without top_k (params.top_p_only) race over every token (bound -inf):
+    the winner over the kept tokens is the first of the race's TOP_P_RACE_CANDIDATES best tokens that top-p keeps,
+    the token that the boundary's draw gives. Rows where none of them is kept get the boundary by the radix search
+    and draw again; every kernel's programs of the other rows return at once, so nothing waits for the device.
+    sub: [n, V] float32 logits; row_max, mass: [n] (row_stats); bound, need: [n, 1], the other rows' boundaries;
+    ties: some other row has a finite bound."""
     n, vocab = sub.shape
-    temperature, min_p = params.temperature[:, 0], params.min_p[:, 0]
+    temperature, min_p, racing = params.temperature[:, 0], params.min_p[:, 0], params.top_p_only
+    target = params.top_p[:, 0] * mass
     noise = _noise(sub, params)
-    bound = bound.masked_fill(past[:, None], float("-inf"))
-    need = need.masked_fill(past[:, None], 0)
+    bound = bound.masked_fill(racing[:, None], float("-inf"))
+    need = need.masked_fill(racing[:, None], 0)
     group_best = torch.empty(n, -(-vocab // GROUP), dtype=torch.float32, device=sub.device)
     drawn = draw_kept(logits=sub, noise=noise, temperature=temperature, row_max=row_max, bound=bound, need=need,
-                      min_p=min_p, group_best=group_best)
+                      min_p=min_p, ties=ties, group_best=group_best)
     token, found = top_p_race(logits=sub, noise=noise, temperature=temperature, row_max=row_max, target=target,
-                              min_p=min_p, flag=past, group_best=group_best, k=TOP_P_RACE_CANDIDATES)
+                              min_p=min_p, flag=racing, group_best=group_best, k=TOP_P_RACE_CANDIDATES)
     drawn = torch.where(found, token, drawn)
-    searched = past & ~found
+    searched = racing & ~found
     top_p_bound(logits=sub, temperature=temperature, row_max=row_max, target=target, flag=searched,
                 bound=bound.view(-1), need=need.view(-1))
     again = draw_kept(logits=sub, noise=noise, temperature=temperature, row_max=row_max, bound=bound, need=need,
