@@ -257,9 +257,11 @@ def _combine(out_rows: torch.Tensor, t: int, k: int, shared: torch.Tensor | None
 
 UNSORTED_MAX_ROWS = 32
 GEMV_MAX_ROWS = 64  # past this the tensor-core kernels serve (35B-A3B's 9 slots: bf16 GEMVs lost at T = 8)
-# 16-bit experts choose between the two paths too. Off: bench/moe_kernels.py faulted (illegal address) while
-# fastest.py timed the bf16 paths, in 2026-12-02e call2 as in two calls of 2026-12-02 (c); not understood
-GEMV_16BIT = False
+# 16-bit experts choose between the two paths too (35B-A3B bf16 batch-1 decode 349 -> 364 tok/s on the H200,
+# bench/results/2026-12-02f). It was off while bench/moe_kernels.py faulted (illegal address) as fastest.py timed
+# the bf16 paths, in three calls; since fastest.graph_time synchronizes before timing on its own stream (2efcd6a)
+# the same bench ran clean in two fresh processes (2026-12-02f call1)
+GEMV_16BIT = True
 
 
 def _gemm_configs(num_rows: int, num_experts: int, dtype: torch.dtype, device: torch.device) -> tuple[dict, dict]:

@@ -1,8 +1,9 @@
 """The fused MoE for a few tokens as expert GEMVs on the CUDA cores: out[t] = sum_j w[t, j] * y_{e(t, j)}(x[t])
-(+ the shared expert), the contract of fused_moe.py. Its dispatcher runs this for FP8 experts (16-bit
-ones too with fused_moe.GEMV_16BIT, off) where it timed faster than the tensor-core kernels at the shape
-(fastest.py). On the H200 at the 35B-A3B shape it is the faster for FP8 experts up to T = 8 and for bf16
-at T = 1 to 4 (bench/results/2026-12-02e/call1/moe_down_variants.md).
+(+ the shared expert), the contract of fused_moe.py. Its dispatcher runs this for FP8 and 16-bit experts
+(fused_moe.GEMV_16BIT) where it timed faster than the tensor-core kernels at the shape (fastest.py). On the
+H200 at the 35B-A3B shape it is the faster for FP8 experts up to T = 8 and for bf16 at T = 1 to 4
+(bench/results/2026-12-02e/call1/moe_down_variants.md; in decode warm-ups the bf16 choice at T = 4 has
+gone either way, the two within a few per cent).
 
 With few tokens (decode at small batch) each (token, slot) assignment a = t * k + j has an expert of its
 own, so each is one matrix-vector product per GEMM. The tensor-core kernels pad that row to 16 and walk
