@@ -5,13 +5,10 @@ argmax, at batch 1 / 32 / 64, with the parts of the Triton draw timed alone.
 
 Device time: the calls are queued behind a 50 ms sleep kernel, so the GPU runs them back to back and
 the host's launch time does not count (in serving, the overlap schedule launches sampling while the
-forward still runs, so device time is what a step pays). A call that waits for the device ("top_p read
-back": top_p without top_k reads back which rows need the full sort) is timed with its wait. "served" is
-the kernel path as runner/sampler.py's settings are; the next columns change one setting: the
-candidates by torch.topk or through the group maxima (top_logits) at every batch size, and top_p rows
-without top_k taking candidates and, past them, a search (top_p_bound) instead of the race (top_p_race), or read
-back and sorted (--scale 0.5 gives flat rows, whose top_p boundary lies past the candidates), and 1024 candidates
-before such a row is searched instead of SEARCHED_CANDIDATES (the last two without the race).
+forward still runs, so device time is what a step pays). "served" is the kernel path as runner/sampler.py's
+settings are; the next columns change one setting: the top_k candidates by torch.topk or through the group
+maxima (top_logits) at every batch size, and 16 race candidates for top_p rows without top_k instead of
+TOP_P_RACE_CANDIDATES (--scale 0.5 gives flat rows, whose top_p boundary lies past any few hundred tokens).
 The bytes column is the least the kernel path moves: the logits read three times (row statistics,
 torch.topk's candidates, draw), the noise written and read; % copy is against a device-to-device copy in the same
 run.
@@ -84,9 +81,7 @@ def main() -> None:
 # the served sampler with one of runner/sampler.py's settings changed
 VARIANTS = {"torch.topk candidates": {"GROUP_CANDIDATES_MIN_ROWS": 1 << 30},
             "group candidates": {"GROUP_CANDIDATES_MIN_ROWS": 1},
-            "top_p candidates, searched (no race)": {"TOP_P_RACE_CANDIDATES": 0},
-            "top_p read back": {"READBACK_FREE_TOP_P": False},
-            "1024 searched candidates": {"SEARCHED_CANDIDATES": 1024, "TOP_P_RACE_CANDIDATES": 0}}
+            "race of 16": {"TOP_P_RACE_CANDIDATES": 16}}
 
 
 def switched(sampler: Sampler, setting: dict, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:

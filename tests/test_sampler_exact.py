@@ -175,15 +175,14 @@ def test_kernel_draws_in_mixed_batches():
 
 
 @interpreted
-@pytest.mark.parametrize("candidates,race", [(16, 8), (16, 0), (1024, 0)])  # 16: top_p rows past the candidates
-def test_group_candidates_give_the_torch_draws(candidates, race, monkeypatch):
+@pytest.mark.parametrize("candidates", [16, 1024])  # the torch path's; 16: its top_p rows take the full sort
+def test_group_candidates_give_the_torch_draws(candidates, monkeypatch):
     """The candidates found through the group maxima (GROUP_CANDIDATES_MIN_ROWS) draw what the torch path draws.
-    Top_p rows without top_k take none when they race (TOP_P_RACE_CANDIDATES), so top_k's 16 are the candidates."""
+    Top_p rows without top_k take none on the kernel path (they race), so top_k's 16 are its candidates."""
     from hybrid_sgl.runner import sampler as sampler_module
 
     calls = []
     monkeypatch.setattr(sampler_module, "GROUP_CANDIDATES_MIN_ROWS", 1)
-    monkeypatch.setattr(sampler_module, "TOP_P_RACE_CANDIDATES", race)
     monkeypatch.setattr(sampler_module, "top_logits", lambda **kw: calls.append(kw["k"]) or top_logits(**kw))
     rows, vocab = 12, 2048
     logits = (torch.randn(rows, vocab, generator=torch.Generator().manual_seed(candidates)) * 3).bfloat16().float()
@@ -199,16 +198,16 @@ def test_group_candidates_give_the_torch_draws(candidates, race, monkeypatch):
         torch.manual_seed(8)
         drawn[kernels] = sample(logits, reqs, (), candidates=candidates, kernels=kernels)
     assert torch.equal(drawn[True], drawn[False])
-    assert calls == ([16] if candidates == 16 else [])  # 4 * 1024 * GROUP > V: torch.topk
+    assert calls == [16]
 
 
 @interpreted
-@pytest.mark.parametrize("readback_free,race", [(True, 8), (True, 1), (True, 0), (False, 0)])
+@pytest.mark.parametrize("race", [8, 1])
 @pytest.mark.parametrize("name", ["top_p", "top_p_past_candidates", "seeded", "combined"])
-def test_top_p_past_the_candidates_gives_the_torch_draws(name, readback_free, race, monkeypatch):
-    """The rows past the candidates on the device (READBACK_FREE_TOP_P, served), with nothing read back: the winner
-    found among the race's best tokens (TOP_P_RACE_CANDIDATES; with 1, many rows fall back to the search), or
-    every such row searched; or read back and sorted."""
+def test_top_p_rows_race_to_the_torch_draws(name, race, monkeypatch):
+    """Top_p rows without top_k on the kernel path, with nothing read back: the winner found among the race's
+    best tokens (TOP_P_RACE_CANDIDATES; with 1, many rows fall back to the search and draw again), against the
+    torch path's boundary from its candidates or its full sort."""
     from hybrid_sgl.runner import sampler as sampler_module
 
     params, seed, candidates = CONFIGS[name]
@@ -220,10 +219,8 @@ def test_top_p_past_the_candidates_gives_the_torch_draws(name, readback_free, ra
         torch.manual_seed(5)
         with monkeypatch.context() as patch:
             if kernels:
-                patch.setattr(sampler_module, "READBACK_FREE_TOP_P", readback_free)
                 patch.setattr(sampler_module, "TOP_P_RACE_CANDIDATES", race)
-                if readback_free:
-                    patch.setattr(torch.Tensor, "nonzero", lambda *a, **k: pytest.fail("read back"))
+                patch.setattr(torch.Tensor, "nonzero", lambda *a, **k: pytest.fail("read back"))
             drawn[kernels] = sample(logits, reqs_of(params, rows, seed), (), candidates=candidates, kernels=kernels)
     assert torch.equal(drawn[True], drawn[False]), name
 

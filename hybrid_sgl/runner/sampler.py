@@ -17,13 +17,13 @@ generators in the same order, so a seed gives the same tokens through either fun
 float near-tie between two tokens' p / E, or a token whose preceding mass is within rounding of
 top_p times the total, where the two sum in a different order).
 
-On CUDA (`kernels=True`) the same boundary is found in logit space (the order of the logits is that of
-the probabilities; ties are exact in both) and two Triton kernels (triton_kernels/sampling.py) take
-the row statistics and the draw, each in one read of the row, instead of materializing the
-probabilities and the [n, V] masks. There a top_p row without top_k takes no candidates and nothing is read
-back (READBACK_FREE_TOP_P, TOP_P_RACE_CANDIDATES): its race runs over every token, and the winner over the kept
-ones is the first of the race's best-scoring tokens that top-p keeps (one read of the row tells which are kept).
-Where none of those is kept, the boundary comes from a radix search on the device and the row draws again.
+On CUDA (`kernels=True`) the top_k boundary is found in logit space (the order of the logits is that of
+the probabilities; ties are exact in both) and Triton kernels (triton_kernels/sampling.py) take the row
+statistics and the draw, each in one read of the row, instead of materializing the probabilities and the
+[n, V] masks. A top_p row without top_k takes no candidates there: its race runs over every token, and the
+winner over the kept tokens is the first of the race's best-scoring tokens that top-p keeps (one more read of
+the row tells which are kept; the same token as the boundary's draw). Where none of them is kept, the boundary
+comes from a radix search on the device and the row draws again. Nothing is read back to the host.
 """
 
 from __future__ import annotations
@@ -39,28 +39,20 @@ from triton_kernels.sampling import (
     row_stats,
     top_logits,
     top_p_bound,
-    top_p_bound_ref,
     top_p_race,
 )
 
-CANDIDATES = 1024  # tokens searched for a top_p boundary before a row falls back to the full sort
-# the same on CUDA with READBACK_FREE_TOP_P, where a row past its candidates is searched on the device: fewer
-# candidates cost less (on the H200 at batch 1 a top_p draw took 0.53 ms with 1024, a top_k 50 one 0.18), and
-# a peaked row's boundary stays within them
-SEARCHED_CANDIDATES = 128
+CANDIDATES = 1024  # the torch path: tokens searched for a top_p boundary before a row falls back to the full sort
 # kernels: batches of at least this many sampled rows find the candidates through the row statistics' group
 # maxima (triton_kernels/sampling.py: top_logits) instead of torch.topk over the vocabulary. Measured on the
 # H200 (9B, top_p 0.9 + top_k 50, decode tok/s against torch.topk's, two runs): +1.5 / +1.9 % at batch 64,
 # +0.4 / +0.4 % at 32, -0.5 / -1 % at 1
 GROUP_CANDIDATES_MIN_ROWS = 32
-# kernels: the boundary of top_p rows whose kept mass reaches past the candidates searched on the device
-# (triton_kernels/sampling.py: top_p_bound, a radix search over the row) instead of reading those rows back
-# and sorting them, which stops the overlap schedule in every batch with a top_p-only row
-READBACK_FREE_TOP_P = True
-# kernels, with READBACK_FREE_TOP_P: a top_p row without top_k takes no candidates; it races over its whole row and
-# keeps the first of the race's best-scoring tokens (this many; triton_kernels/sampling.py: top_p_race) that top-p
-# keeps, one read of the row for all of them, and is searched only where none of them is kept (each is kept with
-# probability about top_p). 0: candidates, and the search past them
+# kernels: a top_p row without top_k keeps the first of its race's this many best-scoring tokens that top-p keeps
+# (triton_kernels/sampling.py: top_p_race), and is searched (top_p_bound) only where none of them is (each is kept
+# with probability about top_p). On the H200 (9B vocabulary, top_p 0.9, batch 1 / 64) it took 0.16 / 0.36-0.41 ms
+# per step, where the 128 largest logits as candidates and the search past them took 0.52-0.62 / 0.83-1.06, and
+# reading those rows back to sort them 1.27-1.58 / 1.68-2.55 (bench/results/2026-12-02f/call1)
 TOP_P_RACE_CANDIDATES = 8
 
 
@@ -157,11 +149,11 @@ def sample(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, ...], mask
            params: BatchParams | None = None, candidates: int | None = None, kernels: bool = False) -> torch.Tensor:
     """logits: [N, V] float32 (not modified); mask: [N, ceil(V / 32)] int32 token bitmask on logits'
     device (constrained/bitmask.py), or None; params: BatchParams.build(reqs, V, device) when the caller
-    keeps it (Sampler); candidates: None for CANDIDATES (SEARCHED_CANDIDATES when the kernels search past
-    them); kernels: draw with the Triton kernels (CUDA, or the interpreter). Returns next token ids [N]
-    int64 on logits' device, drawn as sample_ref draws."""
+    keeps it (Sampler); candidates: the torch path's for top_p rows without top_k (None: CANDIDATES; the
+    kernels take none for them); kernels: draw with the Triton kernels (CUDA, or the interpreter). Returns
+    next token ids [N] int64 on logits' device, drawn as sample_ref draws."""
     if candidates is None:
-        candidates = SEARCHED_CANDIDATES if kernels and READBACK_FREE_TOP_P else CANDIDATES
+        candidates = CANDIDATES
     if params is None:
         params = BatchParams.build(reqs, logits.shape[-1], logits.device)
     assert len(params.reqs) == len(reqs) == logits.shape[0], f"{len(reqs)} requests for logits {tuple(logits.shape)}"
@@ -173,7 +165,7 @@ def sample(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, ...], mask
         return logits.argmax(dim=-1)
     sub = logits if params.rows is None else logits[params.rows]  # [n, V]
     if kernels:
-        drawn = _draw_with_kernels(sub.float().contiguous(), params, candidates)
+        drawn = _draw_with_kernels(sub.float().contiguous(), params)
     else:
         scores = _kept_probs(sub, reqs, params, candidates)
         drawn = (scores / _noise(scores, params)).argmax(dim=-1)
@@ -245,45 +237,30 @@ def _prefix_bound(keys: torch.Tensor, weights: torch.Tensor, top_k: torch.Tensor
     return count, bound, count - (keys > bound).sum(dim=-1, keepdim=True)
 
 
-def _draw_with_kernels(sub: torch.Tensor, params: BatchParams, candidates: int) -> torch.Tensor:
-    """sub: [n, V] float32 logits of the sampled rows. The token each row draws [n] int64: the boundary
-    of top-k / top-p among the largest logits, then the Triton draw. A top_p row without top_k instead races
-    over its whole row and keeps the first of the race's best tokens that top-p keeps (_draw_racing_top_p_rows,
-    with READBACK_FREE_TOP_P and TOP_P_RACE_CANDIDATES); without the race its boundary comes from the candidates,
-    and where its kept mass reaches past them, from a kernel's search over its whole row with READBACK_FREE_TOP_P,
-    else from the row read back and fully sorted."""
+def _draw_with_kernels(sub: torch.Tensor, params: BatchParams) -> torch.Tensor:
+    """sub: [n, V] float32 logits of the sampled rows. The token each row draws [n] int64: the boundary of
+    top-k (and top-p within it) among the largest logits, then the Triton draw; top_p rows without top_k race
+    (_draw_racing_top_p_rows)."""
     n, vocab = sub.shape
     temperature = params.temperature[:, 0]
-    race = bool(READBACK_FREE_TOP_P and TOP_P_RACE_CANDIDATES and params.any_top_p_only)
-    k = min(vocab, params.max_top_k) if race else params.num_candidates(vocab, candidates)
-    filters = bool(params.max_top_k or (params.any_top_p and not race))  # some row's boundary from the candidates
+    k = min(vocab, params.max_top_k)  # candidates for the top_k rows only
     group_max = None
-    if n >= GROUP_CANDIDATES_MIN_ROWS and filters and 4 * k * GROUP <= vocab:
+    if n >= GROUP_CANDIDATES_MIN_ROWS and k and 4 * k * GROUP <= vocab:
         group_max = torch.empty(n, -(-vocab // GROUP), dtype=torch.float32, device=sub.device)
     row_max, mass = row_stats(logits=sub, temperature=temperature, group_max=group_max)
-    if not filters:  # every finite logit
+    if not k:  # every finite logit
         bound, need = sub.new_full((n, 1), float("-inf")), torch.zeros(n, 1, dtype=torch.int64, device=sub.device)
     else:
         # [n, k] descending logits
         keys = sub.topk(k, dim=-1).values if group_max is None else top_logits(logits=sub, group_max=group_max, k=k)
         weights = torch.exp(keys / params.temperature - row_max[:, None])  # probabilities times the row's mass
-        count, bound, need = _prefix_bound(keys, weights, params.top_k, params.top_p, params.top_p_only,
-                                           mass[:, None] if params.any_top_p_only and not race else None)
+        _, bound, need = _prefix_bound(keys, weights, params.top_k, params.top_p, params.top_p_only, None)
         bound = bound.masked_fill(params.no_k_or_p, float("-inf"))
         need = need.masked_fill(params.no_k_or_p, 0)
-        if params.any_top_p_only and k < vocab and not race:
-            past = params.top_p_only & (count[:, 0] == k)  # every candidate kept: the boundary may lie beyond
-            if params.any_min_p:
-                past &= weights[:, -1] >= params.min_p[:, 0]  # unless min-p already stops inside the candidates
-            # those rows searched on the device, or (the reference) read back and fully sorted: a host sync in
-            # every batch with a top_p-only row
-            (top_p_bound if READBACK_FREE_TOP_P else top_p_bound_ref)(
-                logits=sub, temperature=temperature, row_max=row_max, target=params.top_p[:, 0] * mass, flag=past,
-                bound=bound.view(-1), need=need.view(-1))
-    if race:
-        return _draw_racing_top_p_rows(sub, params, row_max, mass, bound, need, ties=filters)
+    if params.any_top_p_only:
+        return _draw_racing_top_p_rows(sub, params, row_max, mass, bound, need, ties=bool(k))
     return draw_kept(logits=sub, noise=_noise(sub, params), temperature=temperature, row_max=row_max,
-                     bound=bound, need=need, min_p=params.min_p, ties=filters)
+                     bound=bound, need=need, min_p=params.min_p, ties=bool(k))
 
 
 def _draw_racing_top_p_rows(sub: torch.Tensor, params: BatchParams, row_max: torch.Tensor, mass: torch.Tensor,
@@ -292,8 +269,8 @@ def _draw_racing_top_p_rows(sub: torch.Tensor, params: BatchParams, row_max: tor
     the winner over the kept tokens is the first of the race's TOP_P_RACE_CANDIDATES best tokens that top-p keeps,
     the token that the boundary's draw gives. Rows where none of them is kept get the boundary by the radix search
     and draw again; every kernel's programs of the other rows return at once, so nothing waits for the device.
-    sub: [n, V] float32 logits; row_max, mass: [n] (row_stats); bound, need: [n, 1], the other rows' boundaries;
-    ties: some other row has a finite bound."""
+    sub: [n, V] float32 logits; row_max, mass: [n] (row_stats); bound, need: [n, 1], the top_k rows' boundaries
+    (-inf / 0 elsewhere); ties: some row has a finite bound."""
     n, vocab = sub.shape
     temperature, min_p, racing = params.temperature[:, 0], params.min_p[:, 0], params.top_p_only
     target = params.top_p[:, 0] * mass

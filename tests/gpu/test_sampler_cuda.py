@@ -18,8 +18,7 @@ VOCAB = 248_320
                                    {"temperature": 0.7, "top_k": 50, "top_p": 0.9, "min_p": 0.05}])
 @pytest.mark.parametrize("scale", [0.5, 4.0])  # flat rows (top_p past the candidates) and peaked ones
 @pytest.mark.parametrize("setting", [{}, {"GROUP_CANDIDATES_MIN_ROWS": 1 << 30},  # runner/sampler.py's, on 48 rows:
-                                     {"GROUP_CANDIDATES_MIN_ROWS": 1}, {"READBACK_FREE_TOP_P": False},  # else served
-                                     {"TOP_P_RACE_CANDIDATES": 0}, {"TOP_P_RACE_CANDIDATES": 1}])
+                                     {"GROUP_CANDIDATES_MIN_ROWS": 1}, {"TOP_P_RACE_CANDIDATES": 1}])  # else served
 def test_kernel_draws_are_the_torch_draws_at_the_real_vocabulary(knobs, scale, setting, monkeypatch):
     from hybrid_sgl.runner import sampler as sampler_module
 
