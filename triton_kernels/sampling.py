@@ -281,7 +281,7 @@ def _radix_choose(hist_ptr, prefix_ptr, above_ptr, target, row, n, num_chunks, b
     return prefix | (digit << shift), above + tl.sum(tl.where(o_r == digit, higher, 0.0), 0), digit
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])  # n rows: one compiled kernel for every batch size (warmed up at start)
 def _top_p_pass_kernel(l_ptr, l_stride, t_ptr, m_ptr, target_ptr, flag_ptr, hist_ptr, count_ptr, prefix_ptr,
                        above_ptr, n, vocab, num_chunks, p, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
                        BLOCK_C: tl.constexpr, RADIX: tl.constexpr, DIGIT_BITS: tl.constexpr, LAST: tl.constexpr):
@@ -326,7 +326,7 @@ def _top_p_pass_kernel(l_ptr, l_stride, t_ptr, m_ptr, target_ptr, flag_ptr, hist
             tl.store(count_ptr + (row * num_chunks + c) * RADIX + o_r, tl.sum(cnt, 0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _top_p_final_kernel(t_ptr, m_ptr, target_ptr, flag_ptr, hist_ptr, count_ptr, prefix_ptr, above_ptr, bound_ptr,
                         need_ptr, n, vocab, num_chunks, p, BLOCK_C: tl.constexpr, RADIX: tl.constexpr):
     """Program row, for a flagged row: the last digit, so the boundary's key; the bound is its value, and its

@@ -240,10 +240,10 @@ class ModelRunner:
     @torch.inference_mode()
     def _warm_up_sampler(self) -> None:
         """Sample at the largest batch the memory profile allowed for, once with every filter, a seeded
-        and a greedy row, once with temperature alone: the first sampled steps would otherwise compile
-        the sampling kernels (the draw with and without top-k / top-p, and the top_p search, which the flat
-        logits here reach), load torch's (topk, RNG) and grow the caching allocator by the [rows, V]
-        temporaries. The default generator is left as it was."""
+        and a greedy row, once with temperature alone, once with top_p alone: the first sampled steps would
+        otherwise compile the sampling kernels (the draw with and without top-k's ties, the top_p race and
+        its search), load torch's (topk, RNG) and grow the caching allocator by the [rows, V] temporaries.
+        The default generator is left as it was."""
         rows = min(self.plan.max_running_requests, self.args.max_running_requests or 256)
         knobs = [SamplingParams(temperature=0.7), SamplingParams(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05),
                  SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=0)]
@@ -252,8 +252,9 @@ class ModelRunner:
         reqs[min(2, rows - 1)].generator = torch.Generator(device=self.device).manual_seed(0)
         logits = torch.zeros(rows, self.config.vocab_size, device=self.device)  # flat: top_p past the candidates
         temperature_only = [Req(rid=f"warm-up-t{i}", prompt_ids=[0], params=knobs[0]) for i in range(rows)]
+        top_p_only = [Req(rid=f"warm-up-p{i}", prompt_ids=[0], params=knobs[2]) for i in range(rows)]
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            for batch in (reqs, temperature_only):
+            for batch in (reqs, temperature_only, top_p_only):
                 Sampler()(logits, batch, self.config.eos_token_ids)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
