@@ -134,16 +134,12 @@ def _configs(shapes: list[tuple[int, int, int, int]]) -> list[triton.Config]:
 # Down: a program per (token, column block) streams every slot's rows, so the column blocks are narrow
 # (H / BLOCK_N programs per token) and the loop long (TOPK * I / (G * 128) steps); the tuned choice won
 # at every T of bench/results/2026-12-02e/call1/moe_down_variants.md, where no single config did.
-# The last two of each list are fewer, deeper steps for e4m3, whose call at T = 1 loses more to the chain of
-# dependent loads than to its bytes (bench/README.md, 2026-12-02 (f)); added after that round's calls, not yet
-# timed on a GPU (the tuner keeps whichever config is fastest).
 _up_tuned = triton.autotune(
-    configs=_configs([(4, 512, 4, 2), (8, 256, 4, 3), (8, 512, 4, 3), (16, 256, 4, 3), (4, 1024, 4, 2),
-                      (8, 512, 4, 4)]),
+    configs=_configs([(4, 512, 4, 2), (8, 256, 4, 3), (8, 512, 4, 3), (16, 256, 4, 3)]),
     key=["H", "I", "ROWS_BUCKET", "TOPK", "GATED", "FP8_W"], do_bench=graph_time)(_up_gemv_kernel)
 _down_tuned = triton.autotune(
     configs=_configs([(4, 256, 4, 3), (8, 256, 4, 3), (8, 512, 4, 3), (16, 256, 4, 4), (4, 512, 4, 4),
-                      (8, 128, 4, 4), (8, 512, 4, 5), (4, 512, 4, 5)]),
+                      (8, 128, 4, 4)]),
     key=["H", "I", "ROWS_BUCKET", "TOPK", "FP8_W", "HAS_SHARED", "HAS_GATE"], do_bench=graph_time)(_down_gemv_kernel)
 _INTERPRETER = dict(BLOCK_N=16, G=1, STAGES=1, num_warps=4)  # one config off CUDA (the interpreter cannot time configs)
 
