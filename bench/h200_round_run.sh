@@ -172,7 +172,8 @@ for part in ${*:-tests}; do
       timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_gdn_recurrent.py 2>&1 \
         | tee "$OUT/tests_gdn.log" | tail -4 ;;
     g1)  # the CUDA tests of the race for top_p rows past the candidates, one bf16 fault check (fault_f's first run),
-      # the sampler's device time (peaked and flat rows; the race against the search alone), the FP8 GEMVs at HEAD
+      # the sampler's device time (peaked and flat rows; at 488b802 also the race against the search, since removed),
+      # the FP8 GEMVs at HEAD
       # and in .before/ (the tree before the folded block scales, carried), then a second fault check if time is left
       group sampler 120 tests/kernels/test_sampling_kernels.py tests/gpu/test_sampler_cuda.py
       gemv16() {  # gemv16 N: bench/moe_kernels.py bf16 with the 16-bit experts' GEMV choice on, in a fresh process
