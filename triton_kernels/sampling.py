@@ -127,6 +127,13 @@ def row_stats(*, logits: torch.Tensor, temperature: torch.Tensor, group_max: tor
 
 
 @triton.jit
+def _weight(x, t, m):
+    """The race's weight of logit x: exp(x / T - m), the division rounded as torch rounds it. The draw, the race's
+    candidates and the search's boundary all take it from here, so they agree to the bit."""
+    return tl.exp(tl.math.div_rn(x, t) - m)
+
+
+@triton.jit
 def _chunk_end(flag_ptr, row, c, vocab, CHUNK: tl.constexpr, FLAGGED: tl.constexpr):
     """Where chunk c of the row ends; with FLAGGED, where it starts for a row whose flag is 0 (no loop steps)."""
     end = tl.minimum(c * CHUNK + CHUNK, vocab)
@@ -174,7 +181,7 @@ def _draw_kept_kernel(l_ptr, l_stride, e_ptr, e_stride, t_ptr, m_ptr, bound_ptr,
         valid = start + o < vocab
         x = tl.load(l_ptr + row * l_stride + start + o, mask=valid, other=float("-inf"))
         e = tl.load(e_ptr + row * e_stride + start + o, mask=valid, other=1.0)
-        w = tl.exp(tl.math.div_rn(x, t) - m)
+        w = _weight(x, t, m)
         keep = x > bound
         if TIES:
             tie = (x == bound) & valid
@@ -339,7 +346,7 @@ def _top_p_final_kernel(t_ptr, m_ptr, target_ptr, flag_ptr, hist_ptr, count_ptr,
         o_c = tl.arange(0, BLOCK_C)
         ties = tl.sum(tl.load(count_ptr + (row * num_chunks + o_c) * RADIX + digit, mask=o_c < num_chunks, other=0), 0)
         b = _radix_value(key)
-        w_b = tl.exp(tl.math.div_rn(b, tl.load(t_ptr + row)) - tl.load(m_ptr + row))
+        w_b = _weight(b, tl.load(t_ptr + row), tl.load(m_ptr + row))
         room = tl.minimum((target - above) / w_b, vocab).to(tl.int32) + 1  # ties whose mass before fits
         tl.store(bound_ptr + row, b)
         tl.store(need_ptr + row, tl.maximum(tl.minimum(ties, room), 1).to(tl.int64))
@@ -411,7 +418,7 @@ def _race_candidates_kernel(l_ptr, l_stride, e_ptr, e_stride, t_ptr, m_ptr, min_
     valid = (g >= 0) & (ids < vocab)
     x = tl.load(l_ptr + row * l_stride + ids, mask=valid, other=float("-inf"))
     e = tl.load(e_ptr + row * e_stride + ids, mask=valid, other=1.0)
-    w = tl.exp(tl.math.div_rn(x, tl.load(t_ptr + row)) - tl.load(m_ptr + row))
+    w = _weight(x, tl.load(t_ptr + row), tl.load(m_ptr + row))
     score = tl.where(valid & (x > float("-inf")) & (w >= tl.load(min_p_ptr + row)), w / e, -1.0)
     ids = tl.where(valid, ids, vocab)  # past every real id
     for j in tl.static_range(K):
