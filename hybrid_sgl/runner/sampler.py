@@ -18,7 +18,7 @@ float near-tie between two tokens' p / E, or a token whose preceding mass is wit
 top_p times the total, where the two sum in a different order).
 
 On CUDA (`kernels=True`) the top_k boundary is found in logit space (the order of the logits is that of
-the probabilities; ties are exact in both) and Triton kernels (triton_kernels/sampling.py) take the row
+the probabilities; ties are exact in both) and Triton kernels (triton_kernels/sampling.py, top_p.py) take the row
 statistics and the draw, each in one read of the row, instead of materializing the probabilities and the
 [n, V] masks. A top_p row without top_k takes no candidates there: its race runs over every token, and the
 winner over the kept tokens is the first of the race's best-scoring tokens that top-p keeps (one more read of
@@ -33,14 +33,8 @@ from dataclasses import dataclass
 import torch
 
 from hybrid_sgl.scheduler.request import Req
-from triton_kernels.sampling import (
-    GROUP,
-    draw_kept,
-    row_stats,
-    top_logits,
-    top_p_bound,
-    top_p_race,
-)
+from triton_kernels.sampling import GROUP, draw_kept, row_stats, top_logits
+from triton_kernels.top_p import top_p_bound, top_p_race
 
 CANDIDATES = 1024  # the torch path: tokens searched for a top_p boundary before a row falls back to the full sort
 # kernels: batches of at least this many sampled rows find the candidates through the row statistics' group
@@ -49,7 +43,7 @@ CANDIDATES = 1024  # the torch path: tokens searched for a top_p boundary before
 # +0.4 / +0.4 % at 32, -0.5 / -1 % at 1
 GROUP_CANDIDATES_MIN_ROWS = 32
 # kernels: a top_p row without top_k keeps the first of its race's this many best-scoring tokens that top-p keeps
-# (triton_kernels/sampling.py: top_p_race), and is searched (top_p_bound) only where none of them is (each is kept
+# (triton_kernels/top_p.py: top_p_race), and is searched (top_p_bound) only where none of them is (each is kept
 # with probability about top_p). On the H200 (9B vocabulary, top_p 0.9, batch 1 / 64) it took 0.16 / 0.36-0.41 ms
 # per step, where the 128 largest logits as candidates and the search past them took 0.52-0.62 / 0.83-1.06, and
 # reading those rows back to sort them 1.27-1.58 / 1.68-2.55 (bench/results/2026-12-02f/call1)

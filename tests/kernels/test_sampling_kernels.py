@@ -1,4 +1,4 @@
-"""The sampling kernels against their torch references (interpreter on CPU), on rows that span
+"""The sampling kernels (sampling.py, top_p.py) against their torch references (interpreter on CPU), on rows that span
 several chunks (programs) and several blocks within a chunk, with ties that cross chunk and block
 edges, -inf (grammar-masked) logits, and min-p."""
 
@@ -12,11 +12,8 @@ from triton_kernels.sampling import (
     row_stats,
     row_stats_ref,
     top_logits,
-    top_p_bound,
-    top_p_bound_ref,
-    top_p_race,
-    top_p_race_ref,
 )
+from triton_kernels.top_p import top_p_bound, top_p_bound_ref, top_p_race, top_p_race_ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CHUNK = 64  # small chunks: several programs per row on the interpreter's small vocabularies
@@ -242,7 +239,7 @@ def test_top_p_race_counts_ties_before_by_id():
 
 
 SM90_SCRIPT = r'''
-from triton_kernels import sampling as s
+from triton_kernels import sampling as s, top_p as tp
 
 types = dict(l_ptr="*fp32", e_ptr="*fp32", t_ptr="*fp32", m_ptr="*fp32", mass_ptr="*fp32", bound_ptr="*fp32",
              need_ptr="*i64", min_p_ptr="*fp32", out_ptr="*i64", l_stride="i64", e_stride="i64")
@@ -257,17 +254,17 @@ for ties, best in ((False, False), (True, False), (True, True)):
     out[f"draw_kept ties {ties} group_best {best}"] = compile_sm90(s._draw_kept_kernel, types, dict(
         consts, TIES=ties, BLOCK_C=32, GROUP_BEST=best, GROUP=s.GROUP, FLAGGED=best), s.NUM_WARPS, 1)
 types.update(target_ptr="*fp32", groups_ptr="*i64", best_ptr="*fp32", token_ptr="*i64", found_ptr="*i8")
-out["race_candidates"] = compile_sm90(s._race_candidates_kernel, types, dict(K=8, GROUP=s.GROUP, TAKEN=8),
+out["race_candidates"] = compile_sm90(tp._race_candidates_kernel, types, dict(K=8, GROUP=s.GROUP, TAKEN=8),
                                       s.NUM_WARPS, 1)
-out["race_before"] = compile_sm90(s._race_before_kernel, types, dict(CHUNK=s.CHUNK, BLOCK=s.RACE_BLOCK, K=8),
+out["race_before"] = compile_sm90(tp._race_before_kernel, types, dict(CHUNK=s.CHUNK, BLOCK=tp.RACE_BLOCK, K=8),
                                   s.NUM_WARPS, 1)
-out["race_final"] = compile_sm90(s._race_final_kernel, types, dict(K=8, BLOCK_C=32), 1, 1)
+out["race_final"] = compile_sm90(tp._race_final_kernel, types, dict(K=8, BLOCK_C=32), 1, 1)
 top_p = dict(types, target_ptr="*fp32", flag_ptr="*i8", hist_ptr="*fp32", count_ptr="*i32", prefix_ptr="*i32",
              above_ptr="*fp32")
 for last in (False, True):
-    out[f"top_p_pass last {last}"] = compile_sm90(s._top_p_pass_kernel, top_p, dict(
-        CHUNK=s.CHUNK, BLOCK=s.BOUND_BLOCK, BLOCK_C=32, RADIX=16, DIGIT_BITS=4, LAST=last), s.NUM_WARPS, 1)
-out["top_p_final"] = compile_sm90(s._top_p_final_kernel, top_p, dict(BLOCK_C=32, RADIX=16), 1, 1)
+    out[f"top_p_pass last {last}"] = compile_sm90(tp._top_p_pass_kernel, top_p, dict(
+        CHUNK=s.CHUNK, BLOCK=tp.BOUND_BLOCK, BLOCK_C=32, RADIX=16, DIGIT_BITS=4, LAST=last), s.NUM_WARPS, 1)
+out["top_p_final"] = compile_sm90(tp._top_p_final_kernel, top_p, dict(BLOCK_C=32, RADIX=16), 1, 1)
 print(json.dumps(out))
 '''
 
