@@ -62,8 +62,10 @@ def main() -> None:
                                                              None, tiles=tiles)
 
             rows = [("dot", "", lambda kw=kw: moe._fused_moe_fwd(**kw, activation="silu", path="dot")),
-                    ("gemv", "tuned", gemvs()), ("one_launch", "tuned", one_launch())]
-            rows += [("one_launch", str(tiles), one_launch(tiles)) for tiles in moe_one_launch._TUNED_TILES]
+                    ("gemv", "tuned", gemvs())]
+            if moe_one_launch.supports(h, i, kw["topk_ids"].numel()):
+                rows += [("one_launch", "tuned", one_launch())]
+                rows += [("one_launch", str(tiles), one_launch(tiles)) for tiles in moe_one_launch._TUNED_TILES]
             if args.down_configs:
                 rows += [("gemv", str(c), gemvs(configs=(ups[0], c))) for c in downs]
             for path, config, call in rows:

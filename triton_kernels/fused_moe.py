@@ -17,12 +17,12 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from triton_kernels import moe_one_launch
 from triton_kernels.arrival_counters import arrival_counters, parts_scratch
 from triton_kernels.fastest import fastest
 from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8
 from triton_kernels.moe_epilogue import expert_activation, finish_combine, sum_slots_if_last
 from triton_kernels.moe_gemv import expert_gemvs
-from triton_kernels.moe_one_launch import one_launch_moe
 from triton_kernels.moe_sort import bins_for, locate_block, max_blocks, sort_by_expert
 
 
@@ -339,7 +339,7 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     if path in ("gemv", "one_launch"):
         assert defaults and rows <= GEMV_MAX_ROWS, f"the {path} path takes up to {GEMV_MAX_ROWS} assignments"
         _check_shared(shared, shared_gate, t, h)
-        gemvs = expert_gemvs if path == "gemv" else one_launch_moe
+        gemvs = expert_gemvs if path == "gemv" else moe_one_launch.one_launch_moe
         return gemvs(x, w13, w2, w13_scale, w2_scale, topk_weights.float().contiguous(), topk_ids, gated, shared,
                      shared_gate)
     if unsorted is None:
@@ -400,7 +400,8 @@ def _few_rows_path(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
         return {path: functools.partial(_fused_moe_fwd, x, w13, w2, topk_weights, topk_ids, activation, shared=shared,
                                         shared_gate=shared_gate, partial=partial, w13_scale=w13_scale,
                                         w2_scale=w2_scale, path=path)
-                for path in ("dot", "gemv", "one_launch")}
+                for path in ("dot", "gemv", "one_launch")
+                if path != "one_launch" or moe_one_launch.supports(x.shape[1], w2.shape[2], topk_ids.numel())}
 
     return fastest(key, runs) or "dot"
 

@@ -98,6 +98,17 @@ def _one_launch_kernel(x, w13, s13, w2, s2, inter, ids, topk_weights, parts, out
                           shared, shared_gate, stride_shared, stride_gate, TOPK, HAS_SHARED, HAS_GATE)
 
 
+MAX_K_BLOCKS = 16  # H and I up to 16 x 128: larger K makes single-row tiles and grids of 10^5 programs
+MAX_ROWS = 40  # assignments (T * k): measured up to 35B-A3B's T = 4 and Qwen3-Next-80B's (40)
+
+
+def supports(h: int, i: int, rows: int) -> bool:
+    """Whether one_launch_moe takes experts of hidden size h and intermediate size i for `rows` assignments.
+    (A Nemotron-H expert shape, H 2688 and I 1856, at T = 4: 109k programs of one-row tiles, did not finish
+    within a minute on the H200; the waits are bounded by the ticket order, so it was not shown to deadlock.)"""
+    return triton.cdiv(h, 128) <= MAX_K_BLOCKS and triton.cdiv(i, 128) <= MAX_K_BLOCKS and rows <= MAX_ROWS
+
+
 def _tile(k: int, elements: int) -> tuple[int, int]:
     """(rows, G) of a tile of about `elements` weights holding a whole K (G x 128 >= k): rows a power of two
     from 1 to 128, so that they lie in one FP8 scale block."""
@@ -133,6 +144,7 @@ def one_launch_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, s13: to
     caller (fused_moe.py). tiles: (up weights, down weights per program, warps) instead of the tuned ones."""
     (t, h), (e, _, i), k = x.shape, w2.shape, topk_ids.shape[1]
     rows = t * k
+    assert supports(h, i, rows), f"one launch takes H, I <= {128 * MAX_K_BLOCKS}, up to {MAX_ROWS} assignments"
     fp8 = s13 is not None
     s13, s2 = (s13, s2) if fp8 else (w13, w2)  # without FP8 the weights stand in, unread
     ids = topk_ids.reshape(-1).contiguous()

@@ -69,13 +69,15 @@ def test_few_token_paths_at_real_shapes(shape, num_tokens):
         pytest.skip("more assignments than the gemv path takes")
     exact = fused_moe_ref(**_float32(kw))
     ref_err = _rel_err(fused_moe_ref(**kw), exact)
-    for path in FEW_ROWS_PATHS:
+    paths = [p for p in FEW_ROWS_PATHS if p != "one_launch" or moe_one_launch.supports(*SHAPES[shape][2:4],
+                                                                                     kw["topk_ids"].numel())]
+    for path in paths:
         err = _rel_err(_fused_moe_fwd(**kw, path=path), exact)
         assert err < 1e-2 and err <= 1.5 * ref_err + 1e-3, f"{path}: {err:.2e} vs bf16 reference {ref_err:.2e}"
     for w in ("w13", "w2"):
         kw[w], kw[w + "_scale"] = quantize_fp8_stacked(kw[w])
     exact = fused_moe_ref(**{**_float32(kw), "w13": kw["w13"], "w2": kw["w2"]})  # e4m3 dequantized to float32
-    for path in FEW_ROWS_PATHS:
+    for path in paths:
         err = _rel_err(_fused_moe_fwd(**kw, path=path), exact)
         assert err < 1e-2, f"FP8 {path}: {err:.2e}"
 

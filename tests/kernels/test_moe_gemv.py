@@ -11,6 +11,7 @@ from triton_kernels.arrival_counters import MAX_COUNTERS, arrival_counters
 from triton_kernels.fp8_quant import quantize_fp8_stacked
 from triton_kernels.fused_moe import GEMV_MAX_ROWS, _fused_moe_fwd, fused_moe, fused_moe_ref
 from triton_kernels.moe_gemv import expert_gemvs
+from triton_kernels.moe_one_launch import MAX_ROWS, one_launch_moe, supports
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 H, I = 200, 136
@@ -99,3 +100,13 @@ def test_gemv_paths_refuse_many_rows(path):
     kw = _problem(GEMV_MAX_ROWS + 1, 1, "silu", seed=51)
     with pytest.raises(AssertionError, match=f"{path} path"):
         _fused_moe_fwd(**kw, activation="silu", path=path)
+
+
+def test_one_launch_refuses_what_it_does_not_take():
+    """Up to MAX_ROWS assignments, H and I up to 16 x 128; beyond, a clear refusal before any launch."""
+    assert supports(2048, 512, MAX_ROWS) and not supports(2048, 512, MAX_ROWS + 1)
+    assert not supports(2688, 1856, 6) and not supports(2048, 4096, 1)
+    kw = _problem(MAX_ROWS + 1, 1, "silu", seed=61)
+    with pytest.raises(AssertionError, match="one launch takes"):
+        one_launch_moe(kw["x"], kw["w13"], kw["w2"], None, None, kw["topk_weights"].float().contiguous(),
+                       kw["topk_ids"], True, None, None)
