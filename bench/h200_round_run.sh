@@ -171,9 +171,9 @@ for part in ${*:-tests}; do
       timeout 120 python3 bench/gdn_decode_norm.py 2>&1 | tee "$OUT/gdn_decode_norm.md" | grep -E "^\||Error"
       timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_gdn_recurrent.py 2>&1 \
         | tee "$OUT/tests_gdn.log" | tail -4 ;;
-    h2)  # where the few-token paths' test at the Nemotron-H expert shape, T = 4, stops (it did not finish in calls 1-2
-      # of 2026-12-02g): alone in a fresh process with a stack dump at 45 s, then with the one-launch tests before it;
-      # then h1's measurements at the 35B-A3B shape, whose tests passed
+    h2)  # ran at f6050ce (2026-12-02g call3; the one-launch MoE it measured was removed after it, 2.0x slower than
+      # the two launches): the few-token paths' test at the Nemotron-H expert shape, T = 4, which did not finish in
+      # calls 1-2, alone in a fresh process with a stack dump at 45 s, then after the 80B one; then h1's measurements
       for k in "nemotron_h_relu2-4" "qwen3_next_80b_a3b-4 or nemotron_h_relu2-4"; do
         date +%T; timeout 100 python3 -m pytest -v -x -p no:cacheprovider --timeout 45 tests/gpu/test_fused_moe_cuda.py \
           -k "few_token and ($k)" > "$OUT/tests_few_token_${k%% *}.log" 2>&1
@@ -189,8 +189,8 @@ for part in ${*:-tests}; do
           | grep -E "^\| 1 \| 512|fastest" | head -12
       done
       date +%T ;;
-    h1)  # the one-launch MoE (moe_one_launch.py): its CUDA tests first, under a timeout (its programs wait on each
-      # other), and only if they all pass: the few-token MoE at T 1-8 every way, then 35B-A3B FP8 and bf16 batch-1
+    h1)  # ran at 8d613e1 and f6050ce (2026-12-02g calls 1-2; the one-launch MoE, moe_one_launch.py, since removed):
+      # its CUDA tests first, under a timeout (its programs wait on each other), and only if they all pass: the few-token MoE at T 1-8 every way, then 35B-A3B FP8 and bf16 batch-1
       # decode at HEAD and in .before/ (the tree before, carried), then the MoE CUDA tests left
       group one_launch 150 tests/kernels/test_moe_gemv.py tests/gpu/test_fused_moe_cuda.py -k "one_launch or few_token"
       if grep -q " passed" "$OUT/tests_one_launch.log" && ! grep -qE "FAILED|ERROR|Timeout|[0-9]+ failed" \

@@ -1,11 +1,10 @@
 """The few-token fused MoE at the Qwen3.5-35B-A3B expert shape (the shared expert stacked: E 257, k 9),
-bf16 and FP8 experts, every way it can run: the tensor-core kernels ("dot"), the expert GEMVs in two
-launches (moe_gemv.py) and in one (moe_one_launch.py) as tuned, then the one launch with each tile the
-tuner tries (and, --down-configs, the two launches with the first up config and each down config).
-CUDA-graph replays, L2 flushed; errors against the float32 reference. (Its first run, in
+bf16 and FP8 experts, both ways it can run: the tensor-core kernels ("dot") and the expert GEMVs
+(moe_gemv.py) as tuned, then the GEMVs with the first up config and each down config. CUDA-graph
+replays, L2 flushed; errors against the float32 reference. (Its first run, in
 bench/results/2026-12-02e/call1, also timed the down GEMV of a program per slot that this one replaced.)
 
-    PYTHONPATH=. python bench/moe_down_variants.py [--tokens 1 2 4 8] [--experts bf16 fp8] [--down-configs]
+    PYTHONPATH=. python bench/moe_down_variants.py [--tokens 1 2 4 8] [--experts bf16 fp8]
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.moe_kernels import SHAPES, bench_ms, copy_bandwidth, graphed, problem, rel_err  # noqa: E402
 from triton_kernels import fused_moe as moe  # noqa: E402
-from triton_kernels import moe_gemv, moe_one_launch  # noqa: E402
+from triton_kernels import moe_gemv  # noqa: E402
 
 
 def bytes_moved(kw: dict) -> int:
@@ -34,12 +33,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--experts", nargs="+", choices=["bf16", "fp8"], default=["bf16", "fp8"])
-    ap.add_argument("--down-configs", action="store_true", help="also the two launches with each down config")
     args = ap.parse_args()
     copy_bw = copy_bandwidth()
     print(f"copy bandwidth {copy_bw / 1e12:.2f} TB/s\n")
-    print("| experts | T | path | config (one launch: up, down weights per program, warps) | us | % copy BW | "
-          "rel err vs ref |")
+    print("| experts | T | path | down config | us | % copy BW | rel err vs ref |")
     print("|---|---|---|---|---|---|---|")
     e, k, h, i = SHAPES["Qwen3.5-35B-A3B"]
     ups, downs = moe_gemv.tuned_configs()
@@ -56,18 +53,9 @@ def main() -> None:
                                                      kw.get("w2_scale"), weights, kw["topk_ids"], True, None, None,
                                                      configs=configs)
 
-            def one_launch(tiles=None, kw=kw, weights=weights):
-                return lambda: moe_one_launch.one_launch_moe(kw["x"], kw["w13"], kw["w2"], kw.get("w13_scale"),
-                                                             kw.get("w2_scale"), weights, kw["topk_ids"], True, None,
-                                                             None, tiles=tiles)
-
             rows = [("dot", "", lambda kw=kw: moe._fused_moe_fwd(**kw, activation="silu", path="dot")),
                     ("gemv", "tuned", gemvs())]
-            if moe_one_launch.supports(h, i, kw["topk_ids"].numel()):
-                rows += [("one_launch", "tuned", one_launch())]
-                rows += [("one_launch", str(tiles), one_launch(tiles)) for tiles in moe_one_launch._TUNED_TILES]
-            if args.down_configs:
-                rows += [("gemv", str(c), gemvs(configs=(ups[0], c))) for c in downs]
+            rows += [("gemv", str(c), gemvs(configs=(ups[0], c))) for c in downs]
             for path, config, call in rows:
                 err = rel_err(call(), ref)
                 ms = bench_ms(graphed(call))

@@ -17,7 +17,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from triton_kernels import moe_one_launch
 from triton_kernels.arrival_counters import arrival_counters, parts_scratch
 from triton_kernels.fastest import fastest
 from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8
@@ -303,10 +302,9 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     """fused_moe, with what the benchmarks vary. Launch configs (dicts of BLOCK_M/N/K, num_warps,
     num_stages); explicit ones take the sorted path unless `unsorted` says otherwise (None: unsorted up
     to UNSORTED_MAX_ROWS assignments with the default configs). path: "gemv" runs the few-token expert
-    GEMVs (moe_gemv.py; up to GEMV_MAX_ROWS assignments, nothing else varied), "one_launch" the same
-    products in one launch (moe_one_launch.py; the same limits), "dot" the tensor-core kernels above;
-    None: on CUDA up to GEMV_MAX_ROWS assignments of FP8 experts (or any, GEMV_16BIT), whichever of the
-    three timed fastest at this shape (fastest.py), else "dot"."""
+    GEMVs (moe_gemv.py; up to GEMV_MAX_ROWS assignments, nothing else varied), "dot" the tensor-core
+    kernels above; None: on CUDA up to GEMV_MAX_ROWS assignments of FP8 experts (or any, GEMV_16BIT),
+    whichever of the two timed faster at this shape (fastest.py), else "dot"."""
     if activation not in ("silu", "relu2"):
         raise ValueError(f"unsupported MoE activation {activation!r}; expected 'silu' or 'relu2'")
     gated = activation == "silu"
@@ -336,12 +334,11 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     if path is None and defaults and (fp8 or GEMV_16BIT) and rows <= GEMV_MAX_ROWS and x.is_cuda:
         path = _few_rows_path(x, w13, w2, topk_weights, topk_ids, activation, shared, shared_gate, partial,
                               w13_scale, w2_scale)
-    if path in ("gemv", "one_launch"):
-        assert defaults and rows <= GEMV_MAX_ROWS, f"the {path} path takes up to {GEMV_MAX_ROWS} assignments"
+    if path == "gemv":
+        assert defaults and rows <= GEMV_MAX_ROWS, f"the gemv path takes up to {GEMV_MAX_ROWS} assignments"
         _check_shared(shared, shared_gate, t, h)
-        gemvs = expert_gemvs if path == "gemv" else moe_one_launch.one_launch_moe
-        return gemvs(x, w13, w2, w13_scale, w2_scale, topk_weights.float().contiguous(), topk_ids, gated, shared,
-                     shared_gate)
+        return expert_gemvs(x, w13, w2, w13_scale, w2_scale, topk_weights.float().contiguous(), topk_ids, gated,
+                            shared, shared_gate)
     if unsorted is None:
         unsorted = rows <= UNSORTED_MAX_ROWS and up_config is None and down_config is None
     if unsorted:  # a few tokens: each assignment is its own row block, its expert read from topk_ids
@@ -391,8 +388,8 @@ def _few_rows_path(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
                    topk_ids: torch.Tensor, activation: str, shared: torch.Tensor | None,
                    shared_gate: torch.Tensor | None, partial: bool, w13_scale: torch.Tensor | None,
                    w2_scale: torch.Tensor | None) -> str:
-    """"dot", "gemv" or "one_launch" for a few tokens on CUDA: whichever ran this shape fastest, timed once
-    per shape (the first call comes in the decode graphs' warm-up, before capture); "dot" until timed."""
+    """"dot" or "gemv" for a few tokens on CUDA: whichever ran this shape faster, timed once per shape
+    (the first call comes in the decode graphs' warm-up, before capture); "dot" until timed."""
     key = ("fused_moe_few_rows", tuple(x.shape), tuple(w13.shape), tuple(topk_ids.shape), x.dtype, w13.dtype,
            activation, shared is not None, shared_gate is not None, partial, x.device)
 
@@ -400,8 +397,7 @@ def _few_rows_path(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
         return {path: functools.partial(_fused_moe_fwd, x, w13, w2, topk_weights, topk_ids, activation, shared=shared,
                                         shared_gate=shared_gate, partial=partial, w13_scale=w13_scale,
                                         w2_scale=w2_scale, path=path)
-                for path in ("dot", "gemv", "one_launch")
-                if path != "one_launch" or moe_one_launch.supports(x.shape[1], w2.shape[2], topk_ids.numel())}
+                for path in ("dot", "gemv")}
 
     return fastest(key, runs) or "dot"
 

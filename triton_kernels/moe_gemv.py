@@ -44,52 +44,45 @@ def _block_scaled(b_x, p_s, m_s, FP8_W: tl.constexpr):
 
 
 @triton.jit
-def up_rows(a, i_n, x, w13, s13, inter, ids, stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_inter, H, I,
-            E, TOPK: tl.constexpr, GATED: tl.constexpr, FP8_W: tl.constexpr, ROW_SCALES: tl.constexpr,
-            BLOCK_N: tl.constexpr, G: tl.constexpr, STAGES: tl.constexpr):
-    """inter[a, o_n] = act(w13[e] rows o_n (and I + o_n) . x[a // TOPK]) for the BLOCK_N rows of column block
-    i_n, e = ids[a]; nothing for e >= E (an expert held elsewhere). K tiles are G x 128 wide. FP8_W: x is
-    scaled per K block by the block scale of the rows, or (ROW_SCALES: the up rows I + o_n may straddle a
-    128-row block) each product by its row's."""
-    tl.static_assert(128 % BLOCK_N == 0)
-    i_e = tl.load(ids + a).to(tl.int64)
-    if i_e < E:
-        o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        m_n = o_n < I
-        o_g = tl.arange(0, G)
-        o_k = o_g[:, None] * 128 + tl.arange(0, 128)[None, :]  # [G, 128]
-        p_x = x + (a // TOPK).to(tl.int64) * stride_x + o_k[None, :, :]
-        p_w = w13 + i_e * stride_we + o_n.to(tl.int64)[:, None, None] * stride_wn + o_k[None, :, :]
-        p_s = s13 + i_e * stride_se + (i_n * BLOCK_N // 128) * stride_sn + o_g  # [G] (FP8_W)
-        p_su = s13 + i_e * stride_se + ((I + i_n * BLOCK_N) // 128) * stride_sn + o_g
-        p_su_rows = s13 + i_e * stride_se + ((I + o_n) // 128)[:, None, None] * stride_sn + o_g[None, :, None]
-        acc = tl.zeros([BLOCK_N, G, 128], dtype=tl.float32)
-        acc_up = tl.zeros([BLOCK_N, G, 128], dtype=tl.float32)
-        for k0 in tl.range(0, H, G * 128, num_stages=STAGES):
-            m_k = (k0 + o_k < H)[None, :, :]
-            m_w = m_n[:, None, None] & m_k
-            m_s = k0 + o_g * 128 < H
-            b_x = tl.load(p_x + k0, mask=m_k, other=0.0).to(tl.float32)
-            acc += _products(p_w + k0, m_w, _block_scaled(b_x, p_s + k0 // 128, m_s, FP8_W))
-            if GATED:
-                p_up = p_w + I * stride_wn + k0
-                if FP8_W and ROW_SCALES:
-                    acc_up += _products(p_up, m_w, b_x) * tl.load(p_su_rows + k0 // 128, mask=m_n[:, None, None] &
-                                                                  m_s[None, :, None], other=0.0)
-                else:
-                    acc_up += _products(p_up, m_w, _block_scaled(b_x, p_su + k0 // 128, m_s, FP8_W))
-        b_h = expert_activation(tl.sum(tl.sum(acc, 2), 1), tl.sum(tl.sum(acc_up, 2), 1), GATED)
-        tl.store(inter + a.to(tl.int64) * stride_inter + o_n, b_h.to(inter.dtype.element_ty), mask=m_n)
-
-
-@triton.jit
 def _up_gemv_kernel(x, w13, s13, inter, ids, stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_inter,
                     H, I, E, ROWS_BUCKET, TOPK: tl.constexpr, GATED: tl.constexpr, FP8_W: tl.constexpr,
                     ROW_SCALES: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, STAGES: tl.constexpr):
-    """Program (a, i_n): up_rows of assignment a's column block i_n. ROWS_BUCKET keys the tuner."""
+    """Program (a, i_n): inter[a, o_n] = act(w13[e] rows o_n (and I + o_n) . x[a // TOPK]), e = ids[a];
+    nothing for e >= E (an expert held elsewhere). K tiles are G x 128 wide. ROWS_BUCKET keys the tuner.
+    FP8_W: x is scaled per K block by the block scale of the program's rows, or (ROW_SCALES: the up rows
+    I + o_n may straddle a 128-row block) each product by its row's."""
+    tl.static_assert(128 % BLOCK_N == 0)
     num_n = tl.cdiv(I, BLOCK_N)
-    up_rows(tl.program_id(0) // num_n, tl.program_id(0) % num_n, x, w13, s13, inter, ids, stride_x, stride_we,
-            stride_wn, stride_se, stride_sn, stride_inter, H, I, E, TOPK, GATED, FP8_W, ROW_SCALES, BLOCK_N, G, STAGES)
+    a, i_n = tl.program_id(0) // num_n, tl.program_id(0) % num_n
+    i_e = tl.load(ids + a).to(tl.int64)
+    if i_e >= E:
+        return
+    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_n = o_n < I
+    o_g = tl.arange(0, G)
+    o_k = o_g[:, None] * 128 + tl.arange(0, 128)[None, :]  # [G, 128]
+    p_x = x + (a // TOPK).to(tl.int64) * stride_x + o_k[None, :, :]
+    p_w = w13 + i_e * stride_we + o_n.to(tl.int64)[:, None, None] * stride_wn + o_k[None, :, :]
+    p_s = s13 + i_e * stride_se + (i_n * BLOCK_N // 128) * stride_sn + o_g  # [G] (FP8_W)
+    p_su = s13 + i_e * stride_se + ((I + i_n * BLOCK_N) // 128) * stride_sn + o_g
+    p_su_rows = s13 + i_e * stride_se + ((I + o_n) // 128)[:, None, None] * stride_sn + o_g[None, :, None]
+    acc = tl.zeros([BLOCK_N, G, 128], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N, G, 128], dtype=tl.float32)
+    for k0 in tl.range(0, H, G * 128, num_stages=STAGES):
+        m_k = (k0 + o_k < H)[None, :, :]
+        m_w = m_n[:, None, None] & m_k
+        m_s = k0 + o_g * 128 < H
+        b_x = tl.load(p_x + k0, mask=m_k, other=0.0).to(tl.float32)
+        acc += _products(p_w + k0, m_w, _block_scaled(b_x, p_s + k0 // 128, m_s, FP8_W))
+        if GATED:
+            p_up = p_w + I * stride_wn + k0
+            if FP8_W and ROW_SCALES:
+                acc_up += _products(p_up, m_w, b_x) * tl.load(p_su_rows + k0 // 128, mask=m_n[:, None, None] &
+                                                              m_s[None, :, None], other=0.0)
+            else:
+                acc_up += _products(p_up, m_w, _block_scaled(b_x, p_su + k0 // 128, m_s, FP8_W))
+    b_h = expert_activation(tl.sum(tl.sum(acc, 2), 1), tl.sum(tl.sum(acc_up, 2), 1), GATED)
+    tl.store(inter + a.to(tl.int64) * stride_inter + o_n, b_h.to(inter.dtype.element_ty), mask=m_n)
 
 
 @triton.jit

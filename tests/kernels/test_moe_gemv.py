@@ -1,6 +1,5 @@
-"""The few-token expert GEMVs, in two launches (triton_kernels/moe_gemv.py) and in one
-(triton_kernels/moe_one_launch.py), against the fused MoE's torch reference (interpreter on CPU, float32,
-tiny shapes; on CUDA through the tuned configs). H = 200 and I = 136 are not
+"""The few-token expert GEMVs (triton_kernels/moe_gemv.py) against the fused MoE's torch reference
+(interpreter on CPU, float32, tiny shapes; on CUDA through the tuned configs). H = 200 and I = 136 are not
 multiples of the 128-wide K tiles or of the 16-column blocks, and the gated w13's up rows start inside
 a scale block."""
 
@@ -11,7 +10,6 @@ from triton_kernels.arrival_counters import MAX_COUNTERS, arrival_counters
 from triton_kernels.fp8_quant import quantize_fp8_stacked
 from triton_kernels.fused_moe import GEMV_MAX_ROWS, _fused_moe_fwd, fused_moe, fused_moe_ref
 from triton_kernels.moe_gemv import expert_gemvs
-from triton_kernels.moe_one_launch import MAX_ROWS, one_launch_moe, supports
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 H, I = 200, 136
@@ -29,21 +27,17 @@ def _problem(num_tokens: int, top_k: int, activation: str, num_experts: int = 5,
     return {name: v.to(DEVICE) for name, v in dict(x=x, w13=w13, w2=w2, topk_weights=weights, topk_ids=ids).items()}
 
 
-PATHS = ["gemv", "one_launch"]
-
-
-def _gemvs(kw: dict, activation: str = "silu", path: str = "gemv") -> torch.Tensor:
-    out = _fused_moe_fwd(**kw, activation=activation, path=path)
+def _gemvs(kw: dict, activation: str = "silu") -> torch.Tensor:
+    out = _fused_moe_fwd(**kw, activation=activation, path="gemv")
     assert int(arrival_counters(kw["x"].device, MAX_COUNTERS).count_nonzero()) == 0, "a counter was left raised"
     return out
 
 
 @pytest.mark.parametrize("num_tokens,top_k", [(1, 1), (1, 3), (3, 2), (12, 3)])  # 12 x 3: experts repeat
 @pytest.mark.parametrize("activation", ["silu", "relu2"])
-@pytest.mark.parametrize("path", PATHS)
-def test_matches_reference(num_tokens, top_k, activation, path):
+def test_matches_reference(num_tokens, top_k, activation):
     kw = _problem(num_tokens, top_k, activation, seed=num_tokens * 10 + top_k)
-    out = _gemvs(kw, activation, path)
+    out = _gemvs(kw, activation)
     assert out.shape == kw["x"].shape and out.dtype == kw["x"].dtype
     ref = fused_moe_ref(**kw, activation=activation)
     atol = 1e-5 * ref.abs().max().item()  # relu2 of the 8x blocks: outputs in the hundreds, float32 sums
@@ -52,8 +46,7 @@ def test_matches_reference(num_tokens, top_k, activation, path):
 
 
 @pytest.mark.parametrize("gated", [False, True])
-@pytest.mark.parametrize("path", PATHS)
-def test_shared_expert_slots_held_elsewhere_and_strided_x(gated, path):
+def test_shared_expert_slots_held_elsewhere_and_strided_x(gated):
     """A gated (or plain) shared expert joins the slot sum; a slot routed to another rank's expert (id E)
     adds nothing; x is a column slice of a wider tensor; the same call twice on the same counters."""
     kw = _problem(3, 2, "silu", seed=21)
@@ -65,12 +58,11 @@ def test_shared_expert_slots_held_elsewhere_and_strided_x(gated, path):
               shared_gate=torch.randn(3, generator=g).to(DEVICE) if gated else None)
     ref = fused_moe_ref(**kw)
     for _ in range(2):
-        torch.testing.assert_close(_gemvs(kw, path=path), ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(_gemvs(kw), ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("activation,inter", [("silu", I), ("relu2", I), ("silu", 160)])
-@pytest.mark.parametrize("path", PATHS)
-def test_fp8_experts_match_their_dequantized_reference(activation, inter, path):
+def test_fp8_experts_match_their_dequantized_reference(activation, inter):
     """e4m3 experts with 128 x 128 block scales against the reference on the dequantized weights; a
     wrong scale of one block of w2 and of w13's up rows shows. Gated w13's up rows start at row `inter`:
     136 (not a multiple of 32) takes the per-row scales, 160 the block scale of each program's rows."""
@@ -80,11 +72,11 @@ def test_fp8_experts_match_their_dequantized_reference(activation, inter, path):
     kw = {name: v.to(DEVICE) for name, v in kw.items()}
     ref = fused_moe_ref(**kw, activation=activation)
     scale = ref.abs().max().item()
-    torch.testing.assert_close(_gemvs(kw, activation, path), ref, rtol=1e-4, atol=1e-5 * scale)
+    torch.testing.assert_close(_gemvs(kw, activation), ref, rtol=1e-4, atol=1e-5 * scale)
     for name, block in [("w2_scale", (slice(None), 1, 0)), ("w13_scale", (slice(None), 1, 1))]:
         wrong = kw[name].clone()
         wrong[block] *= 2.0  # w2: output rows 128.., inner columns 0..127; w13: rows 128.. (up rows when gated)
-        assert not torch.allclose(_gemvs({**kw, name: wrong}, activation, path), ref, rtol=1e-4, atol=1e-5 * scale)
+        assert not torch.allclose(_gemvs({**kw, name: wrong}, activation), ref, rtol=1e-4, atol=1e-5 * scale)
 
 
 def test_expert_gemvs_direct_call_without_shared_expert():
@@ -95,18 +87,7 @@ def test_expert_gemvs_direct_call_without_shared_expert():
     torch.testing.assert_close(out, fused_moe_ref(**kw), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_gemv_paths_refuse_many_rows(path):
+def test_gemv_path_refuses_many_rows():
     kw = _problem(GEMV_MAX_ROWS + 1, 1, "silu", seed=51)
-    with pytest.raises(AssertionError, match=f"{path} path"):
-        _fused_moe_fwd(**kw, activation="silu", path=path)
-
-
-def test_one_launch_refuses_what_it_does_not_take():
-    """Up to MAX_ROWS assignments, H and I up to 16 x 128; beyond, a clear refusal before any launch."""
-    assert supports(2048, 512, MAX_ROWS) and not supports(2048, 512, MAX_ROWS + 1)
-    assert not supports(2688, 1856, 6) and not supports(2048, 4096, 1)
-    kw = _problem(MAX_ROWS + 1, 1, "silu", seed=61)
-    with pytest.raises(AssertionError, match="one launch takes"):
-        one_launch_moe(kw["x"], kw["w13"], kw["w2"], None, None, kw["topk_weights"].float().contiguous(),
-                       kw["topk_ids"], True, None, None)
+    with pytest.raises(AssertionError, match="gemv path"):
+        _fused_moe_fwd(**kw, activation="silu", path="gemv")

@@ -1,7 +1,7 @@
 """The MoE decode kernels compile for Hopper (sm_90a) at the Qwen3.5-35B-A3B shape with the launch
 configs serving picks at T = 1, and ptxas reports no register spills: the one-launch router (with the
 pre-norm too, up to its largest hidden size), the fused MoE's up and down GEMMs (bf16 and FP8 experts),
-and every tuned config of the few-token expert GEMVs, in two launches and in one.
+and every tuned config of the few-token expert GEMVs.
 
 Needs no GPU (tests/kernels/sm90.py)."""
 
@@ -50,17 +50,6 @@ for fp8 in (False, True):
                      shared="*bf16", shared_gate="*bf16")
         out[f"gemv down {name} {c.kwargs}"] = compile_sm90(moe_gemv._down_gemv_kernel, types, dict(
             TOPK=K, FP8_W=fp8, HAS_SHARED=False, HAS_GATE=False, **c.kwargs), c.num_warps, 1)
-from triton_kernels import moe_one_launch as one
-for fp8 in (False, True):
-    w, name = ("*fp8e4nv", "fp8") if fp8 else ("*bf16", "bf16")
-    scale = "*fp32" if fp8 else w
-    types = dict(x="*bf16", w13=w, s13=scale, w2=w, s2=scale, inter="*bf16", ids="*i64", topk_weights="*fp32",
-                 parts="*fp32", out="*bf16", shared="*bf16", shared_gate="*bf16", counters="*i32")
-    for up, down, warps in one._TUNED_TILES:
-        (bu, gu), (bd, gd) = one._tile(H, up), one._tile(I, down)
-        out[f"one launch {name} {up} {down} w{warps}"] = compile_sm90(one._one_launch_kernel, types, dict(
-            TOPK=K, GATED=True, FP8_W=fp8, ROW_SCALES=False, HAS_SHARED=False, HAS_GATE=False, BLOCK_U=bu, GU=gu,
-            BLOCK_D=bd, GD=gd), warps, 1, divisible=("H", "I"))
 print(json.dumps(out))
 '''
 
@@ -69,9 +58,9 @@ print(json.dumps(out))
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernel tests run the compiled kernels")
 def test_moe_decode_kernels_compile_for_hopper_without_spills():
     results = compile_sm90_in_subprocess(SCRIPT)
-    from triton_kernels import moe_gemv, moe_one_launch
+    from triton_kernels import moe_gemv
 
-    configs = len(moe_gemv._up_tuned.configs) + len(moe_gemv._down_tuned.configs) + len(moe_one_launch._TUNED_TILES)
+    configs = len(moe_gemv._up_tuned.configs) + len(moe_gemv._down_tuned.configs)
     assert len(results) == 10 + 2 * configs, sorted(results)
     spilling = {name: r for name, r in results.items() if r[1] > 0}
     assert not spilling, f"(registers, spilled bytes) of configs that spill: {spilling}"
