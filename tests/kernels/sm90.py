@@ -23,13 +23,15 @@ from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
-def compile_sm90(kernel, types, constexprs, num_warps, num_stages):
-    """(registers, spilled bytes) of kernel built for sm_90a; arguments not in types are i32."""
+def compile_sm90(kernel, types, constexprs, num_warps, num_stages, divisible=()):
+    """(registers, spilled bytes) of kernel built for sm_90a; arguments not in types are i32. divisible: integer
+    arguments that are multiples of 16 at the shapes served, which Triton specializes on at launch (it can then
+    vectorize and pipeline loads masked by them)."""
     fn = kernel
     while not isinstance(fn, JITFunction):
         fn = fn.fn
     sig = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
-    aligned = [n for n in fn.arg_names if types.get(n, "").startswith("*") or n.startswith("stride")]
+    aligned = [n for n in fn.arg_names if types.get(n, "").startswith("*") or n.startswith("stride") or n in divisible]
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
                         target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages))

@@ -1,7 +1,9 @@
 """The MoE decode kernels compile for Hopper (sm_90a) at the Qwen3.5-35B-A3B shape with the launch
 configs serving picks at T = 1, and ptxas reports no register spills: the one-launch router (with the
 pre-norm too, up to its largest hidden size), the fused MoE's up and down GEMMs (bf16 and FP8 experts),
-and every tuned config of the few-token expert GEMVs.
+and every tuned config of the few-token expert GEMVs. The GEMMs and GEMVs are built as launched at that shape: H and I
+multiples of 16, which lets Triton pipeline their masked loads (cp.async); built without it they load
+synchronously and use other registers.
 
 Needs no GPU (tests/kernels/sm90.py)."""
 
@@ -30,13 +32,13 @@ for fp8 in (False, True):
     out[f"up {'fp8' if fp8 else 'bf16'}"] = compile_sm90(moe._moe_up_kernel, up_types, dict(
         TOPK=K, GATED=True, PREC="tf32", NUM_BINS=moe.bins_for(E), BLOCK_M=up_cfg["BLOCK_M"],
         BLOCK_N=up_cfg["BLOCK_N"], BLOCK_K=up_cfg["BLOCK_K"], EVEN_K=True, UNSORTED=True, FP8_W=fp8),
-        up_cfg["num_warps"], up_cfg["num_stages"])
+        up_cfg["num_warps"], up_cfg["num_stages"], divisible=("H", "I"))
     down_types = dict(inter="*bf16", w2=w, s2=scale, rows="*fp32", sorted_assign="*i64", expert_offsets="*i64",
                       topk_weights="*fp32", out="*bf16", shared="*bf16", shared_gate="*bf16", arrivals="*i32")
     out[f"down {'fp8' if fp8 else 'bf16'}"] = compile_sm90(moe._moe_down_kernel, down_types, dict(
         TOPK=K, PREC="tf32", NUM_BINS=moe.bins_for(E), BLOCK_M=down_cfg["BLOCK_M"], BLOCK_N=down_cfg["BLOCK_N"],
         BLOCK_K=down_cfg["BLOCK_K"], EVEN_K=True, UNSORTED=True, FP8_W=fp8, SUM_SLOTS=True, HAS_SHARED=False,
-        HAS_GATE=False), down_cfg["num_warps"], down_cfg["num_stages"])
+        HAS_GATE=False), down_cfg["num_warps"], down_cfg["num_stages"], divisible=("H", "I"))
 from triton_kernels import moe_gemv
 for fp8 in (False, True):
     w, name = ("*fp8e4nv", "fp8") if fp8 else ("*bf16", "bf16")
@@ -44,12 +46,12 @@ for fp8 in (False, True):
     for c in moe_gemv._up_tuned.configs:
         types = dict(x="*bf16", w13=w, s13=scale, inter="*bf16", ids="*i64")
         out[f"gemv up {name} {c.kwargs}"] = compile_sm90(moe_gemv._up_gemv_kernel, types, dict(
-            TOPK=K, GATED=True, FP8_W=fp8, ROW_SCALES=False, **c.kwargs), c.num_warps, 1)
+            TOPK=K, GATED=True, FP8_W=fp8, ROW_SCALES=False, **c.kwargs), c.num_warps, 1, divisible=("H", "I"))
     for c in moe_gemv._down_tuned.configs:
         types = dict(inter="*bf16", w2=w, s2=scale, ids="*i64", topk_weights="*fp32", out="*bf16",
                      shared="*bf16", shared_gate="*bf16")
         out[f"gemv down {name} {c.kwargs}"] = compile_sm90(moe_gemv._down_gemv_kernel, types, dict(
-            TOPK=K, FP8_W=fp8, HAS_SHARED=False, HAS_GATE=False, **c.kwargs), c.num_warps, 1)
+            TOPK=K, FP8_W=fp8, HAS_SHARED=False, HAS_GATE=False, **c.kwargs), c.num_warps, 1, divisible=("H", "I"))
 print(json.dumps(out))
 '''
 
