@@ -1,9 +1,10 @@
 """The MoE decode kernels compile for Hopper (sm_90a) at the Qwen3.5-35B-A3B shape with the launch
 configs serving picks at T = 1, and ptxas reports no register spills: the one-launch router (with the
 pre-norm too, up to its largest hidden size), the fused MoE's up and down GEMMs (bf16 and FP8 experts),
-and every tuned config of the few-token expert GEMVs. The GEMMs and GEMVs are built as launched at that shape: H and I
-multiples of 16, which lets Triton pipeline their masked loads (cp.async); built without it they load
-synchronously and use other registers.
+and every tuned config of the few-token expert GEMVs.
+
+The GEMMs and GEMVs are built as launched at that shape: H and I multiples of 16, which lets Triton pipeline
+their masked loads (cp.async); built without it they load synchronously and use other registers.
 
 Needs no GPU (tests/kernels/sm90.py)."""
 
