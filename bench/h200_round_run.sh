@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [h2|h1|g1|g2|fault_f|last_e|final_e|verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [next_h|h2|h1|g1|g2|fault_f|last_e|final_e|verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -171,6 +171,18 @@ for part in ${*:-tests}; do
       timeout 120 python3 bench/gdn_decode_norm.py 2>&1 | tee "$OUT/gdn_decode_norm.md" | grep -E "^\||Error"
       timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_gdn_recurrent.py 2>&1 \
         | tee "$OUT/tests_gdn.log" | tail -4 ;;
+    next_h)  # prepared, not run: where the few-token expert GEMVs' 14.5 us fixed cost goes (up and down kernels' own
+      # device times, the rest of the call, two empty kernels' floor); where 9B FP8 batch-1 decode loses its time
+      # against bf16 (the 1.6x target); then the kernel tests that 2026-12-02g could not run (tests_kernels_a)
+      date +%T; timeout 90 python3 bench/moe_gemv_split.py --tokens 1 8 2>&1 | tee "$OUT/moe_gemv_split.md" \
+        | grep -E "^\||copy|Error"
+      for q in none fp8; do
+        date +%T; timeout 150 python3 bench/decode_profile.py --config configs/qwen3_5-9b-text --batch 1 --graphs \
+          --top 25 $([ $q = fp8 ] && echo --engine-arg quantization=fp8) 2>&1 | quiet \
+          | tee "$OUT/profile_9b_b1_$q.md" | head -32
+      done
+      left=$((560 - SECONDS)); [ $left -gt 30 ] && TESTS_TIMEOUT=$left bash "$0" tests_kernels_a
+      date +%T ;;
     h2)  # ran at f6050ce (2026-12-02g call3; the one-launch MoE it measured was removed after it, 2.0x slower than
       # the two launches): the few-token paths' test at the Nemotron-H expert shape, T = 4, which did not finish in
       # calls 1-2, alone in a fresh process with a stack dump at 45 s, then after the 80B one; then h1's measurements
