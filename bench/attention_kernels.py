@@ -34,6 +34,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.nn.attention.bias import causal_lower_right  # noqa: E402
 
 from triton_kernels import paged_attention as pa  # noqa: E402
+from triton_kernels import paged_decode as pd  # noqa: E402
 
 try:
     from triton_kernels import vllm_attention as va
@@ -104,8 +105,8 @@ def decode_case(batch: int, length: int, copy_bw: float, tune: bool, report) -> 
     metric = lambda ms: 100 * nbytes / (ms * 1e-3) / copy_bw  # noqa: E731
 
     ref = sdpa(q[:, :, None], k, v)
-    ours = pa.paged_attention_decode(**kw)
-    row["ours"] = bench_ms(lambda: pa.paged_attention_decode(**kw))
+    ours = pd.paged_attention_decode(**kw)
+    row["ours"] = bench_ms(lambda: pd.paged_attention_decode(**kw))
     row["err"] = max_err(ours, ref[:, :, 0]) if ref is not None else float("nan")
     if ref is not None:
         row["sdpa"] = bench_ms(lambda: sdpa(q[:, :, None], k, v))
@@ -121,7 +122,7 @@ def decode_case(batch: int, length: int, copy_bw: float, tune: bool, report) -> 
     row.update({f"{k}_metric": metric(row[k]) for k in ("ours", "vllm", "sdpa") if k in row})
 
     if tune:
-        default = pa._decode_config(batch, HKV, D, block_table.shape[1] * PAGE_SIZE, DTYPE, q.device)
+        default = pd._decode_config(batch, HKV, D, block_table.shape[1] * PAGE_SIZE, DTYPE, q.device)
         results = []
         for block_n, warps, stages in [(16, 4, 2), (32, 4, 2), (32, 4, 3), (32, 8, 2), (64, 4, 2),
                                        (64, 4, 3), (64, 8, 2), (64, 8, 3)]:
@@ -129,7 +130,7 @@ def decode_case(batch: int, length: int, copy_bw: float, tune: bool, report) -> 
             for splits in sorted({max(1, base // 2), base, 2 * base, 1}):
                 cfg = dict(BLOCK_N=block_n, NUM_SPLITS=splits, num_warps=warps, num_stages=stages)
                 try:
-                    ms = bench_ms(lambda cfg=cfg: pa._paged_attention_decode(**kw, config=cfg))
+                    ms = bench_ms(lambda cfg=cfg: pd._paged_attention_decode(**kw, config=cfg))
                 except Exception as e:  # out of shared memory etc.
                     report(f"  decode B{batch}: {cfg} failed: {type(e).__name__}")
                     continue
@@ -225,10 +226,10 @@ def graph_decode_case(batch: int, length: int, copy_bw: float, report) -> None:
     times, splits, outs = {}, {}, {}
     for name, table_ in (("tight", block_table), ("wide", wide)):
         kw = dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=table_, seq_lens=seq_lens, scale=SCALE)
-        outs[name] = pa.paged_attention_decode(**kw)
-        splits[name] = pa._decode_config(batch, HKV, D, table_.shape[1] * PAGE_SIZE, DTYPE, q.device)["NUM_SPLITS"]
-        times[f"eager {name}"] = bench_ms(lambda kw=kw: pa.paged_attention_decode(**kw))
-        times[f"graph {name}"] = graph_ms(lambda kw=kw: pa.paged_attention_decode(**kw))
+        outs[name] = pd.paged_attention_decode(**kw)
+        splits[name] = pd._decode_config(batch, HKV, D, table_.shape[1] * PAGE_SIZE, DTYPE, q.device)["NUM_SPLITS"]
+        times[f"eager {name}"] = bench_ms(lambda kw=kw: pd.paged_attention_decode(**kw))
+        times[f"graph {name}"] = graph_ms(lambda kw=kw: pd.paged_attention_decode(**kw))
     cells = ", ".join(f"{n} {ms:.4f} ms ({100 * nbytes / (ms * 1e-3) / copy_bw:.1f} %)" for n, ms in times.items())
     report(f"  decode B{batch}·L{length}: {cells}; splits tight {splits['tight']}, wide {splits['wide']}; "
            f"max err wide vs tight {max_err(outs['wide'], outs['tight']):.2e}")

@@ -9,11 +9,8 @@ from triton_kernels.causal_conv1d import causal_conv1d_prefill_ref, causal_conv1
 from triton_kernels.fused_moe import fused_moe_ref
 from triton_kernels.gdn_chunk import gdn_prefill_ref
 from triton_kernels.gdn_recurrent import gdn_decode_ref
-from triton_kernels.paged_attention import (
-    paged_attention_decode_ref,
-    paged_attention_extend_ref,
-    store_kv_ref,
-)
+from triton_kernels.paged_attention import paged_attention_extend_ref, store_kv_ref
+from triton_kernels.paged_decode import paged_attention_decode_ref
 
 TOL = dict(rtol=1e-4, atol=1e-5)
 

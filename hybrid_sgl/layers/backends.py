@@ -54,14 +54,16 @@ class MoEOps:
 
 def _torch_attention() -> AttentionOps:
     from triton_kernels import paged_attention as pa
+    from triton_kernels import paged_decode as pd
 
-    return AttentionOps("torch", pa.store_kv_ref, pa.paged_attention_extend_ref, pa.paged_attention_decode_ref)
+    return AttentionOps("torch", pa.store_kv_ref, pa.paged_attention_extend_ref, pd.paged_attention_decode_ref)
 
 
 def _triton_attention() -> AttentionOps:
     from triton_kernels import paged_attention as pa
+    from triton_kernels import paged_decode as pd
 
-    return AttentionOps("triton", pa.store_kv, pa.paged_attention_extend, pa.paged_attention_decode)
+    return AttentionOps("triton", pa.store_kv, pa.paged_attention_extend, pd.paged_attention_decode)
 
 
 def _vllm_attention() -> AttentionOps:

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 import triton
 
 from triton_kernels import paged_attention as pa
+from triton_kernels import paged_decode as pd
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ATOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
@@ -138,8 +139,8 @@ def test_decode_matches_ref_and_dense(page_size, hkv, group, d):
     prefix_lens = [40, 0, 17, 3, 64]
     kw, dense = make_case(prefix_lens=prefix_lens, new_lens=[1] * 5, page_size=page_size, hkv=hkv,
                           group=group, d=d, seed=page_size + d)
-    out = pa.paged_attention_decode(**decode_kwargs(kw))
-    check(out, pa.paged_attention_decode_ref(**decode_kwargs(kw)), torch.float32)
+    out = pd.paged_attention_decode(**decode_kwargs(kw))
+    check(out, pd.paged_attention_decode_ref(**decode_kwargs(kw)), torch.float32)
     check(out, dense_causal(kw["q"], dense, [1] * 5, kw["scale"]), torch.float32)
 
 
@@ -150,13 +151,13 @@ def test_decode_splits(splits):
     kw, _ = make_case(prefix_lens=[299, 4, 31], new_lens=[1, 1, 1], page_size=4, hkv=1, group=4, d=16, seed=splits)
     kw = decode_kwargs(kw)
     cfg = dict(BLOCK_N=16, NUM_SPLITS=splits, num_warps=4, num_stages=1)
-    check(pa._paged_attention_decode(**kw, config=cfg), pa.paged_attention_decode_ref(**kw), torch.float32)
+    check(pd._paged_attention_decode(**kw, config=cfg), pd.paged_attention_decode_ref(**kw), torch.float32)
 
     padded = dict(kw, seq_lens=torch.tensor([300, 0, 33], dtype=torch.int32, device=DEVICE))
-    out = pa._paged_attention_decode(**padded, config=cfg)
+    out = pd._paged_attention_decode(**padded, config=cfg)
     assert torch.equal(out[1], torch.zeros_like(out[1]))
     keep = [0, 2]
-    ref = pa.paged_attention_decode_ref(**dict(kw, q=kw["q"][keep], block_table=kw["block_table"][keep],
+    ref = pd.paged_attention_decode_ref(**dict(kw, q=kw["q"][keep], block_table=kw["block_table"][keep],
                                                 seq_lens=padded["seq_lens"][keep]))
     check(out[keep], ref, torch.float32)
 
@@ -166,7 +167,7 @@ def test_decode_split_reduce_head_dim_blocks():
     kw, _ = make_case(prefix_lens=[70, 9], new_lens=[1, 1], page_size=4, hkv=2, group=2, d=80, seed=17)
     kw = decode_kwargs(kw)
     cfg = dict(BLOCK_N=16, NUM_SPLITS=5, num_warps=4, num_stages=1)
-    check(pa._paged_attention_decode(**kw, config=cfg), pa.paged_attention_decode_ref(**kw), torch.float32)
+    check(pd._paged_attention_decode(**kw, config=cfg), pd.paged_attention_decode_ref(**kw), torch.float32)
 
 
 def test_decode_wide_table_many_empty_splits():
@@ -176,9 +177,9 @@ def test_decode_wide_table_many_empty_splits():
     kw = decode_kwargs(kw)
     bt = kw["block_table"]
     wide = torch.cat([bt, bt[:, -1:].expand(-1, 254)], dim=1)  # padded with the pad page
-    cfg = pa._decode_config(2, 1, 16, wide.shape[1] * 4, torch.float32, torch.device(DEVICE))
+    cfg = pd._decode_config(2, 1, 16, wide.shape[1] * 4, torch.float32, torch.device(DEVICE))
     assert cfg["NUM_SPLITS"] * 2 > triton.cdiv(38, cfg["BLOCK_N"])  # some splits are empty
-    check(pa.paged_attention_decode(**dict(kw, block_table=wide)), pa.paged_attention_decode_ref(**kw),
+    check(pd.paged_attention_decode(**dict(kw, block_table=wide)), pd.paged_attention_decode_ref(**kw),
           torch.float32)
 
 
@@ -191,30 +192,30 @@ H200_SMS = 132
     (256, 1024, (32, 1, 4, 2)),
 ])
 def test_decode_config_at_measured_shapes(monkeypatch, batch, length, expected):
-    monkeypatch.setattr(pa, "_num_sms", lambda device: H200_SMS)
+    monkeypatch.setattr(pd, "_num_sms", lambda device: H200_SMS)
     cuda = torch.device("cuda")
     for width in (length, 262144):  # the tight table and a CUDA graph's full-width one
-        cfg = pa._decode_config(batch, 4, 256, width, torch.bfloat16, cuda)
+        cfg = pd._decode_config(batch, 4, 256, width, torch.bfloat16, cuda)
         assert (cfg["BLOCK_N"], cfg["NUM_SPLITS"], cfg["num_warps"], cfg["num_stages"]) == expected, width
 
 
 def test_decode_config_bounded_by_sms(monkeypatch):
     """Splits come from batch x kv heads vs the SMs: never more than 2 programs per SM once split,
     none once the unsplit grid fills the GPU, whatever the table width."""
-    monkeypatch.setattr(pa, "_num_sms", lambda device: H200_SMS)
+    monkeypatch.setattr(pd, "_num_sms", lambda device: H200_SMS)
     cuda = torch.device("cuda")
     for hkv, d, dtype in [(4, 256, torch.bfloat16), (8, 128, torch.float16), (1, 64, torch.bfloat16),
                           (2, 96, torch.float32)]:
         for batch in [1, 2, 3, 7, 16, 33, 64, 100, 256, 1024]:
             programs = batch * hkv
             for width in (16, 1024, 32768, 262144):
-                cfg = pa._decode_config(batch, hkv, d, width, dtype, cuda)
+                cfg = pd._decode_config(batch, hkv, d, width, dtype, cuda)
                 splits = cfg["NUM_SPLITS"]
                 assert splits >= 1 and (splits == 1 or programs * splits <= 2 * H200_SMS)
                 assert splits == 1 or splits * 4 * cfg["BLOCK_N"] <= width + 4 * cfg["BLOCK_N"]
                 if programs > H200_SMS:
                     assert splits == 1
-            wide = pa._decode_config(batch, hkv, d, 262144, dtype, cuda)
+            wide = pd._decode_config(batch, hkv, d, 262144, dtype, cuda)
             assert wide["NUM_SPLITS"] == max(1, 2 * H200_SMS // programs)  # the table width does not add splits
 
 
@@ -233,7 +234,7 @@ def test_decode_float16():
     kw, _ = make_case(prefix_lens=[50, 7], new_lens=[1, 1], page_size=16, hkv=2, group=2, d=24,
                       dtype=torch.float16, seed=9)
     kw = decode_kwargs(kw)
-    check(pa.paged_attention_decode(**kw), pa.paged_attention_decode_ref(**kw), torch.float16)
+    check(pd.paged_attention_decode(**kw), pd.paged_attention_decode_ref(**kw), torch.float16)
 
 
 def test_chunked_prefill_then_decode():
@@ -251,7 +252,7 @@ def test_chunked_prefill_then_decode():
         parts.append(pa.paged_attention_extend(**dict(kw, q=kw["q"][lo:hi], cu_seqlens_q=cu, seq_lens=seq)))
     check(torch.cat(parts), whole, torch.float32)
     check(whole, full[:n], torch.float32)
-    step = pa.paged_attention_decode(**dict(decode_kwargs(kw), q=kw["q"][n:]))
+    step = pd.paged_attention_decode(**dict(decode_kwargs(kw), q=kw["q"][n:]))
     check(step, full[n:], torch.float32)
 
 
@@ -276,7 +277,7 @@ def test_gpu_decode_real_shapes(batch, length):
     kw, _ = make_case(prefix_lens=prefix, new_lens=[1] * batch, page_size=16, hkv=4, group=4, d=256,
                       dtype=torch.bfloat16, seed=batch)
     kw = decode_kwargs(kw)
-    check(pa.paged_attention_decode(**kw), pa.paged_attention_decode_ref(**kw), torch.bfloat16)
+    check(pd.paged_attention_decode(**kw), pd.paged_attention_decode_ref(**kw), torch.bfloat16)
 
 
 @pytest.mark.gpu
@@ -290,4 +291,4 @@ def test_gpu_head_dims_and_dtypes(d, dtype):
     kw, _ = make_case(prefix_lens=[0, 300, 4000], new_lens=[1, 1, 1], page_size=16, hkv=2, group=4, d=d,
                       dtype=dtype, seed=d)
     kw = decode_kwargs(kw)
-    check(pa.paged_attention_decode(**kw), pa.paged_attention_decode_ref(**kw), dtype)
+    check(pd.paged_attention_decode(**kw), pd.paged_attention_decode_ref(**kw), dtype)

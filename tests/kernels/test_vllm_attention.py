@@ -13,6 +13,7 @@ import torch
 
 from tests.kernels.test_paged_attention import DEVICE, check, decode_kwargs, make_case
 from triton_kernels import paged_attention as pa
+from triton_kernels import paged_decode as pd
 
 VLLM_MIN = Path(__file__).resolve().parents[2] / ".vllm_min"
 if VLLM_MIN.is_dir() and str(VLLM_MIN) not in sys.path:
@@ -53,7 +54,7 @@ def test_decode_matches_ours(split_k):
     kw = decode_kwargs(kw)
     cu = torch.arange(4, dtype=torch.int32, device=DEVICE)
     out = va._unified(**kw, cu_seqlens_q=cu, max_seqlen_q=1, split_k=split_k)
-    check(out, pa.paged_attention_decode(**kw), FP32_TOL)
+    check(out, pd.paged_attention_decode(**kw), FP32_TOL)
     if split_k is None:
         check(va.vllm_attention_decode(**kw), out, FP32_TOL)
 
@@ -64,7 +65,7 @@ def test_gpu_decode_real_shapes(batch, length):
     kw, _ = make_case(prefix_lens=[length - 1 - 5 * i for i in range(batch)], new_lens=[1] * batch,
                       page_size=16, hkv=4, group=4, d=256, dtype=torch.bfloat16, seed=batch)
     kw = decode_kwargs(kw)
-    check(va.vllm_attention_decode(**kw), pa.paged_attention_decode(**kw), torch.bfloat16)
+    check(va.vllm_attention_decode(**kw), pd.paged_attention_decode(**kw), torch.bfloat16)
 
 
 @pytest.mark.gpu
