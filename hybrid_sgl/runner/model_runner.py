@@ -251,10 +251,10 @@ class ModelRunner:
                 for i in range(rows)]
         reqs[min(2, rows - 1)].generator = torch.Generator(device=self.device).manual_seed(0)
         logits = torch.zeros(rows, self.config.vocab_size, device=self.device)  # flat: top_p past the candidates
-        temperature_only = [Req(rid=f"warm-up-t{i}", prompt_ids=[0], params=knobs[0]) for i in range(rows)]
-        top_p_only = [Req(rid=f"warm-up-p{i}", prompt_ids=[0], params=knobs[2]) for i in range(rows)]
+        uniform = [[Req(rid=f"warm-up-{n}-{i}", prompt_ids=[0], params=knobs[n]) for i in range(rows)]
+                   for n in (0, 2)]  # temperature alone, top_p alone
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            for batch in (reqs, temperature_only, top_p_only):
+            for batch in (reqs, *uniform):
                 Sampler()(logits, batch, self.config.eos_token_ids)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
