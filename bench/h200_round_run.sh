@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [next_h|h2|h1|g1|g2|fault_f|last_e|final_e|verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [next_h|g1|g2|fault_f|last_e|final_e|verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -182,46 +182,6 @@ for part in ${*:-tests}; do
           | tee "$OUT/profile_9b_b1_$q.md" | head -32
       done
       left=$((560 - SECONDS)); [ $left -gt 30 ] && TESTS_TIMEOUT=$left bash "$0" tests_kernels_a
-      date +%T ;;
-    h2)  # ran at f6050ce (2026-12-02g call3; the one-launch MoE it measured was removed after it, 2.0x slower than
-      # the two launches): the few-token paths' test at the Nemotron-H expert shape, T = 4, which did not finish in
-      # calls 1-2, alone in a fresh process with a stack dump at 45 s, then after the 80B one; then h1's measurements
-      for k in "nemotron_h_relu2-4" "qwen3_next_80b_a3b-4 or nemotron_h_relu2-4"; do
-        date +%T; timeout 100 python3 -m pytest -v -x -p no:cacheprovider --timeout 45 tests/gpu/test_fused_moe_cuda.py \
-          -k "few_token and ($k)" > "$OUT/tests_few_token_${k%% *}.log" 2>&1
-        grep -E "PASSED|FAILED|Timeout|^tests|triton_kernels/.*py:[0-9]+|test_fused_moe_cuda.py:[0-9]+" \
-          "$OUT/tests_few_token_${k%% *}.log" | tail -14
-      done
-      date +%T; timeout 150 python3 bench/moe_down_variants.py --tokens 1 2 4 2>&1 \
-        | tee "$OUT/moe_down_variants.md" | grep -E "^\||copy|Error"
-      for tree in . .before; do
-        date +%T; timeout 140 python3 $tree/bench/offline.py --config configs/qwen3_5-35b-a3b-text --skip-hf --batch 1 \
-          --prompt 512 --output 128 --engine-arg quantization=fp8 --engine-arg enable_fp8_experts=true \
-          --out "$OUT/offline_fp8_35b_b1${tree#.}.json" 2>&1 | quiet | tee "$OUT/offline_fp8_35b_b1${tree#.}.md" \
-          | grep -E "^\| 1 \| 512|fastest" | head -12
-      done
-      date +%T ;;
-    h1)  # ran at 8d613e1 and f6050ce (2026-12-02g calls 1-2; the one-launch MoE, moe_one_launch.py, since removed):
-      # its CUDA tests first, under a timeout (its programs wait on each other), and only if they all pass: the few-token MoE at T 1-8 every way, then 35B-A3B FP8 and bf16 batch-1
-      # decode at HEAD and in .before/ (the tree before, carried), then the MoE CUDA tests left
-      group one_launch 150 tests/kernels/test_moe_gemv.py tests/gpu/test_fused_moe_cuda.py -k "one_launch or few_token"
-      if grep -q " passed" "$OUT/tests_one_launch.log" && ! grep -qE "FAILED|ERROR|Timeout|[0-9]+ failed" \
-          "$OUT/tests_one_launch.log"; then
-        date +%T; timeout 150 python3 bench/moe_down_variants.py --tokens 1 2 4 8 2>&1 \
-          | tee "$OUT/moe_down_variants.md" | grep -E "^\||copy|Error"
-        ab() {  # ab NAME CONFIG ARGS...: bench/offline.py at HEAD, then the same from .before/
-          date +%T; offline "$@"
-          local name=$1 config=$2; shift 2
-          timeout 150 python3 .before/bench/offline.py --config "configs/$config" --skip-hf \
-            --out "$OUT/offline_before_$name.json" "$@" 2>&1 | quiet | tee "$OUT/offline_before_$name.md" \
-            | sed -n '/## Decode$/,/## End/p' | head -6
-        }
-        ab fp8_35b_b1 qwen3_5-35b-a3b-text --batch 1 --prompt 512 --output 128 --engine-arg quantization=fp8 \
-          --engine-arg enable_fp8_experts=true
-        ab bf16_35b_b1 qwen3_5-35b-a3b-text --batch 1 --prompt 512 --output 128
-        left=$((560 - SECONDS)); [ $left -gt 30 ] && group moe $left tests/gpu/test_fused_moe_cuda.py \
-          tests/kernels/test_moe_gemv.py tests/kernels/test_fused_moe.py
-      fi
       date +%T ;;
     g1)  # the CUDA tests of the race for top_p rows past the candidates, one bf16 fault check (fault_f's first run),
       # the sampler's device time (peaked and flat rows; at 488b802 also the race against the search, since removed),
