@@ -171,17 +171,18 @@ for part in ${*:-tests}; do
       timeout 120 python3 bench/gdn_decode_norm.py 2>&1 | tee "$OUT/gdn_decode_norm.md" | grep -E "^\||Error"
       timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_gdn_recurrent.py 2>&1 \
         | tee "$OUT/tests_gdn.log" | tail -4 ;;
-    next_h)  # prepared, not run: where the few-token expert GEMVs' 14.5 us fixed cost goes (up and down kernels' own
-      # device times, the rest of the call, two empty kernels' floor); where 9B FP8 batch-1 decode loses its time
-      # against bf16 (the 1.6x target); then the kernel tests that 2026-12-02g could not run (tests_kernels_a)
+    next_h)  # where the few-token expert GEMVs' fixed cost goes (up and down kernels' own device times, the rest of
+      # the call, two empty kernels' floor); the FP8 GEMV's launch configs and its two widenings at one row; where 9B
+      # FP8 batch-1 decode loses its time against bf16 (the 1.6x target)
       date +%T; timeout 90 python3 bench/moe_gemv_split.py --tokens 1 8 2>&1 | tee "$OUT/moe_gemv_split.md" \
         | grep -E "^\||copy|Error"
+      date +%T; timeout 240 python3 bench/fp8_gemv_variants.py 2>&1 | tee "$OUT/fp8_gemv_variants.md" \
+        | grep -E "^\||copy|Error"
       for q in none fp8; do
-        date +%T; timeout 150 python3 bench/decode_profile.py --config configs/qwen3_5-9b-text --batch 1 --graphs \
+        date +%T; timeout 110 python3 bench/decode_profile.py --config configs/qwen3_5-9b-text --batch 1 --graphs \
           --top 25 $([ $q = fp8 ] && echo --engine-arg quantization=fp8) 2>&1 | quiet \
           | tee "$OUT/profile_9b_b1_$q.md" | head -32
       done
-      left=$((560 - SECONDS)); [ $left -gt 30 ] && TESTS_TIMEOUT=$left bash "$0" tests_kernels_a
       date +%T ;;
     g1)  # the CUDA tests of the race for top_p rows past the candidates, one bf16 fault check (fault_f's first run),
       # the sampler's device time (peaked and flat rows; at 488b802 also the race against the search, since removed),
