@@ -2,12 +2,19 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [next_h|g1|g2|fault_f|last_e|final_e|verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [i2|next_h|g1|g2|fault_f|last_e|final_e|verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
   timeout 300 python3 bench/offline.py --config "configs/$config" --skip-hf --out "$OUT/offline_$name.json" "$@" \
     2>&1 | quiet | tee "$OUT/offline_$name.md" | sed -n '/## Decode$/,/## End/p' | head -12
+}
+ab() {  # ab NAME CONFIG ARGS...: bench/offline.py at HEAD, then the same from .before/ (an older tree, carried)
+  date +%T; offline "$@"
+  local name=$1 config=$2; shift 2
+  timeout 150 python3 .before/bench/offline.py --config "configs/$config" --skip-hf \
+    --out "$OUT/offline_before_$name.json" "$@" 2>&1 | quiet | tee "$OUT/offline_before_$name.md" \
+    | sed -n '/## Decode$/,/## End/p' | head -6
 }
 group() {  # group NAME SECONDS FILES...: one pytest run, each test named as it ends (-v), into $OUT/tests_NAME.log
   local name=$1 limit=$2; shift 2; date +%T
@@ -171,6 +178,15 @@ for part in ${*:-tests}; do
       timeout 120 python3 bench/gdn_decode_norm.py 2>&1 | tee "$OUT/gdn_decode_norm.md" | grep -E "^\||Error"
       timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_gdn_recurrent.py 2>&1 \
         | tee "$OUT/tests_gdn.log" | tail -4 ;;
+    i2)  # the FP8 GEMV's deeper configs and silu_and_mul in the gate_up GEMV's epilogue (.before/ = 024c240, carried):
+      # 9B batch-1 decode bf16, FP8, FP8 at .before; the GEMV table; the changed kernels' CUDA tests
+      offline bf16_9b_b1 qwen3_5-9b-text --batch 1 --prompt 1024 --output 128
+      ab fp8_9b_b1 qwen3_5-9b-text --batch 1 --prompt 1024 --output 128 --engine-arg quantization=fp8
+      date +%T; timeout 170 python3 bench/fp8_gemv_variants.py 2>&1 | tee "$OUT/fp8_gemv_variants.md" \
+        | grep -E "^\||copy|Error"
+      group fp8 $((585 - SECONDS)) tests/gpu/test_fp8_cuda.py tests/kernels/test_fp8_gemm.py \
+        -k "cuda_fp8 or gated or gemv or weight_only"
+      date +%T ;;
     next_h)  # where the few-token expert GEMVs' fixed cost goes (up and down kernels' own device times, the rest of
       # the call, two empty kernels' floor); the FP8 GEMV's launch configs and its two widenings at one row; where 9B
       # FP8 batch-1 decode loses its time against bf16 (the 1.6x target)
@@ -249,13 +265,6 @@ for part in ${*:-tests}; do
       # FP8 each way, bf16 at batch 4; then the CUDA tests of the changed kernels and the MoE families
       date +%T; timeout 60 python3 bench/moe_kernels.py --no-tune --no-profile --models 35B --tokens 1 2 4 8 2>&1 \
         | tee "$OUT/moe_bf16.md" | grep -E "^\||copy|Error"
-      ab() {  # ab NAME ARGS...: bench/offline.py at HEAD, then the same from .before/
-        date +%T; offline "$@"
-        local name=$1 config=$2; shift 2
-        timeout 150 python3 .before/bench/offline.py --config "configs/$config" --skip-hf \
-          --out "$OUT/offline_before_$name.json" "$@" 2>&1 | quiet | tee "$OUT/offline_before_$name.md" \
-          | sed -n '/## Decode$/,/## End/p' | head -6
-      }
       ab bf16_35b_b1 qwen3_5-35b-a3b-text --batch 1 --prompt 512 --output 128
       ab fp8_35b_b1 qwen3_5-35b-a3b-text --batch 1 --prompt 512 --output 128 --engine-arg quantization=fp8 \
         --engine-arg enable_fp8_experts=true

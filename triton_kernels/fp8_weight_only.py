@@ -21,6 +21,7 @@ import triton.language as tl
 from triton_kernels.arrival_counters import arrival_counters, parts_scratch
 from triton_kernels.fastest import fastest, graph_time
 from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8, f16_rows
+from triton_kernels.norms import silu_and_mul
 
 # The GEMMs of more rows quantize activations too (fp8_gemm.py). At 17-64 rows this kernel is slower
 # than bf16 cuBLAS on the H200 (0.47-0.75x) and the e4m3 x e4m3 GEMMs are faster on most shapes, but
@@ -41,14 +42,18 @@ def fp8_weight_only_gemm_ref(*, x: torch.Tensor, weight: torch.Tensor, weight_sc
 
 @triton.jit
 def _gemv_kernel(x, w, s, b, y, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym, HAS_BIAS: tl.constexpr,
-                 ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+                 GATED: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 STAGES: tl.constexpr):
     """M <= ROWS (1 or 2): BLOCK_N output columns of every row, on the CUDA cores. Each step reads a
     [BLOCK_N, BLOCK_K] weight tile (K contiguous), widens it to float32 and adds its products with x,
     scaled per 128-wide block, into an element-wise accumulator that is summed once after the K loop
     (as the MoE expert GEMVs do, moe_gemv.py): summing every step ran the loop at 45-50 % of copy
     bandwidth on the H200, against 72 % now. STAGES steps of loads are in flight at once. The program's
     BLOCK_N columns (dividing 128) share one 128-row scale block, so x is scaled per K block and each
-    weight takes one multiply-add."""
+    weight takes one multiply-add.
+
+    GATED (a gated MLP's gate_up, N = I a multiple of 128): w holds 2N rows [gate; up], the program also sums
+    the up rows N + o_n, and y [M, N] gets silu(gate) * up, rounded as silu_and_mul rounds the plain result."""
     tl.static_assert(128 % BLOCK_N == 0)
     G: tl.constexpr = BLOCK_K // 128
     i_n = tl.program_id(0)
@@ -61,16 +66,29 @@ def _gemv_kernel(x, w, s, b, y, M, N, K, stride_xm, stride_wn, stride_sn, stride
     p_x = x + o_m.to(tl.int64)[:, None] * stride_xm + o_k[None, :]  # [ROWS, BLOCK_K]
     p_s = s + (i_n * BLOCK_N // 128) * stride_sn + o_g  # [G]
     acc = tl.zeros((ROWS, BLOCK_N, G, 128), dtype=tl.float32)
+    acc_up = tl.zeros((ROWS, BLOCK_N, G, 128), dtype=tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         m_k = (k0 + o_k) < K
-        b_w = tl.load(p_w + k0, mask=m_n[:, None] & m_k[None, :], other=0.0).to(tl.float32)
+        m_w = m_n[:, None] & m_k[None, :]
         b_x = tl.load(p_x + k0, mask=m_m[:, None] & m_k[None, :], other=0.0).to(tl.float32)
+        b_x = tl.reshape(b_x, (ROWS, 1, G, 128))
         b_s = tl.load(p_s + k0 // 128, mask=k0 + o_g * 128 < K, other=0.0)
-        b_x = tl.reshape(b_x, (ROWS, G, 128)) * b_s[None, :, None]
-        acc += tl.reshape(b_w, (1, BLOCK_N, G, 128)) * tl.reshape(b_x, (ROWS, 1, G, 128))
+        b_w = tl.load(p_w + k0, mask=m_w, other=0.0).to(tl.float32)
+        acc += tl.reshape(b_w, (1, BLOCK_N, G, 128)) * (b_x * b_s[None, None, :, None])
+        if GATED:
+            b_s = tl.load(p_s + (N // 128) * stride_sn + k0 // 128, mask=k0 + o_g * 128 < K, other=0.0)
+            b_w = tl.load(p_w + N * stride_wn + k0, mask=m_w, other=0.0).to(tl.float32)
+            acc_up += tl.reshape(b_w, (1, BLOCK_N, G, 128)) * (b_x * b_s[None, None, :, None])
     y_rows = tl.sum(tl.sum(acc, 3), 2)  # [ROWS, BLOCK_N]
     if HAS_BIAS:
         y_rows += tl.load(b + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
+    if GATED:  # each rounding where the plain GEMV, then silu_and_mul, round
+        up = tl.sum(tl.sum(acc_up, 3), 2)
+        if HAS_BIAS:
+            up += tl.load(b + N + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
+        gate = y_rows.to(y.dtype.element_ty).to(tl.float32)
+        act = (gate * tl.sigmoid(gate)).to(y.dtype.element_ty).to(tl.float32)
+        y_rows = act * up.to(y.dtype.element_ty).to(tl.float32)
     p_y = y + o_m.to(tl.int64)[:, None] * stride_ym + o_n[None, :]
     tl.store(p_y, y_rows.to(y.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
 
@@ -136,11 +154,24 @@ def _dot_kernel(x, w, s, b, y, partials, arrivals, M, N, K, stride_xm, stride_wn
 
 
 
+# The GEMV's loads are latency-bound: at one row on the H200's 9B shapes, 2 -> 3 stages of loads in flight took
+# gate_up / down from 0.0315 / 0.0184 to 0.0279 / 0.0140 ms, and no config that keeps fewer in flight came first
+# (STAGES=1, loads straight to registers: 1.2-1.9x slower; bench/results/2026-12-02h/call1/fp8_gemv_variants.md).
+# Hence the deeper configs; the 32-wide and 8-warp ones, never first at one row, are gone.
+def gemv_configs_that_fit(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    """The GEMV configs whose float32 accumulators (ROWS x BLOCK_N x BLOCK_K, twice when GATED) take at most 128
+    registers a thread; more spill when built for sm_90a (tests/kernels/test_fp8_sm90_compile.py)."""
+    parts = kwargs["ROWS"] * (2 if kwargs["GATED"] else 1)
+    return [c for c in configs if parts * c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"] <= 128 * 32 * c.num_warps]
+
+
 _gemv_tuned = triton.autotune(
     configs=[triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "STAGES": st}, num_warps=w)
              for bn, bk, w, st in [(8, 512, 4, 2), (8, 512, 4, 3), (16, 256, 4, 3), (16, 512, 4, 2),
-                                   (16, 512, 8, 3), (32, 256, 4, 2), (32, 256, 8, 3), (8, 1024, 8, 2)]],
-    key=["N", "K", "ROWS"], do_bench=graph_time)(_gemv_kernel)
+                                   (8, 512, 4, 4), (8, 512, 4, 5), (8, 256, 4, 5), (8, 256, 4, 6), (4, 512, 4, 4),
+                                   (4, 1024, 4, 3), (16, 256, 4, 4), (16, 256, 4, 5), (4, 512, 2, 6)]],
+    key=["N", "K", "ROWS", "GATED"], prune_configs_by={"early_config_prune": gemv_configs_that_fit},
+    do_bench=graph_time)(_gemv_kernel)
 _dot_tuned = triton.autotune(
     configs=[triton.Config({"BLOCK_N": bn, "SPLIT_K": sk}, num_warps=w, num_stages=st)
              for bn, sk, w, st in [(16, 1, 4, 4), (16, 1, 4, 6), (32, 1, 4, 4), (64, 1, 4, 4), (64, 1, 4, 6),
@@ -155,6 +186,15 @@ def fp8_weight_only_gemm(*, x: torch.Tensor, weight: torch.Tensor, weight_scale_
     """Same contract as fp8_weight_only_gemm_ref, for M <= WEIGHT_ONLY_MAX_ROWS: x [M, K], weight [N, K]
     e4m3, weight_scale_inv [ceil(N/128), ceil(K/128)] float32, bias [N] or None -> [M, N] in x's dtype.
     On CUDA the launch config is tuned once per (N, K, M bucket) on first use, before graph capture."""
+    _check(x, weight, weight_scale_inv, bias)
+    x, weight, weight_scale_inv = x.contiguous(), weight.contiguous(), weight_scale_inv.contiguous()
+    y = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+    if x.shape[0]:
+        _launch(x, weight, weight_scale_inv, bias, y, _kernel_for(x, weight, weight_scale_inv, bias, y))
+    return y
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor, bias: torch.Tensor | None) -> None:
     m, k = x.shape
     n = weight.shape[0]
     assert m <= WEIGHT_ONLY_MAX_ROWS, f"{m} rows: use fp8_gemm above {WEIGHT_ONLY_MAX_ROWS}"
@@ -162,11 +202,23 @@ def fp8_weight_only_gemm(*, x: torch.Tensor, weight: torch.Tensor, weight_scale_
     assert weight_scale_inv.shape == (triton.cdiv(n, FP8_BLOCK), triton.cdiv(k, FP8_BLOCK)), \
         f"weight_scale_inv {tuple(weight_scale_inv.shape)} for weight {(n, k)}"
     assert weight_scale_inv.dtype == torch.float32 and (bias is None or bias.shape == (n,))
+
+
+def fp8_weight_only_gated_gemm(*, x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
+                               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """silu_and_mul of fp8_weight_only_gemm's result, bit for bit: a gated MLP's gate_up (weight [2I, K], rows
+    [gate; up]) -> [M, I]. Where the GEMV serves the shape (1-2 rows; I a multiple of 128) the activation is its
+    epilogue (one launch, and the [M, 2I] result is never written); otherwise the two run one after the other."""
+    _check(x, weight, weight_scale_inv, bias)
     x, weight, weight_scale_inv = x.contiguous(), weight.contiguous(), weight_scale_inv.contiguous()
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    if m == 0:
-        return y
-    _launch(x, weight, weight_scale_inv, bias, y, _kernel_for(x, weight, weight_scale_inv, bias, y))
+    m, n = x.shape[0], weight.shape[0]
+    plain = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0 or n % 256 or _kernel_for(x, weight, weight_scale_inv, bias, plain) != "gemv":
+        if m:
+            _launch(x, weight, weight_scale_inv, bias, plain, _kernel_for(x, weight, weight_scale_inv, bias, plain))
+        return silu_and_mul(gate_up=plain)
+    y = torch.empty(m, n // 2, dtype=x.dtype, device=x.device)
+    _launch(x, weight, weight_scale_inv, bias, y, "gemv", gated=True)
     return y
 
 
@@ -209,15 +261,15 @@ def _kernel_for(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.T
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor | None, bias: torch.Tensor | None,
-            y: torch.Tensor, kernel: str, f16_operands: bool | None = None) -> None:
+            y: torch.Tensor, kernel: str, f16_operands: bool | None = None, gated: bool = False) -> None:
     """Run `kernel` ("gemv" for 1-2 rows, or "dot") into y; f16_operands None: for bf16 x up to 16 rows.
-    weight_scale_inv None: a 16-bit weight ("dot" only)."""
-    (m, k), n = x.shape, weight.shape[0]
+    weight_scale_inv None: a 16-bit weight ("dot" only). gated ("gemv" only): y [M, N / 2] gets silu(gate) * up."""
+    (m, k), n = x.shape, weight.shape[0] // (2 if gated else 1)
     scales = weight if weight_scale_inv is None else weight_scale_inv  # (16-bit weights: unread)
     args = (x, weight, scales, bias if bias is not None else y, y, m, n, k,
             x.stride(0), weight.stride(0), scales.stride(0), y.stride(0))
     if kernel == "gemv":
-        flags = dict(HAS_BIAS=bias is not None, ROWS=triton.next_power_of_2(m))
+        flags = dict(HAS_BIAS=bias is not None, GATED=gated, ROWS=triton.next_power_of_2(m))
         if x.is_cuda:
             _gemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags)
         else:  # the interpreter: one config

@@ -32,10 +32,11 @@ from torch import nn
 
 from hybrid_sgl.distributed import current_tp
 from hybrid_sgl.distributed.sharding import HeadSplit, replicated, vocab_split
-from hybrid_sgl.layers.quantization import came_from_fp8, fp8_linear
+from hybrid_sgl.layers.quantization import came_from_fp8, fp8_gated_linear, fp8_linear
 from triton_kernels.fastest import chosen, fastest
 from triton_kernels.fp8_quant import quantize_fp8
 from triton_kernels.fp8_weight_only import DENSE_MAX_ROWS, dense_few_rows_gemm
+from triton_kernels.norms import silu_and_mul, silu_and_mul_ref
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,16 @@ class QuantizableLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.bias)
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of this layer's output, whose rows are [gate; up] (a gated MLP's gate_up): x [T, in] ->
+        [T, out / 2]. FP8 decode runs it as one GEMV with the activation in its epilogue."""
+        if self.weight_scale_inv is not None:
+            y = fp8_gated_linear(x, self.weight, self.weight_scale_inv, self.bias)
+            if y is not None:
+                return y
+        gate_up = self(x)
+        return silu_and_mul(gate_up=gate_up) if x.is_cuda else silu_and_mul_ref(gate_up=gate_up)
 
 
 class ColumnParallelLinear(QuantizableLinear):

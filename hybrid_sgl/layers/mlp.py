@@ -9,7 +9,6 @@ from torch import nn
 from hybrid_sgl.distributed import current_tp
 from hybrid_sgl.distributed.sharding import split_heads
 from hybrid_sgl.layers.linear import Block, ColumnParallelLinear, RowParallelLinear
-from triton_kernels.norms import silu_and_mul, silu_and_mul_ref
 
 
 class GatedMLP(nn.Module):
@@ -24,9 +23,7 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
-        gate_up = self.gate_up_proj(x)
-        act = silu_and_mul(gate_up=gate_up) if x.is_cuda else silu_and_mul_ref(gate_up=gate_up)
-        return self.down_proj(act)
+        return self.down_proj(self.gate_up_proj.silu_and_mul(x))
 
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:
         """Checkpoint names: gate_proj.weight, up_proj.weight, down_proj.weight."""

@@ -29,7 +29,12 @@ from torch import nn
 
 from triton_kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref
 from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8, quantize_fp8_stacked
-from triton_kernels.fp8_weight_only import WEIGHT_ONLY_MAX_ROWS, fp8_weight_only_gemm, fp8_weight_only_gemm_ref
+from triton_kernels.fp8_weight_only import (
+    WEIGHT_ONLY_MAX_ROWS,
+    fp8_weight_only_gated_gemm,
+    fp8_weight_only_gemm,
+    fp8_weight_only_gemm_ref,
+)
 
 logger = logging.getLogger(__name__)
 SUPPORTED = ("quant_method 'fp8', fmt 'e4m3', weight_block_size [128, 128], activation_scheme 'dynamic'")
@@ -174,3 +179,15 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Te
         op = fp8_gemm if x.is_cuda else fp8_gemm_ref
     y = op(x=rows, weight=weight, weight_scale_inv=weight_scale_inv, bias=bias)
     return y.view(*x.shape[:-1], weight.shape[0])
+
+
+def fp8_gated_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
+                     bias: torch.Tensor | None) -> torch.Tensor | None:
+    """silu(gate) * up of a gated MLP's FP8 gate_up (weight [2I, K], rows [gate; up]): x [..., K] -> [..., I], where
+    the decode GEMV can take the activation as its epilogue (CUDA, up to WEIGHT_ONLY_MAX_ROWS rows); None elsewhere
+    (the caller runs fp8_linear, then the activation)."""
+    rows = x.reshape(-1, x.shape[-1])
+    if not (x.is_cuda and rows.shape[0] <= WEIGHT_ONLY_MAX_ROWS):
+        return None
+    y = fp8_weight_only_gated_gemm(x=rows, weight=weight, weight_scale_inv=weight_scale_inv, bias=bias)
+    return y.view(*x.shape[:-1], weight.shape[0] // 2)

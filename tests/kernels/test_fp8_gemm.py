@@ -16,7 +16,13 @@ from triton_kernels.fp8_quant import (
     quantize_activations_ref,
     quantize_fp8,
 )
-from triton_kernels.fp8_weight_only import dense_few_rows_gemm, fp8_weight_only_gemm, fp8_weight_only_gemm_ref
+from triton_kernels.fp8_weight_only import (
+    dense_few_rows_gemm,
+    fp8_weight_only_gated_gemm,
+    fp8_weight_only_gemm,
+    fp8_weight_only_gemm_ref,
+)
+from triton_kernels.norms import silu_and_mul
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -148,6 +154,24 @@ def test_weight_only_gemv_matches_reference(m, n, k):
     wrong_block[-1, -1] *= 2.0
     _launch(kw["x"], kw["weight"], wrong_block, kw["bias"], y, "gemv")
     assert not torch.allclose(y, ref, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("m,n,k,with_bias", [(1, 512, 300, False), (2, 256, 700, True), (1, 260, 200, False),
+                                             (5, 256, 129, True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] if DEVICE == "cuda" else [torch.float32])
+def test_gated_weight_only_is_silu_and_mul_of_the_plain_result(m, n, k, with_bias, dtype):
+    """A gated MLP's gate_up ([gate; up] rows) through the GEMV with the activation as its epilogue equals the plain
+    GEMM followed by silu_and_mul bit for bit: the up rows' block scales are the right ones (n = 512: two 128-row
+    blocks each), and each rounding is the unfused one. n = 260 (I not a multiple of 128) and 5 rows run unfused."""
+    kw = _problem(m, n, k, with_bias, seed=17)
+    kw["x"] = (kw["x"] * 4).to(dtype)
+    if with_bias:
+        kw["bias"] = kw["bias"].to(dtype)
+    y = fp8_weight_only_gated_gemm(**kw)
+    assert y.shape == (m, n // 2) and y.dtype == dtype
+    assert torch.equal(y, silu_and_mul(gate_up=fp8_weight_only_gemm(**kw)))
+    ref = F.silu(fp8_weight_only_gemm_ref(**kw).float()[:, :n // 2]) * fp8_weight_only_gemm_ref(**kw)[:, n // 2:]
+    torch.testing.assert_close(y.float(), ref.float(), rtol=2e-2 if dtype == torch.bfloat16 else 1e-4, atol=1e-3)
 
 
 def test_weight_only_refuses_prefill_sized_inputs():
