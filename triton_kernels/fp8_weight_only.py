@@ -153,11 +153,6 @@ def _dot_kernel(x, w, s, b, y, partials, arrivals, M, N, K, stride_xm, stride_wn
         tl.store(p_y, acc.to(y.dtype.element_ty), mask=m_y)
 
 
-
-# The GEMV's loads are latency-bound: at one row on the H200's 9B shapes, 2 -> 3 stages of loads in flight took
-# gate_up / down from 0.0315 / 0.0184 to 0.0279 / 0.0140 ms, and no config that keeps fewer in flight came first
-# (STAGES=1, loads straight to registers: 1.2-1.9x slower; bench/results/2026-12-02h/call1/fp8_gemv_variants.md).
-# Hence the deeper configs; the 32-wide and 8-warp ones, never first at one row, are gone.
 def gemv_configs_that_fit(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
     """The GEMV configs whose float32 accumulators (ROWS x BLOCK_N x BLOCK_K, twice when GATED) take at most 128
     registers a thread; more spill when built for sm_90a (tests/kernels/test_fp8_sm90_compile.py)."""
@@ -165,11 +160,15 @@ def gemv_configs_that_fit(configs: list[triton.Config], named_args: dict, **kwar
     return [c for c in configs if parts * c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"] <= 128 * 32 * c.num_warps]
 
 
+# The GEMV's loads are latency-bound: at one row on the H200's 9B shapes, 2 -> 3 stages of loads in flight took
+# gate_up / down from 0.0315 / 0.0184 to 0.0279 / 0.0140 ms, and loads straight to registers (STAGES=1) were
+# 1.2-1.9x slower (bench/results/2026-12-02h/call1). With 4-6 stages (call2) the best time per shape fell by 0-6 %
+# at one and two rows. Each config below came first at some shape in call1 or call2, or within 2 % of first.
+# Gone: the 32-wide and 8-warp ones (never first at one row) and four deeper ones never first in call2.
 _gemv_tuned = triton.autotune(
     configs=[triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "STAGES": st}, num_warps=w)
              for bn, bk, w, st in [(8, 512, 4, 2), (8, 512, 4, 3), (16, 256, 4, 3), (16, 512, 4, 2),
-                                   (8, 512, 4, 4), (8, 512, 4, 5), (8, 256, 4, 5), (8, 256, 4, 6), (4, 512, 4, 4),
-                                   (4, 1024, 4, 3), (16, 256, 4, 4), (16, 256, 4, 5), (4, 512, 2, 6)]],
+                                   (8, 512, 4, 4), (8, 512, 4, 5), (16, 256, 4, 4), (16, 256, 4, 5), (4, 512, 2, 6)]],
     key=["N", "K", "ROWS", "GATED"], prune_configs_by={"early_config_prune": gemv_configs_that_fit},
     do_bench=graph_time)(_gemv_kernel)
 _dot_tuned = triton.autotune(
