@@ -9,6 +9,7 @@ and the result matches `dequantize, then matmul` to float32 rounding. Programs s
 columns finely (8 to 128 per program) so that enough of them stream the weight at once.
 One or two rows of x (batch-1/2 decode) run on the CUDA cores (`_gemv_kernel`); more rows on the
 tensor cores, with the weight as the register operand (`_dot_kernel`, y^T = w x^T).
+A gated MLP's gate_up can run as one GEMV that writes silu(gate) * up (fp8_weight_only_gated_gemm).
 """
 
 import functools
@@ -48,9 +49,9 @@ def _gemv_kernel(x, w, s, b, y, M, N, K, stride_xm, stride_wn, stride_sn, stride
     [BLOCK_N, BLOCK_K] weight tile (K contiguous), widens it to float32 and adds its products with x,
     scaled per 128-wide block, into an element-wise accumulator that is summed once after the K loop
     (as the MoE expert GEMVs do, moe_gemv.py): summing every step ran the loop at 45-50 % of copy
-    bandwidth on the H200, against 72 % now. STAGES steps of loads are in flight at once. The program's
-    BLOCK_N columns (dividing 128) share one 128-row scale block, so x is scaled per K block and each
-    weight takes one multiply-add.
+    bandwidth on the H200, against 72 % (79-85 % with 3-6 stages, 2026-12-02 (h)). STAGES steps of loads
+    are in flight at once. The program's BLOCK_N columns (dividing 128) share one 128-row scale block, so x
+    is scaled per K block and each weight takes one multiply-add.
 
     GATED (a gated MLP's gate_up, N = I a multiple of 128): w holds 2N rows [gate; up], the program also sums
     the up rows N + o_n, and y [M, N] gets silu(gate) * up, rounded as silu_and_mul rounds the plain result."""
