@@ -70,14 +70,14 @@ def _gemv_kernel(x, w, s, b, y, M, N, K, stride_xm, stride_wn, stride_sn, stride
     acc_up = tl.zeros((ROWS, BLOCK_N, G, 128), dtype=tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         m_k = (k0 + o_k) < K
-        m_w = m_n[:, None] & m_k[None, :]
+        m_w, m_g = m_n[:, None] & m_k[None, :], k0 + o_g * 128 < K
         b_x = tl.load(p_x + k0, mask=m_m[:, None] & m_k[None, :], other=0.0).to(tl.float32)
         b_x = tl.reshape(b_x, (ROWS, 1, G, 128))
-        b_s = tl.load(p_s + k0 // 128, mask=k0 + o_g * 128 < K, other=0.0)
+        b_s = tl.load(p_s + k0 // 128, mask=m_g, other=0.0)
         b_w = tl.load(p_w + k0, mask=m_w, other=0.0).to(tl.float32)
         acc += tl.reshape(b_w, (1, BLOCK_N, G, 128)) * (b_x * b_s[None, None, :, None])
         if GATED:
-            b_s = tl.load(p_s + (N // 128) * stride_sn + k0 // 128, mask=k0 + o_g * 128 < K, other=0.0)
+            b_s = tl.load(p_s + (N // 128) * stride_sn + k0 // 128, mask=m_g, other=0.0)
             b_w = tl.load(p_w + N * stride_wn + k0, mask=m_w, other=0.0).to(tl.float32)
             acc_up += tl.reshape(b_w, (1, BLOCK_N, G, 128)) * (b_x * b_s[None, None, :, None])
     y_rows = tl.sum(tl.sum(acc, 3), 2)  # [ROWS, BLOCK_N]
@@ -190,7 +190,7 @@ def fp8_weight_only_gemm(*, x: torch.Tensor, weight: torch.Tensor, weight_scale_
     x, weight, weight_scale_inv = x.contiguous(), weight.contiguous(), weight_scale_inv.contiguous()
     y = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
     if x.shape[0]:
-        _launch(x, weight, weight_scale_inv, bias, y, _kernel_for(x, weight, weight_scale_inv, bias, y))
+        _launch(x, weight, weight_scale_inv, bias, y, _kernel_for(x, weight, weight_scale_inv, bias))
     return y
 
 
@@ -212,10 +212,11 @@ def fp8_weight_only_gated_gemm(*, x: torch.Tensor, weight: torch.Tensor, weight_
     _check(x, weight, weight_scale_inv, bias)
     x, weight, weight_scale_inv = x.contiguous(), weight.contiguous(), weight_scale_inv.contiguous()
     m, n = x.shape[0], weight.shape[0]
-    plain = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    if m == 0 or n % 256 or _kernel_for(x, weight, weight_scale_inv, bias, plain) != "gemv":
+    kernel = _kernel_for(x, weight, weight_scale_inv, bias) if m else None
+    if kernel != "gemv" or n % 256:
+        plain = torch.empty(m, n, dtype=x.dtype, device=x.device)
         if m:
-            _launch(x, weight, weight_scale_inv, bias, plain, _kernel_for(x, weight, weight_scale_inv, bias, plain))
+            _launch(x, weight, weight_scale_inv, bias, plain, kernel)
         return silu_and_mul(gate_up=plain)
     y = torch.empty(m, n // 2, dtype=x.dtype, device=x.device)
     _launch(x, weight, weight_scale_inv, bias, y, "gemv", gated=True)
@@ -244,16 +245,17 @@ def dense_few_rows_gemm(*, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     return y
 
 
-def _kernel_for(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor, bias: torch.Tensor | None,
-                y: torch.Tensor) -> str:
+def _kernel_for(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
+                bias: torch.Tensor | None) -> str:
     """"dot" above GEMV_MAX_ROWS rows; for fewer, whichever of "gemv" and "dot" ran this shape faster
-    on CUDA (fastest.py, after each kernel's own tuning), "gemv" elsewhere."""
+    on CUDA (fastest.py, after each kernel's own tuning, into an output of its own), "gemv" elsewhere."""
     (m, k), n = x.shape, weight.shape[0]
     if m > GEMV_MAX_ROWS:
         return "dot"
     if not x.is_cuda:
         return "gemv"
-    def runs() -> dict:
+    def runs() -> dict:  # only for a shape not yet timed
+        y = torch.empty(m, n, dtype=x.dtype, device=x.device)
         return {kernel: functools.partial(_launch, x, weight, weight_scale_inv, bias, y, kernel)
                 for kernel in ("gemv", "dot")}
 
