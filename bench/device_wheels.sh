@@ -26,6 +26,8 @@ wheels=(
   fla-core==0.6.0 einops==0.8.2
   # metrics and the grammar backend
   prometheus-client==0.26.0 xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2
+  # the CUDA suite over several pytest workers
+  pytest-xdist==3.8.0 execnet==2.1.2
 )
 mkdir -p "$dest"
 "$pip" download -q --no-deps --only-binary=:all: --python-version "$python_version" --implementation cp \

@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [i3|i2|next_h|g1|g2|fault_f|last_e|final_e|verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [j1|suite|i3|i2|next_h|g1|g2|fault_f|last_e|final_e|verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -178,6 +178,20 @@ for part in ${*:-tests}; do
       timeout 120 python3 bench/gdn_decode_norm.py 2>&1 | tee "$OUT/gdn_decode_norm.md" | grep -E "^\||Error"
       timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_gdn_recurrent.py 2>&1 \
         | tee "$OUT/tests_gdn.log" | tail -4 ;;
+    j1)  # the pre-norm in the FP8 decode GEMV (.before/ = 4df70fe, carried): its CUDA tests, 9B batch-1 decode bf16,
+      # FP8, FP8 at .before, and the FP8 decode profile
+      group fp8 200 tests/kernels/test_fp8_gemm.py -k "pre_norm or gated or gemv or weight_only" \
+        tests/gpu/test_fp8_cuda.py
+      offline bf16_9b_b1 qwen3_5-9b-text --batch 1 --prompt 1024 --output 128
+      ab fp8_9b_b1 qwen3_5-9b-text --batch 1 --prompt 1024 --output 128 --engine-arg quantization=fp8
+      date +%T; timeout $((580 - SECONDS)) python3 bench/decode_profile.py --config configs/qwen3_5-9b-text --batch 1 \
+        --graphs --top 25 --engine-arg quantization=fp8 2>&1 | quiet | tee "$OUT/profile_9b_b1_fp8.md" | head -24
+      date +%T ;;
+    suite)  # the whole CUDA suite (tests/gpu, tests/kernels, the composed and FP8-checkpoint files) over 4 pytest
+      # workers on the one GPU (the kernels' compiles and tunings run on the CPU cores), first failures listed
+      timeout ${TESTS_TIMEOUT:-580} python3 -m pytest -q -n 4 -rfE -p no:cacheprovider --durations=15 tests/gpu \
+        tests/kernels tests/test_composed_gpu.py tests/test_fp8_checkpoint.py 2>&1 | tee "$OUT/tests_suite.log" \
+        | tail -40 ;;
     i3)  # the final code: 9B FP8 batch-1 decode profile (the gated gate_up GEMV in place of silu_and_mul), then on
       # CUDA the paged decode attention moved in f13879d (its kernel tests, the models through it) and the FP8 test
       # that i2's time limit cut
