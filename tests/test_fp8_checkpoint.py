@@ -119,33 +119,6 @@ def test_fp8_checkpoint_serves_its_dequantized_model(fp8_checkpoint, tmp_path):
         torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel runs on CUDA there (tests/gpu/test_fp8_cuda.py)")
-def test_pre_norm_in_the_decode_gemv_serves_the_same_model(fp8_checkpoint, monkeypatch):
-    """The decode GEMV that takes the layer's add and RMSNorm (CUDA only when served) run here under the
-    interpreter: the two short prompts (prefill, then decode at two rows) give the same tokens, and float32
-    log-probabilities within float32 sums of the two-launch path. Its wiring is what this checks: the residual
-    stream it hands on, the norm each projection gets, the gated MLP's activation."""
-    import hybrid_sgl.layers.linear as linear
-    from triton_kernels.fp8_weight_only import fp8_weight_only_norm_gemm
-
-    fused = []
-
-    def on_cpu_too(x, residual, norm, weight, weight_scale_inv, bias, gated):
-        out = fp8_weight_only_norm_gemm(x=x, residual=residual, norm_weight=norm.weight, eps=norm.eps,
-                                        offset=norm.offset, weight=weight, weight_scale_inv=weight_scale_inv,
-                                        bias=bias, gated=gated) if x.shape[0] <= 2 else None
-        fused.append(out is not None)
-        return out
-
-    short = PROMPTS[:2]
-    ref_ids, ref_logprobs, _ = _run(fp8_checkpoint, short)
-    monkeypatch.setattr(linear, "fp8_norm_linear", on_cpu_too)
-    ids, logprobs, _ = _run(fp8_checkpoint, short)
-    assert ids == ref_ids and sum(fused) >= 7 * 7  # 7 decode steps x 7 pre-norms (layer 0 has no add first)
-    for got, ref in zip(logprobs, ref_logprobs):
-        torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-5, atol=1e-5)
-
-
 def _assert_within_e4m3_roundings(logprobs: list[list[float]], ref_logprobs: list[list[float]]) -> None:
     """The prompts' teacher-forced log-probabilities (~6 nats on this random model) of two runs whose
     linear layers differ by one e4m3 rounding (2**-4 relative at most, ~2**-6 on average) of their

@@ -42,9 +42,9 @@ def fp8_weight_only_gemm_ref(*, x: torch.Tensor, weight: torch.Tensor, weight_sc
 
 
 @triton.jit
-def _gemv_kernel(x, w, s, b, y, res, norm_w, res_out, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym, stride_res,
-                 eps, offset, HAS_BIAS: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr, ROWS: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+def _gemv_kernel(x, w, s, b, y, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym, HAS_BIAS: tl.constexpr,
+                 GATED: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 STAGES: tl.constexpr):
     """M <= ROWS (1 or 2): BLOCK_N output columns of every row, on the CUDA cores. Each step reads a
     [BLOCK_N, BLOCK_K] weight tile (K contiguous), widens it to float32 and adds its products with x,
     scaled per 128-wide block, into an element-wise accumulator that is summed once after the K loop
@@ -54,13 +54,7 @@ def _gemv_kernel(x, w, s, b, y, res, norm_w, res_out, M, N, K, stride_xm, stride
     is scaled per K block and each weight takes one multiply-add.
 
     GATED (a gated MLP's gate_up, N = I a multiple of 128): w holds 2N rows [gate; up], the program also sums
-    the up rows N + o_n, and y [M, N] gets silu(gate) * up, rounded as silu_and_mul rounds the plain result.
-
-    NORM (the layer's pre-norm in the GEMV): x is the previous block's output and res [M, K] (row stride stride_res)
-    the residual stream; the GEMV multiplies rmsnorm(h) (weight norm_w + offset, eps) with h = x + res rounded to
-    x's dtype, and program 0 writes h to res_out [M, K] (contiguous). Each step adds the products with h * (norm_w +
-    offset) and the squares of h; the sums are scaled by 1 / rms(h) after the loop, so the normed activation is
-    never rounded to x's dtype (the unfused path rounds it once; the results differ by that rounding)."""
+    the up rows N + o_n, and y [M, N] gets silu(gate) * up, rounded as silu_and_mul rounds the plain result."""
     tl.static_assert(128 % BLOCK_N == 0)
     G: tl.constexpr = BLOCK_K // 128
     i_n = tl.program_id(0)
@@ -74,20 +68,11 @@ def _gemv_kernel(x, w, s, b, y, res, norm_w, res_out, M, N, K, stride_xm, stride
     p_s = s + (i_n * BLOCK_N // 128) * stride_sn + o_g  # [G]
     acc = tl.zeros((ROWS, BLOCK_N, G, 128), dtype=tl.float32)
     acc_up = tl.zeros((ROWS, BLOCK_N, G, 128), dtype=tl.float32)
-    squares = tl.zeros((ROWS, BLOCK_K), dtype=tl.float32)  # NORM: h * h, summed after the loop
-    p_res = res + o_m.to(tl.int64)[:, None] * stride_res + o_k[None, :]  # [ROWS, BLOCK_K] (NORM)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         m_k = (k0 + o_k) < K
-        m_w, m_g, m_x = m_n[:, None] & m_k[None, :], k0 + o_g * 128 < K, m_m[:, None] & m_k[None, :]
-        b_x = tl.load(p_x + k0, mask=m_x, other=0.0)
-        if NORM:
-            b_h = b_x + tl.load(p_res + k0, mask=m_x, other=0.0)  # the residual stream, in x's dtype
-            if i_n == 0:
-                tl.store(res_out + o_m[:, None] * K + k0 + o_k[None, :], b_h, mask=m_x)
-            b_x = b_h.to(tl.float32)
-            squares += b_x * b_x
-            b_x *= tl.load(norm_w + k0 + o_k, mask=m_k, other=0.0).to(tl.float32)[None, :] + offset
-        b_x = tl.reshape(b_x.to(tl.float32), (ROWS, 1, G, 128))
+        m_w, m_g = m_n[:, None] & m_k[None, :], k0 + o_g * 128 < K
+        b_x = tl.load(p_x + k0, mask=m_m[:, None] & m_k[None, :], other=0.0).to(tl.float32)
+        b_x = tl.reshape(b_x, (ROWS, 1, G, 128))
         b_s = tl.load(p_s + k0 // 128, mask=m_g, other=0.0)
         b_w = tl.load(p_w + k0, mask=m_w, other=0.0).to(tl.float32)
         acc += tl.reshape(b_w, (1, BLOCK_N, G, 128)) * (b_x * b_s[None, None, :, None])
@@ -96,15 +81,10 @@ def _gemv_kernel(x, w, s, b, y, res, norm_w, res_out, M, N, K, stride_xm, stride
             b_w = tl.load(p_w + N * stride_wn + k0, mask=m_w, other=0.0).to(tl.float32)
             acc_up += tl.reshape(b_w, (1, BLOCK_N, G, 128)) * (b_x * b_s[None, None, :, None])
     y_rows = tl.sum(tl.sum(acc, 3), 2)  # [ROWS, BLOCK_N]
-    if NORM:
-        rstd = tl.rsqrt(tl.sum(squares, 1) / K + eps)[:, None]  # [ROWS, 1]
-        y_rows *= rstd
     if HAS_BIAS:
         y_rows += tl.load(b + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
     if GATED:  # each rounding where the plain GEMV, then silu_and_mul, round
         up = tl.sum(tl.sum(acc_up, 3), 2)
-        if NORM:
-            up *= rstd
         if HAS_BIAS:
             up += tl.load(b + N + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
         gate = y_rows.to(y.dtype.element_ty).to(tl.float32)
@@ -190,7 +170,7 @@ _gemv_tuned = triton.autotune(
     configs=[triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "STAGES": st}, num_warps=w)
              for bn, bk, w, st in [(8, 512, 4, 2), (8, 512, 4, 3), (16, 256, 4, 3), (16, 512, 4, 2),
                                    (8, 512, 4, 4), (8, 512, 4, 5), (16, 256, 4, 4), (16, 256, 4, 5), (4, 512, 2, 6)]],
-    key=["N", "K", "ROWS", "GATED", "NORM"], prune_configs_by={"early_config_prune": gemv_configs_that_fit},
+    key=["N", "K", "ROWS", "GATED"], prune_configs_by={"early_config_prune": gemv_configs_that_fit},
     do_bench=graph_time)(_gemv_kernel)
 _dot_tuned = triton.autotune(
     configs=[triton.Config({"BLOCK_N": bn, "SPLIT_K": sk}, num_warps=w, num_stages=st)
@@ -243,45 +223,6 @@ def fp8_weight_only_gated_gemm(*, x: torch.Tensor, weight: torch.Tensor, weight_
     return y
 
 
-def fp8_weight_only_norm_gemm_ref(*, x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                                  offset: float, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
-                                  bias: torch.Tensor | None = None, gated: bool = False
-                                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A layer's pre-norm, then its FP8 linear: x, residual [M, K] -> (y, h) with h = x + residual and y the
-    linear of rmsnorm(h) (norm_weight [K] + offset, eps): [M, N], or silu(gate) * up [M, N / 2] when gated."""
-    h = x + residual
-    hf = h.float()
-    normed = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps) * (norm_weight.float() + offset)).to(x.dtype)
-    y = fp8_weight_only_gemm_ref(x=normed, weight=weight, weight_scale_inv=weight_scale_inv, bias=bias)
-    if gated:
-        gate, up = y.chunk(2, dim=-1)
-        y = F.silu(gate) * up
-    return y, h
-
-
-def fp8_weight_only_norm_gemm(*, x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                              offset: float, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
-                              bias: torch.Tensor | None = None, gated: bool = False
-                              ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """fp8_weight_only_norm_gemm_ref's contract in one GEMV launch (the add and the norm in its K loop, the norm's
-    1 / rms after it: the normed activation is not rounded to x's dtype), where the GEMV serves the shape: 1-2
-    rows, the GEMV chosen for them (gated: one row, N / 2 a multiple of 128). None elsewhere: the caller runs the
-    norm, then the linear."""
-    _check(x, weight, weight_scale_inv, bias)
-    m, n = x.shape[0], weight.shape[0]
-    if not 0 < m <= GEMV_MAX_ROWS or (gated and (n % 256 or m > 1)):  # (two gated rows would spill on sm_90a)
-        return None
-    x, weight, weight_scale_inv = x.contiguous(), weight.contiguous(), weight_scale_inv.contiguous()
-    if _kernel_for(x, weight, weight_scale_inv, bias) != "gemv":
-        return None
-    assert residual.shape == x.shape and residual.dtype == x.dtype and residual.stride(-1) == 1, \
-        f"residual {tuple(residual.shape)} {residual.dtype} for x {tuple(x.shape)} {x.dtype}"
-    y = torch.empty(m, n // 2 if gated else n, dtype=x.dtype, device=x.device)
-    h = torch.empty_like(x)
-    _launch(x, weight, weight_scale_inv, bias, y, "gemv", gated=gated, norm=(residual, norm_weight, h, eps, offset))
-    return y, h
-
-
 DENSE_MAX_ROWS = 16
 
 
@@ -322,34 +263,29 @@ def _kernel_for(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.T
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor | None, bias: torch.Tensor | None,
-            y: torch.Tensor, kernel: str, f16_operands: bool | None = None, gated: bool = False,
-            norm: tuple | None = None) -> None:
+            y: torch.Tensor, kernel: str, f16_operands: bool | None = None, gated: bool = False) -> None:
     """Run `kernel` ("gemv" for 1-2 rows, or "dot") into y; f16_operands None: for bf16 x up to 16 rows.
-    weight_scale_inv None: a 16-bit weight ("dot" only). gated ("gemv" only): y [M, N / 2] gets silu(gate) * up.
-    norm ("gemv" only): (residual, norm weight, residual out, eps, offset), the pre-norm in the GEMV."""
+    weight_scale_inv None: a 16-bit weight ("dot" only). gated ("gemv" only): y [M, N / 2] gets silu(gate) * up."""
     (m, k), n = x.shape, weight.shape[0] // (2 if gated else 1)
     scales = weight if weight_scale_inv is None else weight_scale_inv  # (16-bit weights: unread)
-    b = bias if bias is not None else y
+    args = (x, weight, scales, bias if bias is not None else y, y, m, n, k,
+            x.stride(0), weight.stride(0), scales.stride(0), y.stride(0))
     if kernel == "gemv":
-        res, norm_w, res_out, eps, offset = norm if norm is not None else (x, x, x, 0.0, 0.0)
-        args = (x, weight, scales, b, y, res, norm_w, res_out, m, n, k, x.stride(0), weight.stride(0),
-                scales.stride(0), y.stride(0), res.stride(0), eps, offset)
-        flags = dict(HAS_BIAS=bias is not None, GATED=gated, NORM=norm is not None, ROWS=triton.next_power_of_2(m))
+        flags = dict(HAS_BIAS=bias is not None, GATED=gated, ROWS=triton.next_power_of_2(m))
         if x.is_cuda:
             _gemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags)
         else:  # the interpreter: one config
             _gemv_kernel[(triton.cdiv(n, 16),)](*args, BLOCK_N=16, BLOCK_K=256, STAGES=1, **flags)
         return
     bucket = max(16, triton.next_power_of_2(m))  # 16, 32 or 64: one row tile reads the weight once
-    args = (x, weight, scales, b, y, parts_scratch(x.device, MAX_SPLIT_K * bucket * n),
-            arrival_counters(x.device, triton.cdiv(n, 16)), m, n, k, x.stride(0), weight.stride(0), scales.stride(0),
-            y.stride(0))
     # fp16 operands pay a per-tile scaling of x that grows with its rows: measured faster at 16 rows,
     # slower at 64 (bench/fp8_decode_variants.py)
     f16 = x.dtype == torch.bfloat16 and bucket == 16 if f16_operands is None else f16_operands
     f16 = f16 and weight_scale_inv is not None  # (16-bit weights multiply as they are)
     flags = dict(HAS_BIAS=bias is not None, EXACT_DOT=x.dtype == torch.float32, F16_OPERANDS=f16, M_BUCKET=bucket,
                  SCALED=weight_scale_inv is not None, BLOCK_M=bucket, BLOCK_K=FP8_BLOCK)
+    args = args[:5] + (parts_scratch(x.device, MAX_SPLIT_K * bucket * n),
+                       arrival_counters(x.device, triton.cdiv(n, 16))) + args[5:]
     if x.is_cuda:
         _dot_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](*args, **flags)
     else:  # the interpreter: one config, K split in two

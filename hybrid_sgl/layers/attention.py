@@ -43,20 +43,9 @@ class GatedAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
-        return self._attend(self.qkv_proj(x), fb)
-
-    def add_norm_forward(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module, fb: ForwardBatch
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The mixer behind its pre-norm: x (the delta), residual [T, H] -> (forward(norm(x + residual)), x + residual).
-        At FP8 decode the add and norm run in qkv_proj's GEMV (QuantizableLinear.add_norm)."""
-        qkv, residual = self.qkv_proj.add_norm(x, residual, norm)
-        return self._attend(qkv, fb), residual
-
-    def _attend(self, qkv: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        """qkv_proj's output [T, q + gate + k + v rows] -> [T, H]."""
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.spec.head_dim
-        t = qkv.shape[0]
-        qg, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        t = x.shape[0]
+        qg, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.spec.output_gate:
             qg = qg.view(t, hq, 2 * d)
             q, gate = qg[..., :d], qg[..., d:]  # strided views [T, Hq, D]
@@ -73,7 +62,7 @@ class GatedAttention(nn.Module):
             o = self.ops.extend(q=q, k_cache=k_cache, v_cache=v_cache, block_table=fb.block_table,
                                 cu_seqlens_q=fb.cu_seqlens, seq_lens=fb.seq_lens, scale=self.scale)
         if gate is not None:
-            o = sigmoid_gate_mul(o=o, gate=gate) if o.is_cuda else sigmoid_gate_mul_ref(o=o, gate=gate)
+            o = sigmoid_gate_mul(o=o, gate=gate) if x.is_cuda else sigmoid_gate_mul_ref(o=o, gate=gate)
         return self.o_proj(o.reshape(t, hq * d))
 
     def _position_and_norm(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):

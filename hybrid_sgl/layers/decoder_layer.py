@@ -1,9 +1,8 @@
 """The pre-norm hybrid block shared by most families: norm -> mixer -> add -> norm -> ffn.
 
 Residual adds are fused into the next RMSNorm: a layer returns its FFN output as the delta for
-the next layer (or the final norm) to add. A mixer or FFN with `add_norm_forward` takes the add and its
-pre-norm: the sparse MoE into its router's launch at decode, the gated MLP, GDN and attention into their
-input projection's GEMV at FP8 decode (QuantizableLinear.add_norm). `residual_multiplier` scales both branch outputs
+the next layer (or the final norm) to add. An FFN with `add_norm_forward` (the sparse MoE) takes
+the add and its pre-norm into its own first kernel. `residual_multiplier` scales both branch outputs
 before they are added (Granite); `offset` = 1.0 for zero-centered norm weights (Qwen3-Next)."""
 
 from dataclasses import dataclass
@@ -40,14 +39,10 @@ class DecoderLayer(nn.Module):
         Returns (scaled ffn output, residual stream)."""
         if residual is None:
             h, residual = self.input_norm(x), x
-            delta = self.mixer(h, fb)
-        elif hasattr(self.mixer, "add_norm_forward"):  # the mixer may take its pre-norm into its first kernel
-            delta, residual = self.mixer.add_norm_forward(x, residual, self.input_norm, fb)
         else:
             h, residual = self.input_norm.add(x, residual)
-            delta = self.mixer(h, fb)
-        delta = self._scaled(delta)
-        if hasattr(self.ffn, "add_norm_forward"):  # the FFN may take its pre-norm into its first kernel
+        delta = self._scaled(self.mixer(h, fb))
+        if hasattr(self.ffn, "add_norm_forward"):  # the FFN takes its pre-norm in its own first kernel
             out, residual = self.ffn.add_norm_forward(delta, residual, self.post_norm)
         else:
             h, residual = self.post_norm.add(delta, residual)

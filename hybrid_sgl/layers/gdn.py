@@ -48,19 +48,8 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
-        return self._mix(self.in_proj(x), fb)
-
-    def add_norm_forward(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module, fb: ForwardBatch
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The mixer behind its pre-norm: x (the delta), residual [T, H] -> (forward(norm(x + residual)), x + residual).
-        At FP8 decode the add and norm run in in_proj's GEMV (QuantizableLinear.add_norm)."""
-        projected, residual = self.in_proj.add_norm(x, residual, norm)
-        return self._mix(projected, fb), residual
-
-    def _mix(self, projected: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        """in_proj's output [T, in_proj rows] -> [T, H]."""
-        s, t = self.spec, projected.shape[0]
-        qkv, z, b, a = projected.split(self.splits, dim=-1)
+        s, t = self.spec, x.shape[0]
+        qkv, z, b, a = self.in_proj(x).split(self.splits, dim=-1)
         conv_states, ssm_states = fb.state_pool.layer(self.state_index)
         z = z.view(t, s.num_v_heads, s.head_v_dim)
         if fb.is_decode:

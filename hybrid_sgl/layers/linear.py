@@ -32,7 +32,7 @@ from torch import nn
 
 from hybrid_sgl.distributed import current_tp
 from hybrid_sgl.distributed.sharding import HeadSplit, replicated, vocab_split
-from hybrid_sgl.layers.quantization import came_from_fp8, fp8_gated_linear, fp8_linear, fp8_norm_linear
+from hybrid_sgl.layers.quantization import came_from_fp8, fp8_gated_linear, fp8_linear
 from triton_kernels.fastest import chosen, fastest
 from triton_kernels.fp8_quant import quantize_fp8
 from triton_kernels.fp8_weight_only import DENSE_MAX_ROWS, dense_few_rows_gemm
@@ -131,18 +131,6 @@ class QuantizableLinear(nn.Linear):
                 return y
         gate_up = self(x)
         return silu_and_mul(gate_up=gate_up) if x.is_cuda else silu_and_mul_ref(gate_up=gate_up)
-
-    def add_norm(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module, gated: bool = False
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """This layer on norm(x + residual) (silu_and_mul of it when gated), and x + residual: x, residual [T, in]
-        -> ([T, out] or [T, out / 2], [T, in]). norm: an RMSNorm. FP8 decode on CUDA runs the add and the norm
-        in this layer's GEMV (one launch instead of two)."""
-        if self.weight_scale_inv is not None:
-            fused = fp8_norm_linear(x, residual, norm, self.weight, self.weight_scale_inv, self.bias, gated)
-            if fused is not None:
-                return fused
-        h, residual = norm.add(x, residual)
-        return (self.silu_and_mul(h) if gated else self(h)), residual
 
 
 class ColumnParallelLinear(QuantizableLinear):

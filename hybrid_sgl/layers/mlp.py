@@ -25,13 +25,6 @@ class GatedMLP(nn.Module):
         """x: [T, H] -> [T, H]."""
         return self.down_proj(self.gate_up_proj.silu_and_mul(x))
 
-    def add_norm_forward(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The MLP behind its pre-norm: x (the delta), residual [T, H] -> (forward(norm(x + residual)), x + residual).
-        At FP8 decode the add and norm run in gate_up's GEMV (QuantizableLinear.add_norm)."""
-        act, residual = self.gate_up_proj.add_norm(x, residual, norm, gated=True)
-        return self.down_proj(act), residual
-
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:
         """Checkpoint names: gate_proj.weight, up_proj.weight, down_proj.weight."""
         if name in ("gate_proj.weight", "up_proj.weight"):

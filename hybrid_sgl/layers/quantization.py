@@ -34,7 +34,6 @@ from triton_kernels.fp8_weight_only import (
     fp8_weight_only_gated_gemm,
     fp8_weight_only_gemm,
     fp8_weight_only_gemm_ref,
-    fp8_weight_only_norm_gemm,
 )
 
 logger = logging.getLogger(__name__)
@@ -192,16 +191,3 @@ def fp8_gated_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: to
         return None
     y = fp8_weight_only_gated_gemm(x=rows, weight=weight, weight_scale_inv=weight_scale_inv, bias=bias)
     return y.view(*x.shape[:-1], weight.shape[0] // 2)
-
-
-def fp8_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm: nn.Module, weight: torch.Tensor,
-                    weight_scale_inv: torch.Tensor, bias: torch.Tensor | None, gated: bool
-                    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """An FP8 linear (gated: a gated MLP's gate_up, then silu(gate) * up) on norm(x + residual), with the add and
-    the RMSNorm (`norm`: weight, eps, offset) in the decode GEMV: x, residual [T, K] -> (y, x + residual), where
-    the GEMV serves the rows (CUDA, 1-2 of them: fp8_weight_only_norm_gemm); None elsewhere (the caller norms,
-    then multiplies)."""
-    if not (x.is_cuda and x.dim() == 2 and x.shape[0] <= WEIGHT_ONLY_MAX_ROWS):
-        return None
-    return fp8_weight_only_norm_gemm(x=x, residual=residual, norm_weight=norm.weight, eps=norm.eps, offset=norm.offset,
-                                     weight=weight, weight_scale_inv=weight_scale_inv, bias=bias, gated=gated)

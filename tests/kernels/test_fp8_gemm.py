@@ -21,8 +21,6 @@ from triton_kernels.fp8_weight_only import (
     fp8_weight_only_gated_gemm,
     fp8_weight_only_gemm,
     fp8_weight_only_gemm_ref,
-    fp8_weight_only_norm_gemm,
-    fp8_weight_only_norm_gemm_ref,
 )
 from triton_kernels.norms import silu_and_mul
 
@@ -174,35 +172,6 @@ def test_gated_weight_only_is_silu_and_mul_of_the_plain_result(m, n, k, with_bia
     assert torch.equal(y, silu_and_mul(gate_up=fp8_weight_only_gemm(**kw)))
     ref = F.silu(fp8_weight_only_gemm_ref(**kw).float()[:, :n // 2]) * fp8_weight_only_gemm_ref(**kw)[:, n // 2:]
     torch.testing.assert_close(y.float(), ref.float(), rtol=2e-2 if dtype == torch.bfloat16 else 1e-4, atol=1e-3)
-
-
-@pytest.mark.parametrize("m,n,k,gated,offset", [(1, 130, 200, False, 0.0), (1, 512, 300, True, 1.0),
-                                                (2, 40, 700, False, 1.0), (1, 256, 129, True, 0.0)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] if DEVICE == "cuda" else [torch.float32])
-def test_pre_norm_in_the_gemv_is_the_norm_then_the_gemm(m, n, k, gated, offset, dtype):
-    """The layer's add and RMSNorm inside the GEMV: the residual stream it writes is x + residual exactly, and the
-    output is the linear of the normed stream (plain or gated). The normed activation stays float32 in the kernel
-    where the unfused path rounds it to the dtype once: bf16 results differ by that rounding."""
-    kw = _problem(m, n, k, True, seed=21)
-    g = torch.Generator().manual_seed(22)
-    x = (kw.pop("x") * 3).to(dtype)
-    residual = (torch.randn(m, k, generator=g) * 5).to(DEVICE, dtype)
-    norm = dict(norm_weight=(torch.randn(k, generator=g) * 0.3 + 1 - offset).to(DEVICE, dtype), eps=1e-6, offset=offset)
-    kw["bias"] = kw["bias"].to(dtype)
-    y, h = fp8_weight_only_norm_gemm(x=x, residual=residual, **norm, **kw, gated=gated)
-    ref_y, ref_h = fp8_weight_only_norm_gemm_ref(x=x, residual=residual, **norm, **kw, gated=gated)
-    assert torch.equal(h, ref_h) and y.shape == ref_y.shape == (m, n // 2 if gated else n) and y.dtype == dtype
-    torch.testing.assert_close(y.float(), ref_y.float(), rtol=2e-2 if dtype == torch.bfloat16 else 1e-4, atol=1e-3)
-
-
-def test_pre_norm_gemv_leaves_other_shapes_to_the_caller():
-    """3 rows, a gated weight whose halves are not whole 128-row blocks, or two gated rows: None (the caller norms,
-    then multiplies)."""
-    for m, n, gated in ((3, 256, False), (1, 260, True), (2, 256, True)):
-        q, s = _weight(n, 128)
-        x = torch.randn(m, 128, device=DEVICE)
-        assert fp8_weight_only_norm_gemm(x=x, residual=x, norm_weight=torch.ones(128, device=DEVICE), eps=1e-6,
-                                         offset=0.0, weight=q, weight_scale_inv=s, gated=gated) is None
 
 
 def test_weight_only_refuses_prefill_sized_inputs():
