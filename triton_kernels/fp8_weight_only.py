@@ -206,9 +206,10 @@ def _check(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor
 
 def fp8_weight_only_gated_gemm(*, x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
                                bias: torch.Tensor | None = None) -> torch.Tensor:
-    """silu_and_mul of fp8_weight_only_gemm's result, bit for bit: a gated MLP's gate_up (weight [2I, K], rows
-    [gate; up]) -> [M, I]. Where the GEMV serves the shape (1-2 rows; I a multiple of 128) the activation is its
-    epilogue (one launch, and the [M, 2I] result is never written); otherwise the two run one after the other."""
+    """silu_and_mul of fp8_weight_only_gemm's result: a gated MLP's gate_up (weight [2I, K], rows [gate; up]) ->
+    [M, I]. Where the GEMV serves the shape (1-2 rows; I a multiple of 128) the activation is its epilogue (one
+    launch, and the [M, 2I] result is never written), rounded as the two launches round: bit for bit under one
+    launch config, while configs tuned apart may sum K in another order. Otherwise the two run one after the other."""
     _check(x, weight, weight_scale_inv, bias)
     x, weight, weight_scale_inv = x.contiguous(), weight.contiguous(), weight_scale_inv.contiguous()
     m, n = x.shape[0], weight.shape[0]
