@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [j1|suite|i3|i2|next_h|g1|g2|fault_f|last_e|final_e|verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [final_i|j1|suite|i3|i2|next_h|g1|g2|fault_f|last_e|final_e|verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -178,6 +178,15 @@ for part in ${*:-tests}; do
       timeout 120 python3 bench/gdn_decode_norm.py 2>&1 | tee "$OUT/gdn_decode_norm.md" | grep -E "^\||Error"
       timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_gdn_recurrent.py 2>&1 \
         | tee "$OUT/tests_gdn.log" | tail -4 ;;
+    final_i)  # the final code: the FP8 GEMM tests (the cuBLAS probe's small N, the gated GEMV within its sum order)
+      # and the FP8 checkpoints on CUDA; then the bf16 Granite-MoE-hybrid test whose decode-graph warm-up met a
+      # device-side index assert under four workers (call2), five times in fresh processes; then test_model_cuda
+      group fp8 240 tests/kernels/test_fp8_gemm.py tests/gpu/test_fp8_cuda.py
+      for i in 1 2 3 4 5; do
+        group granite_$i 60 tests/gpu/test_model_cuda.py -k "bfloat16 and granitemoehybrid"
+      done
+      group model $((585 - SECONDS)) tests/gpu/test_model_cuda.py
+      date +%T ;;
     j1)  # the pre-norm in the FP8 decode GEMV (.before/ = 4df70fe, carried): its CUDA tests, 9B batch-1 decode bf16,
       # FP8, FP8 at .before, and the FP8 decode profile
       group fp8 200 tests/kernels/test_fp8_gemm.py -k "pre_norm or gated or gemv or weight_only" \
