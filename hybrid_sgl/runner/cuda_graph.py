@@ -72,6 +72,9 @@ class DecodeGraphs:
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
+        # the warm-ups run on `stream`: it must first wait for what the caller's stream still has queued (the
+        # inputs' zero and pad-slot fills above, the pools'), or they read stale memory as token ids and slots
+        stream.wait_stream(torch.cuda.current_stream())
         for bs in reversed(self.sizes):  # largest first, so smaller graphs reuse its memory
             with torch.cuda.stream(stream):
                 for _ in range(2):  # compile / autotune outside the capture

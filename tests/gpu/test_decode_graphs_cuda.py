@@ -1,0 +1,47 @@
+"""Decode graph capture on CUDA: its warm-ups run on a stream of their own, which must wait for what the caller's
+stream still has queued (the inputs' zero and pad-slot fills, the pools' initialization). Skipped without CUDA."""
+
+import pytest
+import torch
+from torch import nn
+
+from hybrid_sgl.memory.allocator import Allocator
+from hybrid_sgl.runner.cuda_graph import DecodeGraphs
+
+pytestmark = pytest.mark.gpu
+
+VOCAB, HIDDEN = 64, 16
+
+
+class _Embedding(nn.Module):
+    """The part of a model the graph inputs feed: token ids -> embeddings -> logits [B, VOCAB]."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, HIDDEN, device="cuda")
+
+    def forward(self, fb) -> torch.Tensor:
+        return self.embed(fb.input_ids)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden @ self.embed.weight.t()
+
+
+def test_capture_waits_for_the_inputs_the_callers_stream_writes():
+    """Stale int64 values fill the small blocks the graph inputs will take, and the caller's stream is kept busy
+    so that their zero fill is still queued when capture starts. Warm-ups that did not wait would read the stale
+    values as token ids and slots (an out-of-range index, a device-side assert); the captured step must give
+    the logits of token 0 at every padded row."""
+    device = torch.device("cuda")
+    allocator = Allocator(num_slots=4, num_pages=8, page_size=4, max_pages_per_request=2, device=device)
+    model = _Embedding()
+    stale = [torch.full((3, 8), 1 << 40, dtype=torch.int64, device=device) for _ in range(64)]
+    torch.cuda.synchronize()
+    del stale
+    torch.cuda._sleep(200_000_000)  # about 0.1 s of the caller's stream, ahead of the inputs' fills
+    graphs = DecodeGraphs(model=model, allocator=allocator, kv_pool=None, state_pool=None, max_bs=8, device=device,
+                          take_prev_ids=True)
+    graphs.capture()
+    torch.cuda.synchronize()
+    logits = graphs.run([0, 0], [0, 0], [allocator.pad_slot] * 2)
+    torch.testing.assert_close(logits, model.compute_logits(model.embed.weight[[0, 0]]))
