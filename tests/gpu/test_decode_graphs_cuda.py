@@ -28,19 +28,24 @@ class _Embedding(nn.Module):
 
 
 def test_capture_waits_for_the_inputs_the_callers_stream_writes():
-    """Stale int64 values fill the small blocks the graph inputs will take, and the caller's stream is kept busy
-    so that their zero fill is still queued when capture starts. Warm-ups that did not wait would read the stale
-    values as token ids and slots (an out-of-range index, a device-side assert); the captured step must give
-    the logits of token 0 at every padded row."""
+    """The graph inputs hold stale values, and the fills that __init__ queues (zeros, the pad slot) are queued
+    again behind about 0.1 s of work on the caller's stream. Warm-ups that did not wait for that stream would read
+    the stale values as token ids and slots (an out-of-range index: a device-side assert); the captured step must
+    give the logits of token 0 at every padded row. (A first version left the stale values in freed blocks for
+    __init__'s own fills to overwrite; on the H200 it passed without the wait too, so it did not hold the race
+    open. This version has not yet run on a GPU.)"""
     device = torch.device("cuda")
     allocator = Allocator(num_slots=4, num_pages=8, page_size=4, max_pages_per_request=2, device=device)
     model = _Embedding()
-    stale = [torch.full((3, 8), 1 << 40, dtype=torch.int64, device=device) for _ in range(64)]
-    torch.cuda.synchronize()
-    del stale
-    torch.cuda._sleep(200_000_000)  # about 0.1 s of the caller's stream, ahead of the inputs' fills
     graphs = DecodeGraphs(model=model, allocator=allocator, kv_pool=None, state_pool=None, max_bs=8, device=device,
                           take_prev_ids=True)
+    graphs.inputs.fill_(1 << 40)
+    graphs.prev_ids.fill_(1 << 40)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # the caller's stream busy ...
+    graphs.inputs.zero_()  # ... with the inputs' fills behind it
+    graphs.inputs[2].fill_(allocator.pad_slot)
+    graphs.prev_ids.zero_()
     graphs.capture()
     torch.cuda.synchronize()
     logits = graphs.run([0, 0], [0, 0], [allocator.pad_slot] * 2)
