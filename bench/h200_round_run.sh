@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [final_i|j1|suite|i3|i2|next_h|g1|g2|fault_f|last_e|final_e|verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [race_i|final_i|j1|suite|i3|i2|next_h|g1|g2|fault_f|last_e|final_e|verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -178,6 +178,14 @@ for part in ${*:-tests}; do
       timeout 120 python3 bench/gdn_decode_norm.py 2>&1 | tee "$OUT/gdn_decode_norm.md" | grep -E "^\||Error"
       timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_gdn_recurrent.py 2>&1 \
         | tee "$OUT/tests_gdn.log" | tail -4 ;;
+    race_i)  # the rewritten decode-graph wait test, with and without the wait (must fail without), then test_fp8_cuda
+      group graphs 50 tests/gpu/test_decode_graphs_cuda.py
+      cp hybrid_sgl/runner/cuda_graph.py /tmp/cuda_graph.py
+      sed -i '/stream.wait_stream(torch.cuda.current_stream())/d' hybrid_sgl/runner/cuda_graph.py
+      group graphs_without_the_wait 50 tests/gpu/test_decode_graphs_cuda.py
+      cp /tmp/cuda_graph.py hybrid_sgl/runner/cuda_graph.py
+      group fp8_cuda $((170 - SECONDS)) tests/gpu/test_fp8_cuda.py
+      date +%T ;;
     final_i)  # the final code: the decode-graph capture's wait for the caller's stream (its test, then the test with
       # the wait removed, which must fail); the FP8 GEMM tests (the cuBLAS probe's small N, the gated GEMV within its sum order)
       # and the FP8 checkpoints on CUDA; then the bf16 Granite-MoE-hybrid test whose decode-graph warm-up met a
