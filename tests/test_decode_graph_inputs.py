@@ -19,9 +19,7 @@ def test_device_side_decode_batch_matches_host_build():
                           device=torch.device("cpu"))
     ids, positions = [5, 6, 7, 8], [n - 1 for n in lens]
     b, bs = len(ids), 8
-    graphs.host_view[0, :b], graphs.host_view[1, :b], graphs.host_view[2, :b] = ids, positions, slots
-    graphs.host_view[2, b:bs] = alloc.pad_slot
-    graphs.inputs.copy_(graphs.host_inputs)
+    graphs.inputs[0, :b], graphs.inputs[1, :b], graphs.inputs[2, :b] = map(torch.tensor, (ids, positions, slots))
     got = graphs._batch(bs)
     want = ForwardBatch.build(mode=ForwardMode.DECODE, token_runs=[[t] for t in ids], prefix_lens=positions,
                               slots=slots, page_table=alloc.page_table, page_size=4, kv_pool=None, state_pool=None,
@@ -50,7 +48,28 @@ def test_device_side_tokens_from_the_previous_step():
     graphs = DecodeGraphs(model=None, allocator=alloc, kv_pool=None, state_pool=None, max_bs=4,
                           device=torch.device("cpu"), take_prev_ids=True)
     graphs.prev_ids[:3] = torch.tensor([101, 102, 103])
-    graphs.host_view[0, :3], graphs.host_view[1, :3], graphs.host_view[2, :3] = [-3, 42, -1], [4, 4, 4], slots
-    graphs.host_view[2, 3] = alloc.pad_slot
-    graphs.inputs.copy_(graphs.host_inputs)
+    graphs.inputs[0, :3], graphs.inputs[1, :3], graphs.inputs[2, :3] = map(torch.tensor, ([-3, 42, -1], [4] * 3, slots))
     assert graphs._batch(4).input_ids[:3].tolist() == [103, 42, 101]
+
+
+def test_steps_fill_the_two_host_buffers_in_turn():
+    """run() fills each step's inputs in the other pinned buffer than the step before: the copy of a launched step
+    that still waits in the stream reads what the host wrote for that step, not the next one's. Each replay sees
+    its own step's rows, padded rows carrying the pad slot."""
+    alloc = Allocator(num_slots=4, num_pages=8, page_size=4, max_pages_per_request=4, device="cpu")
+    graphs = DecodeGraphs(model=None, allocator=alloc, kv_pool=None, state_pool=None, max_bs=4,
+                          device=torch.device("cpu"))
+    seen = []
+
+    class Replay:
+        def replay(self):
+            seen.append(graphs.inputs.clone())
+
+    graphs.graphs = {bs: Replay() for bs in graphs.sizes}
+    graphs.logits = {bs: torch.zeros(bs, 2) for bs in graphs.sizes}
+    graphs.run([5, 6, 7], [1, 2, 3], [0, 1, 2])
+    first = graphs.host_inputs[graphs.turn].clone()
+    graphs.run([8], [4], [3])
+    assert torch.equal(graphs.host_inputs[1 - graphs.turn], first)  # the first step's buffer, untouched
+    assert seen[0][:, :4].tolist() == [[5, 6, 7, 0], [1, 2, 3, 0], [0, 1, 2, alloc.pad_slot]]
+    assert seen[1][:, :1].tolist() == [[8], [4], [3]]

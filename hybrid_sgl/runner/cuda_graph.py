@@ -3,7 +3,8 @@ batch size.
 
 Decode launches hundreds of small kernels per step; replaying a captured graph removes their
 launch cost. The host side of a step is one copy of a pinned [3, B] int64 buffer (token ids,
-positions, state slots); the graph derives everything else on the device: seq_lens, the block
+positions, state slots; two such buffers in turn, since a launched step's copy may still wait in the
+stream while the host fills the next step's); the graph derives everything else on the device: seq_lens, the block
 table (a gather of the allocator's page table by slot) and the KV slot of each new token. A batch
 of B requests runs in the graph of the smallest captured size >= B; the extra rows carry the pad
 slot, so they get seq_len 0 (attention returns zeros), KV slot -1 (store skipped) and recurrent
@@ -39,8 +40,11 @@ class DecodeGraphs:
         self.state_pool = state_pool
         self.sizes = capture_sizes(max_bs)
         self.max_bs = self.sizes[-1]
-        self.host_inputs = torch.zeros((3, self.max_bs), dtype=torch.int64, pin_memory=device.type == "cuda")
-        self.host_view = self.host_inputs.numpy()  # rows: token ids, positions, state slots
+        # [turn, rows: token ids, positions, state slots, B]: steps use the two in turn (overlapped decode has one
+        # step launched, its copy maybe still queued, while the host fills the next)
+        self.host_inputs = torch.zeros((2, 3, self.max_bs), dtype=torch.int64, pin_memory=device.type == "cuda")
+        self.host_view = self.host_inputs.numpy()
+        self.turn = 0
         self.inputs = torch.zeros((3, self.max_bs), dtype=torch.int64, device=device)
         self.inputs[2].fill_(allocator.pad_slot)
         # overlapped decode: a token id -(j + 1) means prev_ids[j], sampled by the previous step on the device
@@ -99,10 +103,11 @@ class DecodeGraphs:
         if prev_ids is not None:
             self.prev_ids[:prev_ids.shape[0]].copy_(prev_ids)
         bs = next(s for s in self.sizes if s >= b)
-        host = self.host_view
+        self.turn ^= 1
+        host = self.host_view[self.turn]
         host[0, :b], host[1, :b], host[2, :b] = token_ids, positions, slots
         host[:, b:bs] = 0
         host[2, b:bs] = self.allocator.pad_slot
-        self.inputs[:, :bs].copy_(self.host_inputs[:, :bs], non_blocking=True)
+        self.inputs[:, :bs].copy_(self.host_inputs[self.turn, :, :bs], non_blocking=True)
         self.graphs[bs].replay()
         return self.logits[bs][:b]
