@@ -3,12 +3,12 @@ batch size.
 
 Decode launches hundreds of small kernels per step; replaying a captured graph removes their
 launch cost. The host side of a step is one copy of a pinned [3, B] int64 buffer (token ids,
-positions, state slots; two such buffers in turn, since a launched step's copy may still wait in the
-stream while the host fills the next step's); the graph derives everything else on the device: seq_lens, the block
-table (a gather of the allocator's page table by slot) and the KV slot of each new token. A batch
-of B requests runs in the graph of the smallest captured size >= B; the extra rows carry the pad
-slot, so they get seq_len 0 (attention returns zeros), KV slot -1 (store skipped) and recurrent
-kernels skip them: they touch no real request's state.
+positions, state slots; two such buffers in turn, since a launched step's copy may still wait in
+the stream while the host fills the next step's); the graph derives everything else on the device:
+seq_lens, the block table (a gather of the allocator's page table by slot) and the KV slot of each
+new token. A batch of B requests runs in the graph of the smallest captured size >= B; the extra
+rows carry the pad slot, so they get seq_len 0 (attention returns zeros), KV slot -1 (store
+skipped) and recurrent kernels skip them: they touch no real request's state.
 """
 
 from __future__ import annotations
