@@ -21,6 +21,13 @@ group() {  # group NAME SECONDS FILES...: one pytest run, each test named as it 
   timeout "$limit" python3 -m pytest -v -rfE -p no:cacheprovider --durations=10 "$@" 2>&1 \
     > "$OUT/tests_$name.log"; grep -E "FAILED|ERROR|passed|failed" "$OUT/tests_$name.log" | tail -12
 }
+wait_check() {  # the decode-graph wait test, then the same with the capture's wait removed (must fail)
+  group graphs 50 tests/gpu/test_decode_graphs_cuda.py
+  cp hybrid_sgl/runner/cuda_graph.py /tmp/cuda_graph.py
+  sed -i '/stream.wait_stream(torch.cuda.current_stream())/d' hybrid_sgl/runner/cuda_graph.py
+  group graphs_without_the_wait 50 tests/gpu/test_decode_graphs_cuda.py
+  cp /tmp/cuda_graph.py hybrid_sgl/runner/cuda_graph.py
+}
 for part in ${*:-tests}; do
   case $part in
     tests)  # every CUDA test: kernels, model parity, graphs, overlap, prefix cache, TP at 1 GPU, composed
@@ -179,22 +186,14 @@ for part in ${*:-tests}; do
       timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_gdn_recurrent.py 2>&1 \
         | tee "$OUT/tests_gdn.log" | tail -4 ;;
     race_i)  # the rewritten decode-graph wait test, with and without the wait (must fail without), then test_fp8_cuda
-      group graphs 50 tests/gpu/test_decode_graphs_cuda.py
-      cp hybrid_sgl/runner/cuda_graph.py /tmp/cuda_graph.py
-      sed -i '/stream.wait_stream(torch.cuda.current_stream())/d' hybrid_sgl/runner/cuda_graph.py
-      group graphs_without_the_wait 50 tests/gpu/test_decode_graphs_cuda.py
-      cp /tmp/cuda_graph.py hybrid_sgl/runner/cuda_graph.py
+      wait_check
       group fp8_cuda $((170 - SECONDS)) tests/gpu/test_fp8_cuda.py
       date +%T ;;
     final_i)  # the final code: the decode-graph capture's wait for the caller's stream (its test, then the test with
       # the wait removed, which must fail); the FP8 GEMM tests (the cuBLAS probe's small N, the gated GEMV within its sum order)
       # and the FP8 checkpoints on CUDA; then the bf16 Granite-MoE-hybrid test whose decode-graph warm-up met a
       # device-side index assert under four workers (call2), twice in fresh processes; then test_model_cuda
-      group graphs 60 tests/gpu/test_decode_graphs_cuda.py
-      cp hybrid_sgl/runner/cuda_graph.py /tmp/cuda_graph.py  # the same test without the capture's wait: must fail
-      sed -i '/stream.wait_stream(torch.cuda.current_stream())/d' hybrid_sgl/runner/cuda_graph.py
-      group graphs_without_the_wait 60 tests/gpu/test_decode_graphs_cuda.py
-      cp /tmp/cuda_graph.py hybrid_sgl/runner/cuda_graph.py
+      wait_check
       group fp8 200 tests/kernels/test_fp8_gemm.py tests/gpu/test_fp8_cuda.py
       for i in 1 2; do
         group granite_$i 60 tests/gpu/test_model_cuda.py -k "bfloat16 and granitemoehybrid"

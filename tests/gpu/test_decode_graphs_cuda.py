@@ -31,9 +31,8 @@ def test_capture_waits_for_the_inputs_the_callers_stream_writes():
     """The graph inputs hold stale values, and the fills that __init__ queues (zeros, the pad slot) are queued
     again behind about 0.1 s of work on the caller's stream. Warm-ups that did not wait for that stream would read
     the stale values as token ids and slots (an out-of-range index: a device-side assert); the captured step must
-    give the logits of token 0 at every padded row. (A first version left the stale values in freed blocks for
-    __init__'s own fills to overwrite; on the H200 it passed without the wait too, so it did not hold the race
-    open. This version has not yet run on a GPU.)"""
+    give the logits of token 0 at every padded row. bench/h200_round_run.sh's wait_check runs it with the wait
+    removed, where it must fail."""
     device = torch.device("cuda")
     allocator = Allocator(num_slots=4, num_pages=8, page_size=4, max_pages_per_request=2, device=device)
     model = _Embedding()
