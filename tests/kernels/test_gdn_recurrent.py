@@ -170,9 +170,11 @@ def test_decode_norm_by_the_heads_last_program_matches_ref(dv, bv):
 @pytest.mark.parametrize("batch", [1, 8, 64, 256])
 def test_decode_with_gated_norm_bf16_real_shapes(batch):
     """Qwen3.5-9B linear attention with the fused norm, bf16: the unfused kernel followed by the served gated
-    norm kernel, up to summation order (a whole head per program sums over K in another order than the
-    unfused kernel's narrow tiles, which can move a bf16 output by a rounding step), and close to the
-    float32 reference."""
+    norm kernel, up to rounding, and close to the float32 reference. The two paths sum o in another order (a
+    whole head per program against narrow tiles) and each rounds four times (o, the normalized row, its product
+    with the weight, the output), each rounding within 2^-8 of the exact value, so the two may be 8 * 2^-8 = 2^-5
+    apart, relative. The default bf16 rtol (1.6e-2) is not a bound: at batch 64 on the H200 one element of
+    262144 was 1.8e-2 apart."""
     from triton_kernels.norms import gated_rmsnorm
     num_slots = batch + 8
     base = decode_inputs(batch, 16, 32, 128, 128, num_slots=num_slots, dtype=torch.bfloat16)
@@ -184,6 +186,6 @@ def test_decode_with_gated_norm_bf16_real_shapes(batch):
     o = gdn_decode(**base, ssm_states=split_states, state_slots=slots, pad_slot=num_slots - 1)
     split = gated_rmsnorm(x=o, z=norm["z"], weight=norm["norm_weight"], eps=norm["norm_eps"])
     torch.testing.assert_close(fused_states, split_states, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(fused, split)  # bf16 tolerances: a rounding step apart at most
+    torch.testing.assert_close(fused, split, rtol=2**-5, atol=1e-5)
     ref = gdn_decode_ref(**base, **norm, ssm_states=states.clone(), state_slots=slots, pad_slot=num_slots - 1)
     assert rel_err(fused, ref) < 1e-2
