@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [race_i|final_i|j1|suite|i3|i2|next_h|g1|g2|fault_f|last_e|final_e|verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [score1|score2|race_i|final_i|j1|suite|i3|i2|next_h|g1|g2|fault_f|last_e|final_e|verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -185,6 +185,28 @@ for part in ${*:-tests}; do
       timeout 120 python3 bench/gdn_decode_norm.py 2>&1 | tee "$OUT/gdn_decode_norm.md" | grep -E "^\||Error"
       timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_gdn_recurrent.py 2>&1 \
         | tee "$OUT/tests_gdn.log" | tail -4 ;;
+    score1)  # the decode-graph wait test (its kernels loaded before the stream is made busy) with and without the wait,
+      # the fused GDN norm's bf16 test at its derived tolerance; then issue 16's decode rows at one commit: 9B and
+      # 35B-A3B batch 1, bf16 against FP8 (experts too on 35B)
+      wait_check
+      group gdn_norm 90 tests/kernels/test_gdn_recurrent.py -k "gated_norm_bf16"
+      offline bf16_9b_b1 qwen3_5-9b-text --batch 1 --prompt 1024 --output 128
+      offline fp8_9b_b1 qwen3_5-9b-text --batch 1 --prompt 1024 --output 128 --engine-arg quantization=fp8
+      offline bf16_35b_b1 qwen3_5-35b-a3b-text --batch 1 --prompt 512 --output 128
+      offline fp8_35b_b1 qwen3_5-35b-a3b-text --batch 1 --prompt 512 --output 128 --engine-arg quantization=fp8 \
+        --engine-arg enable_fp8_experts=true
+      date +%T ;;
+    score2)  # the rest of issue 16's table at one commit: the fused MoE at T 1 and 8 (bf16, FP8), 9B greedy against
+      # temperature 0.7 at batch 1 / 32 / 64, 9B prefill of 8192 tokens bf16 against FP8
+      for fp8 in "" --fp8; do
+        timeout 120 python3 bench/moe_kernels.py --no-tune --no-profile --models 35B $fp8 --tokens 1 8 2>&1 \
+          | tee "$OUT/moe_35b${fp8:+_fp8}.md" | grep -E "^\||copy|Error"
+      done
+      offline greedy_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128
+      offline t07_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 --sampling temperature=0.7
+      offline bf16_9b_8k qwen3_5-9b-text --batch 1 --prompt 8192 --output 16
+      offline fp8_9b_8k qwen3_5-9b-text --batch 1 --prompt 8192 --output 16 --engine-arg quantization=fp8
+      date +%T ;;
     race_i)  # the rewritten decode-graph wait test, with and without the wait (must fail without), then test_fp8_cuda
       wait_check
       group fp8_cuda $((170 - SECONDS)) tests/gpu/test_fp8_cuda.py
