@@ -197,7 +197,9 @@ for part in ${*:-tests}; do
         --engine-arg enable_fp8_experts=true
       date +%T ;;
     score2)  # the rest of issue 16's table at one commit: the fused MoE at T 1 and 8 (bf16, FP8), 9B greedy against
-      # temperature 0.7 at batch 1 / 32 / 64, 9B prefill of 8192 tokens bf16 against FP8
+      # temperature 0.7 at batch 1 / 32 / 64, 9B prefill of 8192 tokens bf16 against FP8; first, whether a new
+      # stream waits for the caller's queued work (graph_wait_probe.py)
+      timeout 30 python3 bench/graph_wait_probe.py 2>&1 | tee "$OUT/graph_wait_probe.log"
       for fp8 in "" --fp8; do
         timeout 120 python3 bench/moe_kernels.py --no-tune --no-profile --models 35B $fp8 --tokens 1 8 2>&1 \
           | tee "$OUT/moe_35b${fp8:+_fp8}.md" | grep -E "^\||copy|Error"
