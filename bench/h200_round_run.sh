@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [tiles|score1|score2|race_i|final_i|j1|suite|i3|i2|next_h|g1|g2|fault_f|last_e|final_e|verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [score1|score2|race_i|final_i|j1|suite|i3|i2|next_h|g1|g2|fault_f|last_e|final_e|verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -185,13 +185,6 @@ for part in ${*:-tests}; do
       timeout 120 python3 bench/gdn_decode_norm.py 2>&1 | tee "$OUT/gdn_decode_norm.md" | grep -E "^\||Error"
       timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_gdn_recurrent.py 2>&1 \
         | tee "$OUT/tests_gdn.log" | tail -4 ;;
-    tiles)  # the FP8 GEMV with several column blocks a program (TILES): a 9B-layer chain of GEMVs per variant, 9B
-      # batch-1 FP8 decode at HEAD against .before/ (the kernel before TILES, carried), the GEMV's CUDA tests
-      date +%T; timeout 240 python3 bench/fp8_gemv_chain.py --layers 8 2>&1 | tee "$OUT/fp8_gemv_chain.md" \
-        | grep -E "^\||copy|Error"
-      ab fp8_9b_b1 qwen3_5-9b-text --batch 1 --prompt 1024 --output 128 --engine-arg quantization=fp8
-      group gemv $((560 - SECONDS)) tests/kernels/test_fp8_gemm.py -k "gemv or gated"
-      date +%T ;;
     score1)  # the decode-graph wait test (its kernels loaded before the stream is made busy) with and without the wait,
       # the fused GDN norm's bf16 test at its derived tolerance; then issue 16's decode rows at one commit: 9B and
       # 35B-A3B batch 1, bf16 against FP8 (experts too on 35B)

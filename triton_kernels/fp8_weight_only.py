@@ -44,62 +44,54 @@ def fp8_weight_only_gemm_ref(*, x: torch.Tensor, weight: torch.Tensor, weight_sc
 @triton.jit
 def _gemv_kernel(x, w, s, b, y, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym, HAS_BIAS: tl.constexpr,
                  GATED: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 STAGES: tl.constexpr, TILES: tl.constexpr):
-    """M <= ROWS (1 or 2): TILES consecutive blocks of BLOCK_N output columns of every row, on the CUDA cores. Each
-    step reads a [BLOCK_N, BLOCK_K] weight tile (K contiguous), widens it to float32 and adds its products with x,
-    scaled per 128-wide block, into an element-wise accumulator that is summed once a column block's K is done (as
-    the MoE expert GEMVs do, moe_gemv.py): summing every step ran the loop at 45-50 % of copy bandwidth on the H200,
-    against 72 % (79-85 % with 3-6 stages, 2026-12-02 (h)). STAGES steps of loads are in flight at once. One loop
-    walks the program's TILES column blocks one after the other, so the loads of the next block's first steps are
-    in flight while the last steps of this one are summed (TILES 1: one block per program). The program's BLOCK_N
-    columns (dividing 128) share one 128-row scale block, so x is scaled per K block and each weight takes one
-    multiply-add.
+                 STAGES: tl.constexpr):
+    """M <= ROWS (1 or 2): BLOCK_N output columns of every row, on the CUDA cores. Each step reads a
+    [BLOCK_N, BLOCK_K] weight tile (K contiguous), widens it to float32 and adds its products with x,
+    scaled per 128-wide block, into an element-wise accumulator that is summed once after the K loop
+    (as the MoE expert GEMVs do, moe_gemv.py): summing every step ran the loop at 45-50 % of copy
+    bandwidth on the H200, against 72 % (79-85 % with 3-6 stages, 2026-12-02 (h)). STAGES steps of loads
+    are in flight at once. The program's BLOCK_N columns (dividing 128) share one 128-row scale block, so x
+    is scaled per K block and each weight takes one multiply-add.
 
     GATED (a gated MLP's gate_up, N = I a multiple of 128): w holds 2N rows [gate; up], the program also sums
     the up rows N + o_n, and y [M, N] gets silu(gate) * up, rounded as silu_and_mul rounds the plain result."""
     tl.static_assert(128 % BLOCK_N == 0)
     G: tl.constexpr = BLOCK_K // 128
+    i_n = tl.program_id(0)
+    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     o_m = tl.arange(0, ROWS)
     o_k = tl.arange(0, BLOCK_K)
     o_g = tl.arange(0, G)
-    m_m = o_m < M
+    m_n, m_m = o_n < N, o_m < M
+    p_w = w + o_n.to(tl.int64)[:, None] * stride_wn + o_k[None, :]  # [BLOCK_N, BLOCK_K]
     p_x = x + o_m.to(tl.int64)[:, None] * stride_xm + o_k[None, :]  # [ROWS, BLOCK_K]
-    k_steps = tl.cdiv(K, BLOCK_K)
+    p_s = s + (i_n * BLOCK_N // 128) * stride_sn + o_g  # [G]
     acc = tl.zeros((ROWS, BLOCK_N, G, 128), dtype=tl.float32)
     acc_up = tl.zeros((ROWS, BLOCK_N, G, 128), dtype=tl.float32)
-    for i in tl.range(0, TILES * k_steps, num_stages=STAGES):
-        i_n = tl.program_id(0) * TILES + i // k_steps  # this step's column block
-        k0 = (i % k_steps) * BLOCK_K
-        o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        m_n, m_k = o_n < N, (k0 + o_k) < K
-        m_w = m_n[:, None] & m_k[None, :]
-        m_g = (k0 + o_g * 128 < K) & (i_n * BLOCK_N + 0 * o_g < N)  # [G]: the scale block exists
-        p_w = w + o_n.to(tl.int64)[:, None] * stride_wn + k0 + o_k[None, :]  # [BLOCK_N, BLOCK_K]
-        p_s = s + (i_n * BLOCK_N // 128) * stride_sn + k0 // 128 + o_g  # [G]
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        m_k = (k0 + o_k) < K
+        m_w, m_g = m_n[:, None] & m_k[None, :], k0 + o_g * 128 < K
         b_x = tl.load(p_x + k0, mask=m_m[:, None] & m_k[None, :], other=0.0).to(tl.float32)
         b_x = tl.reshape(b_x, (ROWS, 1, G, 128))
-        b_s = tl.load(p_s, mask=m_g, other=0.0)
-        b_w = tl.load(p_w, mask=m_w, other=0.0).to(tl.float32)
+        b_s = tl.load(p_s + k0 // 128, mask=m_g, other=0.0)
+        b_w = tl.load(p_w + k0, mask=m_w, other=0.0).to(tl.float32)
         acc += tl.reshape(b_w, (1, BLOCK_N, G, 128)) * (b_x * b_s[None, None, :, None])
         if GATED:
-            b_s = tl.load(p_s + (N // 128) * stride_sn, mask=m_g, other=0.0)
-            b_w = tl.load(p_w + N * stride_wn, mask=m_w, other=0.0).to(tl.float32)
+            b_s = tl.load(p_s + (N // 128) * stride_sn + k0 // 128, mask=m_g, other=0.0)
+            b_w = tl.load(p_w + N * stride_wn + k0, mask=m_w, other=0.0).to(tl.float32)
             acc_up += tl.reshape(b_w, (1, BLOCK_N, G, 128)) * (b_x * b_s[None, None, :, None])
-        if i % k_steps == k_steps - 1:  # the column block's K is done: sum, write, start the next block at 0
-            y_rows = tl.sum(tl.sum(acc, 3), 2)  # [ROWS, BLOCK_N]
-            if HAS_BIAS:
-                y_rows += tl.load(b + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
-            if GATED:  # each rounding where the plain GEMV, then silu_and_mul, round
-                up = tl.sum(tl.sum(acc_up, 3), 2)
-                if HAS_BIAS:
-                    up += tl.load(b + N + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
-                gate = y_rows.to(y.dtype.element_ty).to(tl.float32)
-                act = (gate * tl.sigmoid(gate)).to(y.dtype.element_ty).to(tl.float32)
-                y_rows = act * up.to(y.dtype.element_ty).to(tl.float32)
-                acc_up = tl.zeros((ROWS, BLOCK_N, G, 128), dtype=tl.float32)
-            p_y = y + o_m.to(tl.int64)[:, None] * stride_ym + o_n[None, :]
-            tl.store(p_y, y_rows.to(y.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
-            acc = tl.zeros((ROWS, BLOCK_N, G, 128), dtype=tl.float32)
+    y_rows = tl.sum(tl.sum(acc, 3), 2)  # [ROWS, BLOCK_N]
+    if HAS_BIAS:
+        y_rows += tl.load(b + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
+    if GATED:  # each rounding where the plain GEMV, then silu_and_mul, round
+        up = tl.sum(tl.sum(acc_up, 3), 2)
+        if HAS_BIAS:
+            up += tl.load(b + N + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
+        gate = y_rows.to(y.dtype.element_ty).to(tl.float32)
+        act = (gate * tl.sigmoid(gate)).to(y.dtype.element_ty).to(tl.float32)
+        y_rows = act * up.to(y.dtype.element_ty).to(tl.float32)
+    p_y = y + o_m.to(tl.int64)[:, None] * stride_ym + o_n[None, :]
+    tl.store(p_y, y_rows.to(y.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
 
 
 @triton.jit
@@ -174,12 +166,10 @@ def gemv_configs_that_fit(configs: list[triton.Config], named_args: dict, **kwar
 # 1.2-1.9x slower (bench/results/2026-12-02h/call1). With 4-6 stages (call2) the best time per shape fell by 0-6 %
 # at one and two rows. Each config below came first at some shape in call1 or call2, or within 2 % of first.
 # Gone: the 32-wide and 8-warp ones (never first at one row) and four deeper ones never first in call2.
-# Each also runs with 2 and 4 column blocks a program (TILES; bench/fp8_gemv_chain.py times them in a chain).
 _gemv_tuned = triton.autotune(
-    configs=[triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "STAGES": st, "TILES": t}, num_warps=w)
+    configs=[triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "STAGES": st}, num_warps=w)
              for bn, bk, w, st in [(8, 512, 4, 2), (8, 512, 4, 3), (16, 256, 4, 3), (16, 512, 4, 2),
-                                   (8, 512, 4, 4), (8, 512, 4, 5), (16, 256, 4, 4), (16, 256, 4, 5), (4, 512, 2, 6)]
-             for t in (1, 2, 4)],
+                                   (8, 512, 4, 4), (8, 512, 4, 5), (16, 256, 4, 4), (16, 256, 4, 5), (4, 512, 2, 6)]],
     key=["N", "K", "ROWS", "GATED"], prune_configs_by={"early_config_prune": gemv_configs_that_fit},
     do_bench=graph_time)(_gemv_kernel)
 _dot_tuned = triton.autotune(
@@ -284,9 +274,9 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tenso
     if kernel == "gemv":
         flags = dict(HAS_BIAS=bias is not None, GATED=gated, ROWS=triton.next_power_of_2(m))
         if x.is_cuda:
-            _gemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"] * meta["TILES"]),)](*args, **flags)
-        else:  # the interpreter: one config, two column blocks a program
-            _gemv_kernel[(triton.cdiv(n, 32),)](*args, BLOCK_N=16, BLOCK_K=256, STAGES=1, TILES=2, **flags)
+            _gemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags)
+        else:  # the interpreter: one config
+            _gemv_kernel[(triton.cdiv(n, 16),)](*args, BLOCK_N=16, BLOCK_K=256, STAGES=1, **flags)
         return
     bucket = max(16, triton.next_power_of_2(m))  # 16, 32 or 64: one row tile reads the weight once
     # fp16 operands pay a per-tile scaling of x that grows with its rows: measured faster at 16 rows,
