@@ -77,7 +77,8 @@ class DecodeGraphs:
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
         # the warm-ups run on `stream`: it must first wait for what the caller's stream still has queued (the
-        # inputs' zero and pad-slot fills above, the pools'), or they read stale memory as token ids and slots
+        # inputs' zero and pad-slot fills above, the pools'), or they may read stale memory as token ids and slots
+        # (a new torch stream does not wait for the caller's: bench/graph_wait_probe.py, on the H200)
         stream.wait_stream(torch.cuda.current_stream())
         for bs in reversed(self.sizes):  # largest first, so smaller graphs reuse its memory
             with torch.cuda.stream(stream):
