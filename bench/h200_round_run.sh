@@ -2,7 +2,7 @@
 # The GPU pass of the structured-output, scale-out, FP8/sampling and composed-hybrid work on one H200,
 # in parts that fit a call each. Run from the repo root with the wheel folder carried (WHEELS, default
 # .whl_srv; bench/device_wheels.sh fills it). Logs go to $OUT.
-#   bash bench/h200_round_run.sh [score1|score2|score3|race_i|final_i|j1|suite|i3|i2|next_h|g1|g2|fault_f|last_e|final_e|verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
+#   bash bench/h200_round_run.sh [score1|score2|score3|profiles|race_i|final_i|j1|suite|i3|i2|next_h|g1|g2|fault_f|last_e|final_e|verify_e|gdnnorm|verify_d|fuse|head|fp8gemv|moe6|probe|moe5|moe4|day7|day6|day5|day2a|day2b|day2c|tests|tests_gpu|tests_kernels_a|tests_kernels_b|kernels_left|e2e35b1|final35|verify|final|structured|composed|sampling|fp8|fp8tests|fp8quick|fp8decode|fp8check|fp8moe|fp8kernels|moe|moe2|moe3|e2e35|profile35|tp1 ...]
 . "$(dirname "$0")/device_env.sh"
 offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py into $OUT/offline_NAME.{md,json}
   local name=$1 config=$2; shift 2
@@ -207,6 +207,17 @@ for part in ${*:-tests}; do
       offline fp8_9b_b1 qwen3_5-9b-text --batch 1 --prompt 1024 --output 128 --engine-arg quantization=fp8
       offline bf16_9b_8k qwen3_5-9b-text --batch 1 --prompt 8192 --output 16
       offline fp8_9b_8k qwen3_5-9b-text --batch 1 --prompt 8192 --output 16 --engine-arg quantization=fp8
+      date +%T ;;
+    profiles)  # where issue 16's missed rows lose their time at the final code: batch-1 decode profiles of 9B and
+      # 35B-A3B, bf16 and FP8 (FP8 experts on 35B), CUDA graphs on
+      for q in "" fp8; do
+        for m in 9b 35b-a3b; do
+          extra=""; [ -n "$q" ] && extra="--engine-arg quantization=fp8"
+          [ -n "$q" ] && [ $m = 35b-a3b ] && extra="$extra --engine-arg enable_fp8_experts=true"
+          date +%T; timeout 150 python3 bench/decode_profile.py --config configs/qwen3_5-$m-text --batch 1 --graphs \
+            --top 30 $extra 2>&1 | quiet | tee "$OUT/profile_${m}_b1_${q:-bf16}.md" | sed -n 3,16p
+        done
+      done
       date +%T ;;
     race_i)  # test_fp8_cuda (it also ran the decode-graph wait test, since removed)
       group fp8_cuda $((170 - SECONDS)) tests/gpu/test_fp8_cuda.py
