@@ -9,6 +9,16 @@ offline() {  # offline NAME CONFIG ARGS...: decode table of bench/offline.py int
   timeout 300 python3 bench/offline.py --config "configs/$config" --skip-hf --out "$OUT/offline_$name.json" "$@" \
     2>&1 | quiet | tee "$OUT/offline_$name.md" | sed -n '/## Decode$/,/## End/p' | head -12
 }
+bf16_fp8() {  # bf16_fp8 NAME CONFIG ARGS...: offline bf16_NAME, then fp8_NAME with online FP8 (--quantization fp8)
+  local name=$1; shift
+  offline "bf16_$name" "$@"
+  offline "fp8_$name" "$@" --engine-arg quantization=fp8
+}
+profile() {  # profile NAME CONFIG ARGS...: batch-1 decode profile under CUDA graphs into $OUT/profile_NAME.md
+  local name=$1 config=$2; shift 2
+  date +%T; timeout 150 python3 bench/decode_profile.py --config "configs/$config" --batch 1 --graphs --top 30 "$@" \
+    2>&1 | quiet | tee "$OUT/profile_$name.md" | sed -n 3,16p
+}
 ab() {  # ab NAME CONFIG ARGS...: bench/offline.py at HEAD, then the same from .before/ (an older tree, carried)
   date +%T; offline "$@"
   local name=$1 config=$2; shift 2
@@ -47,8 +57,7 @@ for part in ${*:-tests}; do
       offline t07p09_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 --sampling temperature=0.7 \
         --sampling top_p=0.9 --sampling top_k=50 ;;
     fp8)  # 9B bf16 vs online FP8: batch-1 decode and an 8192-token prefill, same run
-      offline bf16_9b qwen3_5-9b-text --batch 1,32 --prompt 8192 --output 64
-      offline fp8_9b qwen3_5-9b-text --batch 1,32 --prompt 8192 --output 64 --engine-arg quantization=fp8 ;;
+      bf16_fp8 9b qwen3_5-9b-text --batch 1,32 --prompt 8192 --output 64 ;;
     verify)  # the FP8 GEMM, the small-T MoE path and the combine on CUDA, and the families through them
       timeout 300 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_fp8_gemm.py \
         tests/kernels/test_fused_moe.py tests/gpu/test_fused_moe_cuda.py tests/gpu/test_fp8_cuda.py \
@@ -69,8 +78,7 @@ for part in ${*:-tests}; do
         | tee "$OUT/moe_kernels_final.md" | grep "^|"
       timeout 150 python3 bench/fp8_kernels.py 2>&1 | tee "$OUT/fp8_kernels.md" | grep -E "^\||copy"
       offline bf16_35b_final qwen3_5-35b-a3b-text --batch 1 --prompt 512 --output 128
-      offline bf16_9b_final qwen3_5-9b-text --batch 1,32 --prompt 8192 --output 64
-      offline fp8_9b_final qwen3_5-9b-text --batch 1,32 --prompt 8192 --output 64 --engine-arg quantization=fp8 ;;
+      bf16_fp8 9b_final qwen3_5-9b-text --batch 1,32 --prompt 8192 --output 64 ;;
     fp8tests)  # the FP8 kernels and the FP8 checkpoints on CUDA, and where the bf16 combine parts from eager
       timeout 300 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_fp8_gemm.py tests/gpu/test_fp8_cuda.py \
         2>&1 | tee "$OUT/tests_fp8.log" | tail -12
@@ -182,8 +190,7 @@ for part in ${*:-tests}; do
       # and 35B-A3B batch 1, bf16 against FP8 (experts too on 35B). (It also ran the decode-graph wait test, since
       # removed: it passed with the wait removed, 2026-12-03)
       group gdn_norm 90 tests/kernels/test_gdn_recurrent.py -k "gated_norm_bf16"
-      offline bf16_9b_b1 qwen3_5-9b-text --batch 1 --prompt 1024 --output 128
-      offline fp8_9b_b1 qwen3_5-9b-text --batch 1 --prompt 1024 --output 128 --engine-arg quantization=fp8
+      bf16_fp8 9b_b1 qwen3_5-9b-text --batch 1 --prompt 1024 --output 128
       offline bf16_35b_b1 qwen3_5-35b-a3b-text --batch 1 --prompt 512 --output 128
       offline fp8_35b_b1 qwen3_5-35b-a3b-text --batch 1 --prompt 512 --output 128 --engine-arg quantization=fp8 \
         --engine-arg enable_fp8_experts=true
@@ -198,26 +205,19 @@ for part in ${*:-tests}; do
       done
       offline greedy_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128
       offline t07_9b qwen3_5-9b-text --batch 1,32,64 --prompt 1024 --output 128 --sampling temperature=0.7
-      offline bf16_9b_8k qwen3_5-9b-text --batch 1 --prompt 8192 --output 16
-      offline fp8_9b_8k qwen3_5-9b-text --batch 1 --prompt 8192 --output 16 --engine-arg quantization=fp8
+      bf16_fp8 9b_8k qwen3_5-9b-text --batch 1 --prompt 8192 --output 16
       date +%T ;;
     score3)  # issue 16's 9B rows again at the session's final code: batch-1 decode and an 8192-token prefill,
       # bf16 against FP8, in one call
-      offline bf16_9b_b1 qwen3_5-9b-text --batch 1 --prompt 1024 --output 128
-      offline fp8_9b_b1 qwen3_5-9b-text --batch 1 --prompt 1024 --output 128 --engine-arg quantization=fp8
-      offline bf16_9b_8k qwen3_5-9b-text --batch 1 --prompt 8192 --output 16
-      offline fp8_9b_8k qwen3_5-9b-text --batch 1 --prompt 8192 --output 16 --engine-arg quantization=fp8
+      bf16_fp8 9b_b1 qwen3_5-9b-text --batch 1 --prompt 1024 --output 128
+      bf16_fp8 9b_8k qwen3_5-9b-text --batch 1 --prompt 8192 --output 16
       date +%T ;;
     profiles)  # where issue 16's missed rows lose their time at the final code: batch-1 decode profiles of 9B and
       # 35B-A3B, bf16 and FP8 (FP8 experts on 35B), CUDA graphs on
-      for q in "" fp8; do
-        for m in 9b 35b-a3b; do
-          extra=""; [ -n "$q" ] && extra="--engine-arg quantization=fp8"
-          [ -n "$q" ] && [ $m = 35b-a3b ] && extra="$extra --engine-arg enable_fp8_experts=true"
-          date +%T; timeout 150 python3 bench/decode_profile.py --config configs/qwen3_5-$m-text --batch 1 --graphs \
-            --top 30 $extra 2>&1 | quiet | tee "$OUT/profile_${m}_b1_${q:-bf16}.md" | sed -n 3,16p
-        done
-      done
+      profile 9b_b1_bf16 qwen3_5-9b-text
+      profile 35b-a3b_b1_bf16 qwen3_5-35b-a3b-text
+      profile 9b_b1_fp8 qwen3_5-9b-text --engine-arg quantization=fp8
+      profile 35b-a3b_b1_fp8 qwen3_5-35b-a3b-text --engine-arg quantization=fp8 --engine-arg enable_fp8_experts=true
       date +%T ;;
     race_i)  # test_fp8_cuda (it also ran the decode-graph wait test, since removed)
       group fp8_cuda $((170 - SECONDS)) tests/gpu/test_fp8_cuda.py
@@ -402,8 +402,7 @@ for part in ${*:-tests}; do
       timeout 60 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_fp8_gemm.py -k "weight_only" 2>&1 \
         | tee "$OUT/tests_fp8gemv.log" | tail -4
       timeout 200 python3 bench/fp8_decode_variants.py 2>&1 | tee "$OUT/fp8_decode_variants.md" | grep -E "^\||copy|Error"
-      offline bf16_9b_b1 qwen3_5-9b-text --batch 1 --prompt 512 --output 128
-      offline fp8_9b_b1 qwen3_5-9b-text --batch 1 --prompt 512 --output 128 --engine-arg quantization=fp8 ;;
+      bf16_fp8 9b_b1 qwen3_5-9b-text --batch 1 --prompt 512 --output 128 ;;
     moe6)  # the final MoE code in one short call: its CUDA tests (first failure stops), the FP8 fused MoE at T 1 / 2 / 8
       # (both few-token paths), 35B-A3B FP8 and bf16 at batch 1
       timeout 60 python3 -m pytest -q -x -rfE -p no:cacheprovider tests/kernels/test_fused_moe.py \
