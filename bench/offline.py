@@ -201,7 +201,7 @@ def run_ours(a: argparse.Namespace, device: torch.device, dtype: str, context_le
         out = {"memory_plan": runner.plan.describe(), "max_running_requests": runner.plan.max_running_requests,
                "max_total_tokens": runner.plan.max_total_tokens, "context_length": runner.context_length,
                "dtype": str(runner.dtype).removeprefix("torch."), "layers": layers,
-               "cuda_graph_sizes": runner.graphs.sizes if runner.graphs else None,
+               "cuda_graph_sizes": [bs for bs, _ in runner.graphs.shapes] if runner.graphs else None,
                "cost": cost.to_dict(), "cases": {}}
         with StepTimer(engine) as timer:
             for prompt in _ints(a.prompt):

@@ -62,7 +62,7 @@ def render(r: dict) -> str:
               "forward: " + "; ".join(FORWARD_KINDS.get(k, k) for k in sorted(kinds - {None})) +
               ". host = step - forward: the host time the device waits for (scheduling, batch build, launches, "
               "sampling, bookkeeping; with the overlap scheduler most of it runs during the previous step). "
-              "build: ForwardBatch.build, or on the graph path the static-buffer fill + replay launch.", "",
+              "build: StepInputs.fill, or on the graph paths the static-buffer fill + replay launch.", "",
               "| batch | prompt | step ms | forward ms | host ms | schedule ms | build ms | run ms (host, with wait) |",
               "|---|---|---|---|---|---|---|---|"]
     for key, case in ok.items():

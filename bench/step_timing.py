@@ -2,7 +2,7 @@
 
 While a StepTimer is installed, every scheduler step on the engine thread leaves a StepRecord:
 - host time (time.perf_counter) of the whole step, of scheduling, of building the batch
-  (ForwardBatch.build, or on the CUDA-graph path DecodeGraphs.run: filling the static input
+  (StepInputs.fill, or on the CUDA-graph paths StepGraphs.run: filling the static input
   buffers and launching the replay) and of ModelRunner.run (which ends when the sampled ids reach
   the host, so it includes waiting);
 - device time of the model forward: CUDA events around each CUDA-graph replay (exact device time
@@ -16,13 +16,12 @@ While a StepTimer is installed, every scheduler step on the engine thread leaves
 
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from hybrid_sgl.runner.forward_batch import ForwardBatch, ForwardMode
+from hybrid_sgl.batch import ForwardMode
 
 
 @dataclass
@@ -82,18 +81,17 @@ class StepTimer:
         self._wrap_instance(sched, "_follow_up", self._timed_follow_up)  # overlapped decode steps
         self._wrap_instance(runner, "run", self._timed_run)
         self._wrap_instance(runner, "launch_decode", self._timed_run)
-        original_build = inspect.getattr_static(ForwardBatch, "build")
-        build = ForwardBatch.build
-        ForwardBatch.build = staticmethod(lambda *a, **k: self._timed(build, "build_s", *a, **k))
-        self._undo.append(lambda: setattr(ForwardBatch, "build", original_build))
+        self._wrap_instance(runner.inputs, "fill", lambda original, *a, **k: self._timed(original, "build_s", *a, **k))
         pre = runner.model.register_forward_pre_hook(lambda *_: self._start_forward())
         post = runner.model.register_forward_hook(lambda *_: self._end_forward())
         self._undo += [pre.remove, post.remove]
-        if runner.graphs is not None:  # the graph path fills static buffers instead of building a batch
-            self._wrap_instance(runner.graphs, "run", self._timed_graph_run)
-            originals = dict(runner.graphs.graphs)
-            runner.graphs.graphs.update({bs: _TimedGraph(g, self) for bs, g in originals.items()})
-            self._undo.append(lambda: runner.graphs.graphs.update(originals))
+        for graphs in (runner.graphs, runner.extend_graphs):  # the graph paths fill static buffers and replay
+            if graphs is None:
+                continue
+            self._wrap_instance(graphs, "run", self._timed_graph_run)
+            originals = dict(graphs.graphs)
+            graphs.graphs.update({shape: _TimedGraph(g, self) for shape, g in originals.items()})
+            self._undo.append(lambda graphs=graphs, originals=originals: graphs.graphs.update(originals))
         return self
 
     def __exit__(self, *exc) -> None:

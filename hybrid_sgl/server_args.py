@@ -59,7 +59,10 @@ class ServerArgs:
     disable_overlap_schedule: bool = _f(False, "Do not overlap the host's work for the next decode step with the "
                                         "device's work on the current one (overlap applies to decode batches "
                                         "without logprobs, penalties or min_new_tokens).")
-    disable_cuda_graph: bool = _f(False, "Run decode eagerly instead of replaying captured CUDA graphs.")
+    disable_cuda_graph: bool = _f(False, "Run every step eagerly instead of replaying captured CUDA graphs.")
+    cuda_graph_max_tokens: int = _f(2048, "Largest extend / prefill step (in tokens) replayed from a CUDA graph; "
+                                    "larger steps, and steps that take snapshots inside a prompt, run eagerly. "
+                                    "0: extend steps always run eagerly.")
     cuda_graph_max_bs: int | None = _f(None, "Largest decode batch captured in a CUDA graph (larger batches run "
                                        "eagerly). Default: max_running_requests, at most 256.")
     skip_tokenizer_init: bool = _f(False, "Load no tokenizer: requests must send input_ids; outputs carry ids "
@@ -170,6 +173,9 @@ class ServerArgs:
                              "--kv-cache-dtype auto (a bfloat16 / float16 --dtype gives a 2-byte cache)")
         if self.page_size < 1:
             raise ValueError(f"--page-size must be >= 1, got {self.page_size}")
+        if self.cuda_graph_max_tokens < 0:
+            raise ValueError(f"--cuda-graph-max-tokens must be >= 0 (0: no extend graphs), got "
+                             f"{self.cuda_graph_max_tokens}")
         if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
             raise ValueError(f"--chunked-prefill-size must be positive or -1, got {self.chunked_prefill_size}")
         if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
@@ -204,7 +210,8 @@ class ServerArgs:
 # SGLang's other spellings, as a table: extra flag names for a field, and SGLang's values for a field
 # that names them differently here (resolved() maps them; attention backends by device, with a log line).
 FLAG_ALIASES = {"model_path": ("--model",), "tp_size": ("--tensor-parallel-size", "--tp"),
-                "dp_size": ("--data-parallel-size", "--dp"), "ep_size": ("--expert-parallel-size", "--ep")}
+                "dp_size": ("--data-parallel-size", "--dp"), "ep_size": ("--expert-parallel-size", "--ep"),
+                "cuda_graph_max_tokens": ("--piecewise-cuda-graph-max-tokens",)}
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 ATTENTION_ALIASES = {"torch_native": "torch", "flashinfer": "auto", "fa3": "auto"}
 VALUE_ALIASES = {"dtype": DTYPE_ALIASES, "attention_backend": ATTENTION_ALIASES}

@@ -1,75 +1,113 @@
-"""The decode graph derives its batch on the device from (ids, positions, slots) alone; it must
-equal what ForwardBatch.build computes on the host, and padded rows must touch nothing."""
+"""The step-input builder: a plan padded to a graph's shape gives the same ForwardBatch rows as the
+plan at its own shape, pad rows touch nothing, previous-step tokens come from the device, and the
+two pinned host buffers alternate."""
+
+import dataclasses
 
 import torch
 
+from hybrid_sgl.batch import ForwardMode, StepPlan
 from hybrid_sgl.memory.allocator import Allocator
-from hybrid_sgl.runner.cuda_graph import DecodeGraphs
-from hybrid_sgl.runner.forward_batch import ForwardBatch, ForwardMode
+from hybrid_sgl.runner.step_inputs import StepInputs
 
 
-def test_device_side_decode_batch_matches_host_build():
-    alloc = Allocator(num_slots=6, num_pages=40, page_size=4, max_pages_per_request=10, device="cpu")
-    slots, lens = [], [9, 1, 17, 4]
+def _inputs(alloc: Allocator, max_tokens: int = 64, max_rows: int = 9) -> StepInputs:
+    return StepInputs(max_tokens=max_tokens, max_rows=max_rows, page_table=alloc.page_table,
+                      page_size=alloc.page_size, pad_slot=alloc.pad_slot, kv_pool=None, state_pool=None,
+                      device=torch.device("cpu"))
+
+
+def _snapshot(fb):
+    """The batch's tensors copied out of the builder's buffers (which the next fill overwrites)."""
+    return dataclasses.replace(fb, **{f.name: getattr(fb, f.name).clone() for f in dataclasses.fields(fb)
+                                      if isinstance(getattr(fb, f.name), torch.Tensor)})
+
+
+def _requests(alloc: Allocator, lens: list[int]) -> list[int]:
+    slots = []
     for n in lens:
         slot = alloc.alloc_slot()
         alloc.grow(slot, n)
         slots.append(slot)
-    graphs = DecodeGraphs(model=None, allocator=alloc, kv_pool=None, state_pool=None, max_bs=8,
-                          device=torch.device("cpu"))
-    ids, positions = [5, 6, 7, 8], [n - 1 for n in lens]
-    b, bs = len(ids), 8
-    graphs.inputs[0, :b], graphs.inputs[1, :b], graphs.inputs[2, :b] = map(torch.tensor, (ids, positions, slots))
-    got = graphs._batch(bs)
-    want = ForwardBatch.build(mode=ForwardMode.DECODE, token_runs=[[t] for t in ids], prefix_lens=positions,
-                              slots=slots, page_table=alloc.page_table, page_size=4, kv_pool=None, state_pool=None,
-                              device=torch.device("cpu"))
+    return slots
+
+
+def test_decode_plan_padded_to_its_graph_shape():
+    alloc = Allocator(num_slots=6, num_pages=40, page_size=4, max_pages_per_request=10, device="cpu")
+    lens = [9, 1, 17, 4]
+    slots = _requests(alloc, lens)
+    plan = StepPlan(mode=ForwardMode.DECODE, tokens=[[5], [6], [7], [8]], prefix_lens=[n - 1 for n in lens],
+                    slots=slots)
+    inputs = _inputs(alloc)
+    want = _snapshot(inputs.eager_batch(plan))
+    b, bs = 4, 8
+    inputs.fill(plan, bs, bs)
+    got = inputs.batch(ForwardMode.DECODE, bs, bs)
     width = want.block_table.shape[1]
-    assert got.input_ids[:b].tolist() == want.input_ids.tolist()
-    assert got.positions[:b].tolist() == want.positions.tolist()
-    assert got.seq_lens[:b].tolist() == want.seq_lens.tolist()
-    assert got.state_slots[:b].tolist() == want.state_slots.tolist()
-    assert got.slot_mapping[:b].tolist() == want.slot_mapping.tolist()
+    assert want.input_ids.tolist() == [5, 6, 7, 8]
+    assert want.positions.tolist() == [8, 0, 16, 3]
+    assert want.seq_lens.tolist() == lens
+    for name in ("input_ids", "positions", "seq_lens", "state_slots", "slot_mapping"):
+        assert getattr(got, name)[:b].tolist() == getattr(want, name).tolist(), name
     assert torch.equal(got.block_table[:b, :width], want.block_table)
-    assert got.has_initial_state[:b].all()
-    # padded rows: pad slot, no KV store, nothing to attend to, no pages
+    assert got.has_initial_state[:b].tolist() == [True, False, True, True]
+    assert got.cu_seqlens.tolist() == list(range(bs + 1))
+    # padded rows: pad slot, no KV store, no pages, no initial state
     assert got.state_slots[b:].tolist() == [alloc.pad_slot] * (bs - b)
     assert got.slot_mapping[b:].tolist() == [-1] * (bs - b)
-    assert got.seq_lens[b:].tolist() == [0] * (bs - b)
     assert (got.block_table[b:] == alloc.pad_page).all()
+    assert not got.has_initial_state[b:].any()
+
+
+def test_extend_plan_padded_keeps_every_real_row():
+    """Two prompt chunks (one continuing a cached prefix) in an extend shape of 32 tokens, 8 rows: the
+    real rows equal the unpadded build; the 19 pad tokens sit in pad rows that own them."""
+    alloc = Allocator(num_slots=6, num_pages=40, page_size=4, max_pages_per_request=10, device="cpu")
+    slots = _requests(alloc, [10, 13])
+    plan = StepPlan(mode=ForwardMode.EXTEND, tokens=[list(range(100, 110)), [7, 8, 9]], prefix_lens=[0, 10],
+                    slots=slots)
+    inputs = _inputs(alloc)
+    want = _snapshot(inputs.eager_batch(plan))
+    inputs.fill(plan, 32, 8)
+    got = inputs.batch(ForwardMode.EXTEND, 32, 8)
+    t, b = 13, 2
+    assert want.positions.tolist() == list(range(10)) + [10, 11, 12]
+    assert want.cu_seqlens.tolist() == [0, 10, 13]
+    assert want.has_initial_state.tolist() == [False, True]
+    for name in ("input_ids", "positions", "slot_mapping"):
+        assert getattr(got, name)[:t].tolist() == getattr(want, name).tolist(), name
+    for name in ("seq_lens", "state_slots", "has_initial_state"):
+        assert getattr(got, name)[:b].tolist() == getattr(want, name).tolist(), name
+    assert got.cu_seqlens[:b + 1].tolist() == want.cu_seqlens.tolist()
+    assert got.cu_seqlens[-1].item() == 32  # every pad token belongs to a pad row
+    assert (got.cu_seqlens[1:] >= got.cu_seqlens[:-1]).all()
+    assert got.state_slots[b:].tolist() == [alloc.pad_slot] * 6
+    assert got.slot_mapping[t:].tolist() == [-1] * 19
+    pad_lens = (got.cu_seqlens[b + 1:] - got.cu_seqlens[b:-1]).tolist()
+    assert pad_lens == [1, 1, 1, 1, 1, 14] and got.seq_lens[b:].tolist() == pad_lens
 
 
 def test_device_side_tokens_from_the_previous_step():
-    """Overlapped decode: a token -(j + 1) is taken from prev_ids[j] on the device."""
+    """Overlapped decode: a row whose prev row is j takes prev_ids[j] on the device."""
     alloc = Allocator(num_slots=4, num_pages=8, page_size=4, max_pages_per_request=4, device="cpu")
-    slots = [alloc.alloc_slot() for _ in range(3)]
-    for slot in slots:
-        alloc.grow(slot, 5)
-    graphs = DecodeGraphs(model=None, allocator=alloc, kv_pool=None, state_pool=None, max_bs=4,
-                          device=torch.device("cpu"), take_prev_ids=True)
-    graphs.prev_ids[:3] = torch.tensor([101, 102, 103])
-    graphs.inputs[0, :3], graphs.inputs[1, :3], graphs.inputs[2, :3] = map(torch.tensor, ([-3, 42, -1], [4] * 3, slots))
-    assert graphs._batch(4).input_ids[:3].tolist() == [103, 42, 101]
+    slots = _requests(alloc, [5, 5, 5])
+    inputs = _inputs(alloc, max_tokens=8, max_rows=5)
+    plan = StepPlan(mode=ForwardMode.DECODE, tokens=[[0], [42], [0]], prefix_lens=[4] * 3, slots=slots,
+                    prev_rows=[2, -1, 0])
+    inputs.fill(plan, 4, 4, prev_ids=torch.tensor([101, 102, 103]))
+    assert inputs.batch(ForwardMode.DECODE, 4, 4, with_prev=True).input_ids[:3].tolist() == [103, 42, 101]
+    assert inputs.eager_batch(plan, prev_ids=torch.tensor([101, 102, 103])).input_ids.tolist() == [103, 42, 101]
 
 
 def test_steps_fill_the_two_host_buffers_in_turn():
-    """run() fills each step's inputs in the other pinned buffer than the step before: the copy of a launched step
-    that still waits in the stream reads what the host wrote for that step, not the next one's. Each replay sees
-    its own step's rows, padded rows carrying the pad slot."""
+    """Each fill writes the other pinned buffer than the fill before: the copy of a launched step that
+    still waits in the stream reads what the host wrote for that step, not the next one's."""
     alloc = Allocator(num_slots=4, num_pages=8, page_size=4, max_pages_per_request=4, device="cpu")
-    graphs = DecodeGraphs(model=None, allocator=alloc, kv_pool=None, state_pool=None, max_bs=4,
-                          device=torch.device("cpu"))
-    seen = []
-
-    class Replay:
-        def replay(self):
-            seen.append(graphs.inputs.clone())
-
-    graphs.graphs = {bs: Replay() for bs in graphs.sizes}
-    graphs.logits = {bs: torch.zeros(bs, 2) for bs in graphs.sizes}
-    graphs.run([5, 6, 7], [1, 2, 3], [0, 1, 2])
-    first = graphs.host_inputs[graphs.turn].clone()
-    graphs.run([8], [4], [3])
-    assert torch.equal(graphs.host_inputs[1 - graphs.turn], first)  # the first step's buffer, untouched
-    assert seen[0][:, :4].tolist() == [[5, 6, 7, 0], [1, 2, 3, 0], [0, 1, 2, alloc.pad_slot]]
-    assert seen[1][:, :1].tolist() == [[8], [4], [3]]
+    inputs = _inputs(alloc, max_tokens=8, max_rows=5)
+    slots = _requests(alloc, [2, 3, 4, 5])
+    inputs.fill(StepPlan(mode=ForwardMode.DECODE, tokens=[[5], [6], [7]], prefix_lens=[1, 2, 3], slots=slots[:3]),
+                4, 4)
+    first = inputs.host[inputs.turn].clone()
+    inputs.fill(StepPlan(mode=ForwardMode.DECODE, tokens=[[8]], prefix_lens=[4], slots=slots[3:]), 1, 1)
+    assert torch.equal(inputs.host[1 - inputs.turn], first)  # the first step's buffer, untouched
+    assert inputs.batch(ForwardMode.DECODE, 1, 1).input_ids.tolist() == [8]

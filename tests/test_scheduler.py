@@ -8,8 +8,8 @@ from types import SimpleNamespace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hybrid_sgl.batch import ForwardMode
 from hybrid_sgl.memory.allocator import Allocator
-from hybrid_sgl.runner.forward_batch import ForwardMode
 from hybrid_sgl.runner.model_runner import ItemResult, ModelRunner
 from hybrid_sgl.sampling_params import SamplingParams
 from hybrid_sgl.scheduler.request import Req, ReqStatus

@@ -9,6 +9,7 @@ when fewer than the ranks; o_proj is row-parallel (one all-reduce)."""
 import torch
 from torch import nn
 
+from hybrid_sgl.batch import ForwardBatch
 from hybrid_sgl.config import AttentionSpec
 from hybrid_sgl.distributed import current_tp
 from hybrid_sgl.distributed.sharding import attention_splits
@@ -16,7 +17,6 @@ from hybrid_sgl.layers.backends import AttentionOps
 from hybrid_sgl.layers.linear import Block, ColumnParallelLinear, RowParallelLinear
 from hybrid_sgl.layers.norm import RMSNorm
 from hybrid_sgl.layers.rotary import RotaryEmbedding
-from hybrid_sgl.runner.forward_batch import ForwardBatch
 from triton_kernels.attention_prep import qk_norm_rope, sigmoid_gate_mul, sigmoid_gate_mul_ref
 
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from hybrid_sgl.batch import ForwardBatch
 from hybrid_sgl.layers.norm import RMSNorm
-from hybrid_sgl.runner.forward_batch import ForwardBatch
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,13 @@ import dataclasses
 import torch
 from torch import nn
 
+from hybrid_sgl.batch import ForwardBatch
 from hybrid_sgl.config import GDNSpec
 from hybrid_sgl.distributed import current_tp
 from hybrid_sgl.distributed.sharding import gdn_splits
 from hybrid_sgl.layers.backends import LinearAttnOps
 from hybrid_sgl.layers.linear import Block, ColumnParallelLinear, RowParallelLinear
 from hybrid_sgl.layers.norm import GatedRMSNorm
-from hybrid_sgl.runner.forward_batch import ForwardBatch
 
 
 class GatedDeltaNet(nn.Module):

@@ -15,13 +15,13 @@ import dataclasses
 import torch
 from torch import nn
 
+from hybrid_sgl.batch import ForwardBatch
 from hybrid_sgl.config import MambaSpec
 from hybrid_sgl.distributed import current_tp
 from hybrid_sgl.distributed.sharding import split_heads
 from hybrid_sgl.layers.backends import SSMOps
 from hybrid_sgl.layers.linear import Block, ColumnParallelLinear, RowParallelLinear
 from hybrid_sgl.layers.norm import RMSNorm
-from hybrid_sgl.runner.forward_batch import ForwardBatch
 
 # checkpoint name of each inner norm -> our module name
 _INNER_NORMS = {"dt_layernorm": "dt_norm", "b_layernorm": "b_norm", "c_layernorm": "c_norm"}

@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybrid_sgl.batch import ForwardBatch
 from hybrid_sgl.config import Mamba2Spec
 from hybrid_sgl.distributed import current_tp
 from hybrid_sgl.distributed.sharding import mamba2_splits
 from hybrid_sgl.layers.backends import SSMOps
 from hybrid_sgl.layers.linear import Block, ColumnParallelLinear, RowParallelLinear
-from hybrid_sgl.runner.forward_batch import ForwardBatch
 
 
 class Mamba2Mixer(nn.Module):

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from hybrid_sgl.batch import ForwardBatch
 from hybrid_sgl.config import ModelConfig
 from hybrid_sgl.layers.backends import AttentionOps, LinearAttnOps, MoEOps, SSMOps
 from hybrid_sgl.layers.linear import ParallelLMHead, VocabParallelEmbedding
-from hybrid_sgl.runner.forward_batch import ForwardBatch
 
 _LAYER = re.compile(r"layers\.(\d+)\.(\w+)\.(.+)")
 

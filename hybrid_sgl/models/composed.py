@@ -38,6 +38,7 @@ import weakref
 import torch
 from torch import nn
 
+from hybrid_sgl.batch import ForwardBatch
 from hybrid_sgl.distributed import current_tp
 from hybrid_sgl.distributed.sharding import local_config
 from hybrid_sgl.layers.attention import GatedAttention
@@ -51,7 +52,6 @@ from hybrid_sgl.layers.rotary import RotaryEmbedding
 from hybrid_sgl.memory.state_pool import StatePool
 from hybrid_sgl.models.base import Backends, HybridCausalLM
 from hybrid_sgl.models.composed_config import ComposedConfig
-from hybrid_sgl.runner.forward_batch import ForwardBatch
 
 
 class PackedStates:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hybrid_sgl.batch import ForwardBatch
 from hybrid_sgl.config import AttentionSpec, Mamba2Spec, ModelConfig, checkpoint_fields, dt_limit, rope_params
 from hybrid_sgl.layers.attention import GatedAttention
 from hybrid_sgl.layers.mamba2 import Mamba2Mixer
@@ -23,7 +24,6 @@ from hybrid_sgl.layers.mlp import GatedMLP
 from hybrid_sgl.layers.norm import RMSNorm
 from hybrid_sgl.layers.rotary import RotaryEmbedding
 from hybrid_sgl.models.base import Backends, HybridCausalLM
-from hybrid_sgl.runner.forward_batch import ForwardBatch
 
 
 def parse_config(hf: dict, gen_eos: list[int]) -> ModelConfig:

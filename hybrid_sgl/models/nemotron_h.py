@@ -10,6 +10,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from hybrid_sgl.batch import ForwardBatch
 from hybrid_sgl.config import AttentionSpec, Mamba2Spec, ModelConfig, MoESpec, checkpoint_fields
 from hybrid_sgl.layers.attention import GatedAttention
 from hybrid_sgl.layers.mamba2 import Mamba2Mixer
@@ -17,7 +18,6 @@ from hybrid_sgl.layers.nemotron_moe import NemotronMoE
 from hybrid_sgl.layers.norm import RMSNorm
 from hybrid_sgl.layers.relu2_mlp import Relu2MLP
 from hybrid_sgl.models.base import Backends, HybridCausalLM
-from hybrid_sgl.runner.forward_batch import ForwardBatch
 
 BLOCKS = {"M": ("mamba2", "none"), "*": ("full_attention", "none"), "-": ("none", "mlp"), "E": ("none", "moe")}
 # layers_block_type names (current and legacy) -> pattern symbols

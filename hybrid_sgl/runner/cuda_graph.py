@@ -1,14 +1,16 @@
-"""CUDA graphs of the decode step (input preparation + model forward + logits), one per captured
-batch size.
+"""CUDA graphs of whole steps, one per captured shape (tokens, rows): decode steps (input
+derivation + forward + logits of every row) and extend steps (input derivation + forward to the
+final hidden states; the logit rows of a step are picked after the replay).
 
-Decode launches hundreds of small kernels per step; replaying a captured graph removes their
-launch cost. The host side of a step is one copy of a pinned [3, B] int64 buffer (token ids,
-positions, state slots; two such buffers in turn, since a launched step's copy may still wait in
-the stream while the host fills the next step's); the graph derives everything else on the device:
-seq_lens, the block table (a gather of the allocator's page table by slot) and the KV slot of each
-new token. A batch of B requests runs in the graph of the smallest captured size >= B; the extra
-rows carry the pad slot, so they get seq_len 0 (attention returns zeros), KV slot -1 (store
-skipped) and recurrent kernels skip them: they touch no real request's state.
+Eager steps pay the host's launch path for every kernel (Triton's launcher, the torch ops around
+it: about 1 ms a layer at real shapes) while the device idles; a replay costs one input copy and
+one launch. Every kernel on these paths indexes its work on the device (varlen chunks by virtual
+index, paged attention by cu_seqlens / block tables), so the whole step is captured, recurrent and
+attention kernels included, and not only the pieces between them.
+
+A plan runs in the smallest captured shape that holds it; the step-input builder (step_inputs.py)
+pads the rest with pad-slot rows that touch no request's state or KV. Steps the graphs do not take
+(too large, snapshot cuts inside runs, tensor parallelism) run eagerly through the same builder.
 """
 
 from __future__ import annotations
@@ -18,97 +20,93 @@ import time
 
 import torch
 
-from hybrid_sgl.memory.allocator import Allocator
-from hybrid_sgl.memory.kv_pool import KVPool
-from hybrid_sgl.memory.state_pool import StatePool
-from hybrid_sgl.runner.forward_batch import ForwardBatch, ForwardMode
+from hybrid_sgl.batch import ForwardMode, StepPlan
+from hybrid_sgl.runner.step_inputs import StepInputs
 
 logger = logging.getLogger(__name__)
 
 
-def capture_sizes(max_bs: int) -> list[int]:
+def decode_sizes(max_bs: int) -> list[int]:
     sizes = [1, 2, 4, 8] + list(range(16, 257, 16)) + list(range(288, max_bs + 1, 32))
     return sorted({s for s in sizes if s < max_bs} | {max_bs})
 
 
-class DecodeGraphs:
-    def __init__(self, *, model: torch.nn.Module, allocator: Allocator, kv_pool: KVPool | None,
-                 state_pool: StatePool | None, max_bs: int, device: torch.device, take_prev_ids: bool = False):
-        self.model = model
-        self.allocator = allocator
-        self.kv_pool = kv_pool
-        self.state_pool = state_pool
-        self.sizes = capture_sizes(max_bs)
-        self.max_bs = self.sizes[-1]
-        # [turn, rows: token ids, positions, state slots, B]: steps use the two in turn (overlapped decode has one
-        # step launched, its copy maybe still queued, while the host fills the next)
-        self.host_inputs = torch.zeros((2, 3, self.max_bs), dtype=torch.int64, pin_memory=device.type == "cuda")
-        self.host_view = self.host_inputs.numpy()
-        self.turn = 0
-        self.inputs = torch.zeros((3, self.max_bs), dtype=torch.int64, device=device)
-        self.inputs[2].fill_(allocator.pad_slot)
-        # overlapped decode: a token id -(j + 1) means prev_ids[j], sampled by the previous step on the device
-        self.prev_ids = torch.zeros(self.max_bs, dtype=torch.int64, device=device) if take_prev_ids else None
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}
+def extend_token_sizes(max_tokens: int) -> list[int]:
+    """16, 24, 32, 48, 64, 96, ... (powers of two and 1.5x them) below max_tokens, and max_tokens."""
+    sizes, s = [], 16
+    while s < max_tokens:
+        sizes.append(s)
+        s = s * 3 // 2 if s & (s - 1) == 0 else s * 4 // 3
+    return sorted(set(sizes) | {max_tokens}) if max_tokens >= 1 else []
 
-    def _batch(self, bs: int) -> ForwardBatch:
-        """The decode ForwardBatch of the first `bs` input rows, computed on the device."""
-        a = self.allocator
-        ids, positions, slots = self.inputs[:, :bs]
-        if self.prev_ids is not None:
-            ids = torch.where(ids >= 0, ids, self.prev_ids[(-ids - 1).clamp(min=0)])
-        valid = slots != a.pad_slot
-        block_table = a.page_table.index_select(0, slots)
-        page = block_table.gather(1, (positions // a.page_size)[:, None]).squeeze(1).long()
-        slot_mapping = torch.where(valid, page * a.page_size + positions % a.page_size, -1)
-        return ForwardBatch(mode=ForwardMode.DECODE, input_ids=ids, positions=positions,
-                            seq_lens=torch.where(valid, positions + 1, 0).int(), state_slots=slots.int(),
-                            block_table=block_table, slot_mapping=slot_mapping,
-                            cu_seqlens=torch.arange(bs + 1, dtype=torch.int32, device=ids.device),
-                            has_initial_state=valid, kv_pool=self.kv_pool, state_pool=self.state_pool)
 
-    def _forward(self, bs: int) -> torch.Tensor:
-        return self.model.compute_logits(self.model(self._batch(bs)))
+EXTEND_ROW_SIZES = (2, 8, 32, 64)  # rows of an extend shape: one more than its requests at least (a pad row)
+
+
+def extend_shapes(max_tokens: int, max_rows: int) -> list[tuple[int, int]]:
+    rows = sorted({r for r in EXTEND_ROW_SIZES if r < max_rows} | {min(max_rows, EXTEND_ROW_SIZES[-1])})
+    return [(t, r) for t in extend_token_sizes(max_tokens) for r in rows if r <= t + 1]
+
+
+class StepGraphs:
+    """Graphs of one step kind. DECODE shapes are (bs, bs) and return logits [B, V]; EXTEND shapes
+    return hidden states [T, H]. with_prev: decode rows may take the previous step's sampled ids."""
+
+    def __init__(self, *, model: torch.nn.Module, inputs: StepInputs, mode: ForwardMode,
+                 shapes: list[tuple[int, int]], with_prev: bool = False):
+        self.model, self.inputs, self.mode, self.with_prev = model, inputs, mode, with_prev
+        self.shapes = sorted(shapes)
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
+
+    def shape_for(self, plan: StepPlan) -> tuple[int, int] | None:
+        """The smallest shape that holds the plan (extend shapes keep a pad row), or None."""
+        t, b = plan.num_tokens, plan.num_rows
+        if plan.mode is not self.mode or plan.has_snapshots:
+            return None
+        pad_row = 1 if self.mode is ForwardMode.EXTEND else 0
+        fits = [(T, B) for T, B in self.shapes if t <= T and b + pad_row <= B]
+        return min(fits) if fits else None
+
+    def _forward(self, shape: tuple[int, int]) -> torch.Tensor:
+        fb = self.inputs.batch(self.mode, *shape, with_prev=self.with_prev)
+        hidden = self.model(fb)
+        return self.model.compute_logits(hidden) if self.mode is ForwardMode.DECODE else hidden
 
     @torch.inference_mode()
     def capture(self) -> None:
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
-        # the warm-ups run on `stream`: it must first wait for what the caller's stream still has queued (the
-        # inputs' zero and pad-slot fills above, the pools'), or they may read stale memory as token ids and slots
-        # (a new torch stream does not wait for the caller's: bench/graph_wait_probe.py, on the H200)
+        # the warm-ups run on `stream`, which must first wait for the caller's queued work (buffer fills, the
+        # pools' initialization): a new stream does not wait for the caller's by itself
         stream.wait_stream(torch.cuda.current_stream())
-        for bs in reversed(self.sizes):  # largest first, so smaller graphs reuse its memory
+        empty = StepPlan(mode=self.mode, tokens=[], prefix_lens=[], slots=[])
+        for shape in reversed(self.shapes):  # largest first, so smaller graphs reuse its memory
+            self.inputs.fill(empty, *shape)  # pad rows only: the warm-ups touch no slot
+            stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(2):  # compile / autotune outside the capture
-                    self._forward(bs)
+                    self._forward(shape)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool, stream=stream):
-                self.logits[bs] = self._forward(bs)
-            self.graphs[bs] = graph
+                self.outputs[shape] = self._forward(shape)
+            self.graphs[shape] = graph
         torch.cuda.synchronize()
-        logger.info("captured decode CUDA graphs for batch sizes %s in %.1f s", self.sizes,
-                    time.perf_counter() - start)
+        logger.info("captured %s CUDA graphs for %d shapes (tokens, rows) %s in %.1f s", self.mode.value,
+                    len(self.shapes), _short(self.shapes), time.perf_counter() - start)
 
-    def fits(self, batch_size: int) -> bool:
-        return batch_size <= self.max_bs
+    def run(self, plan: StepPlan, shape: tuple[int, int], prev_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Replay `shape`'s graph for `plan`. Returns decode logits [B, V] or extend hidden states [T, H]
+        of the plan's rows (valid until the next replay)."""
+        self.inputs.fill(plan, *shape, prev_ids=prev_ids)
+        self.graphs[shape].replay()
+        n = plan.num_rows if self.mode is ForwardMode.DECODE else plan.num_tokens
+        return self.outputs[shape][:n]
 
-    def run(self, token_ids: list[int], positions: list[int], slots: list[int],
-            prev_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """One decode step of B = len(token_ids) requests. Returns logits [B, V] (valid until the
-        next run). prev_ids: the previous step's sampled ids on the device, for tokens -(j + 1)."""
-        b = len(token_ids)
-        if prev_ids is not None:
-            self.prev_ids[:prev_ids.shape[0]].copy_(prev_ids)
-        bs = next(s for s in self.sizes if s >= b)
-        self.turn ^= 1
-        host = self.host_view[self.turn]
-        host[0, :b], host[1, :b], host[2, :b] = token_ids, positions, slots
-        host[:, b:bs] = 0
-        host[2, b:bs] = self.allocator.pad_slot
-        self.inputs[:, :bs].copy_(self.host_inputs[self.turn, :, :bs], non_blocking=True)
-        self.graphs[bs].replay()
-        return self.logits[bs][:b]
+
+def _short(shapes: list[tuple[int, int]]) -> str:
+    if len(shapes) <= 6:
+        return str(shapes)
+    return f"{shapes[:3]} ... {shapes[-2:]}"

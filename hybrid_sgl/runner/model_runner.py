@@ -1,6 +1,7 @@
 """ModelRunner: owns the model, the pools and the allocator; runs one scheduled batch per call.
 
-run(mode, items) builds a ForwardBatch, runs the model, computes logits only for the rows
+run(mode, items) turns the batch into a StepPlan, runs it (replaying a CUDA graph of its shape
+when one is captured, else eagerly through the same step-input builder), computes logits only for the rows
 that need them (sampling rows and requested prompt-logprob rows), samples, and returns one
 ItemResult per item. It never changes request state: the scheduler applies the results.
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hybrid_sgl.batch import ForwardMode, StepPlan
 from hybrid_sgl.config import ModelConfig
 from hybrid_sgl.constrained.bitmask import MaskBuffer
 from hybrid_sgl.distributed import SINGLE, TPGroup, building_with
@@ -28,9 +30,9 @@ from hybrid_sgl.memory.memory_plan import MemoryPlan, StateShapes, available_ram
 from hybrid_sgl.memory.state_pool import StatePool
 from hybrid_sgl.models.base import Backends
 from hybrid_sgl.models.loader import build_model
-from hybrid_sgl.runner.cuda_graph import DecodeGraphs
-from hybrid_sgl.runner.forward_batch import ForwardBatch, ForwardMode
+from hybrid_sgl.runner.cuda_graph import StepGraphs, decode_sizes, extend_shapes
 from hybrid_sgl.runner.sampler import Sampler, ids_logprobs, logprobs_of
+from hybrid_sgl.runner.step_inputs import StepInputs
 from hybrid_sgl.runner.tp_step import step_message
 from hybrid_sgl.sampling_params import SamplingParams
 from hybrid_sgl.scheduler.request import Req
@@ -96,7 +98,7 @@ class ModelRunner:
         if self.context_length > config.context_length:
             raise ValueError(f"context_length={self.context_length} exceeds the model's "
                              f"max_position_embeddings={config.context_length}")
-        backends = self._resolve_backends(args, config)
+        backends = self._backends = self._resolve_backends(args, config)
         if args.random_seed is not None:
             torch.manual_seed(args.random_seed)
         with building_with(tp):
@@ -113,7 +115,9 @@ class ModelRunner:
                           (p.max_running_requests, p.num_pages, p.num_snapshots, p.context_length))
         self.context_length = self.plan.context_length  # one request alone always fits
         self.state_pool, self.kv_pool, self.allocator = self._make_pools(self.plan)
-        self.graphs = self._capture_decode_graphs(backends)
+        self.inputs = self._step_inputs(self.allocator, self.kv_pool, self.state_pool, self._max_step_tokens(),
+                                        self.plan.max_running_requests + 1)
+        self.graphs, self.extend_graphs = self._capture_graphs(backends)
         rows, pinned = self.plan.max_running_requests, self.device.type == "cuda"
         self._host_ids = [torch.empty(rows, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
         self._host_turn = 0
@@ -158,20 +162,38 @@ class ModelRunner:
     def _budget_bytes(self) -> int:
         frac = self.args.mem_fraction_static
         if self.device.type == "cuda":
-            peak = self._profile_step_bytes()
+            peak = self._profile_step_bytes(self._max_step_tokens())
+            graph_tokens = self._extend_graph_tokens()
+            graph_pool = self._profile_step_bytes(graph_tokens) if graph_tokens else 0  # held by the extend graphs
             free, total = torch.cuda.mem_get_info(self.device)
-            logger.info("profiled warm-up step: %.2f GiB of activations", peak / 2**30)
-            budget = int(free - total * (1 - frac) - peak)
+            logger.info("profiled warm-up step: %.2f GiB of activations (+ %.2f GiB for the extend graphs)",
+                        peak / 2**30, graph_pool / 2**30)
+            budget = int(free - total * (1 - frac) - peak - graph_pool)
         else:
             budget = int(available_ram_bytes() * frac)
         return budget if self.tp.size == 1 else self.tp.min_int(budget)  # every rank plans the same pools
 
+    def _max_step_tokens(self) -> int:
+        """Most tokens one extend step computes (the scheduler's chunk)."""
+        chunk = self.args.chunked_prefill_size
+        return min(chunk, self.context_length) if chunk > 0 else self.context_length
+
+    def _extend_graph_tokens(self) -> int:
+        """Largest extend step replayed from a CUDA graph (0: none)."""
+        if not self._graphs_possible():
+            return 0
+        return min(self.args.cuda_graph_max_tokens, self._max_step_tokens())
+
+    @staticmethod
+    def _step_inputs(allocator: Allocator, kv_pool, state_pool, max_tokens: int, max_rows: int) -> StepInputs:
+        return StepInputs(max_tokens=max_tokens, max_rows=max_rows, page_table=allocator.page_table,
+                          page_size=allocator.page_size, pad_slot=allocator.pad_slot, kv_pool=kv_pool,
+                          state_pool=state_pool, device=allocator.page_table.device)
+
     @torch.inference_mode()
-    def _profile_step_bytes(self) -> int:
-        """Peak transient memory of the largest step: a prefill chunk at chunked_prefill_size, run on
-        throw-away pools of one slot, plus logits for a full decode batch."""
-        tokens = self.args.chunked_prefill_size if self.args.chunked_prefill_size > 0 else self.context_length
-        tokens = min(tokens, self.context_length)
+    def _profile_step_bytes(self, tokens: int) -> int:
+        """Peak transient memory of an extend step of `tokens` tokens, run on throw-away pools of one
+        slot, plus logits for a full decode batch."""
         plan = MemoryPlan(budget_bytes=0, state_bytes_per_request=0, kv_bytes_per_token=0, max_running_requests=1,
                           page_size=self.args.page_size, num_pages=-(-tokens // self.args.page_size),
                           context_length=tokens)
@@ -179,9 +201,8 @@ class ModelRunner:
         slot = allocator.alloc_slot()
         allocator.grow(slot, tokens)
         ids = torch.randint(0, self.config.vocab_size, (tokens,)).tolist()
-        fb = ForwardBatch.build(mode=ForwardMode.EXTEND, token_runs=[ids], prefix_lens=[0], slots=[slot],
-                                page_table=allocator.page_table, page_size=plan.page_size, kv_pool=kv_pool,
-                                state_pool=state_pool, device=self.device)
+        inputs = self._step_inputs(allocator, kv_pool, state_pool, tokens, 1)
+        fb = inputs.eager_batch(StepPlan(mode=ForwardMode.EXTEND, tokens=[ids], prefix_lens=[0], slots=[slot]))
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         base = torch.cuda.memory_allocated(self.device)
@@ -189,7 +210,7 @@ class ModelRunner:
         rows = min(tokens, self.args.max_running_requests or 256)
         self.model.compute_logits(hidden[-rows:]).softmax(-1)
         peak = torch.cuda.max_memory_allocated(self.device) - base
-        del fb, hidden, state_pool, kv_pool, allocator
+        del fb, hidden, inputs, state_pool, kv_pool, allocator
         torch.cuda.empty_cache()
         return peak
 
@@ -223,19 +244,28 @@ class ModelRunner:
                               device=self.device, num_snapshots=plan.num_snapshots)
         return state_pool, kv_pool, allocator
 
-    def _capture_decode_graphs(self, backends: Backends) -> DecodeGraphs | None:
-        """Decode graphs on CUDA when every kernel on the decode path can be captured (no host syncs:
-        the Triton / vLLM kernels; the torch references sync)."""
-        capturable = all(ops is None or ops.name != "torch" for ops in
-                         (backends.attention, backends.linear_attention, backends.ssm, backends.moe))
-        if self.device.type != "cuda" or self.args.disable_cuda_graph or not capturable or self.tp.size > 1:
-            return None
+    def _graphs_possible(self) -> bool:
+        """CUDA graphs need CUDA, a kernel on every path that can be captured (no host syncs: the Triton /
+        vLLM kernels; the torch references sync) and one rank (the all-reduce is not captured yet)."""
+        b = self._backends
+        capturable = all(ops is None or ops.name != "torch" for ops in (b.attention, b.linear_attention, b.ssm, b.moe))
+        return self.device.type == "cuda" and not self.args.disable_cuda_graph and capturable and self.tp.size == 1
+
+    def _capture_graphs(self, backends: Backends) -> tuple[StepGraphs | None, StepGraphs | None]:
+        """(decode graphs, extend graphs), each None when not captured."""
+        if not self._graphs_possible():
+            return None, None
         max_bs = min(self.args.cuda_graph_max_bs or 256, self.plan.max_running_requests)
-        graphs = DecodeGraphs(model=self.model, allocator=self.allocator, kv_pool=self.kv_pool,
-                              state_pool=self.state_pool, max_bs=max_bs, device=self.device,
-                              take_prev_ids=not self.args.disable_overlap_schedule)
-        graphs.capture()
-        return graphs
+        decode = StepGraphs(model=self.model, inputs=self.inputs, mode=ForwardMode.DECODE,
+                            shapes=[(bs, bs) for bs in decode_sizes(max_bs)],
+                            with_prev=not self.args.disable_overlap_schedule)
+        decode.capture()
+        extend = None
+        if self._extend_graph_tokens():
+            extend = StepGraphs(model=self.model, inputs=self.inputs, mode=ForwardMode.EXTEND,
+                                shapes=extend_shapes(self._extend_graph_tokens(), self.plan.max_running_requests + 1))
+            extend.capture()
+        return decode, extend
 
     @torch.inference_mode()
     def _warm_up_sampler(self) -> None:
@@ -280,14 +310,16 @@ class ModelRunner:
         device computes this step's forward while the host reads `prev` and fills the masks; only
         the sampling waits for them. (Decode graphs end at the logits, so masking stays outside.)"""
         prev_rows = prev_rows or [-1] * len(items)
-        tokens = [-(j + 1) if j >= 0 else it.req.token_slice(it.start, it.end)[0] for it, j in zip(items, prev_rows)]
+        tokens = [[0] if j >= 0 else it.req.token_slice(it.start, it.end) for it, j in zip(items, prev_rows)]
+        plan = StepPlan(mode=ForwardMode.DECODE, tokens=tokens,
+                        prefix_lens=[it.start for it in items], slots=[it.req.slot for it in items],
+                        prev_rows=prev_rows if any(j >= 0 for j in prev_rows) else None)
         prev_ids = prev.next_ids if prev is not None else None
-        positions, slots = [it.start for it in items], [it.req.slot for it in items]
-        prev_fits = prev is None or self.graphs is None or self.graphs.fits(len(prev.items))
-        if self.graphs is not None and self.graphs.fits(len(items)) and prev_fits:
-            logits = self.graphs.run(tokens, positions, slots, prev_ids=prev_ids)
+        shape = self.graphs.shape_for(plan) if self.graphs is not None else None
+        if shape is not None:
+            logits = self.graphs.run(plan, shape, prev_ids=prev_ids)
         else:
-            logits = self.forward_step(ForwardMode.DECODE, [[t] for t in tokens], positions, slots, prev_ids=prev_ids)
+            logits = self.forward_step(plan, prev_ids=prev_ids)
         pending = PendingDecode(items=items, next_ids=None, host_ids=None, done=None, logits=logits)
         if prev is None or all(it.req.grammar is None for it in items):
             self.sample_pending(pending)
@@ -323,15 +355,17 @@ class ModelRunner:
     def run(self, mode: ForwardMode, items: list[BatchItem]) -> list[ItemResult]:
         rows, sample_rows, lp_rows = self._logit_rows(items)
         results = [ItemResult() for _ in items]
-        if mode is ForwardMode.DECODE and self.graphs is not None and self.graphs.fits(len(items)):
-            logits = self.graphs.run([it.req.token_slice(it.start, it.end)[0] for it in items],
-                                     [it.start for it in items], [it.req.slot for it in items])
+        snapshots = [it.snapshots for it in items]
+        plan = StepPlan(mode=mode, tokens=[it.req.token_slice(it.start, it.end) for it in items],
+                        prefix_lens=[it.start for it in items], slots=[it.req.slot for it in items],
+                        snapshots=snapshots if any(snapshots) else None, logit_rows=rows)
+        shape = self.graphs.shape_for(plan) if self.graphs is not None else None
+        if shape is not None:
+            logits = self.graphs.run(plan, shape)
             if rows != list(range(len(items))):  # every row; decode samples (almost) all of them
-                logits = logits[torch.tensor(rows, device=self.device, dtype=torch.long)]
+                logits = logits[self.inputs.logit_rows(rows)]
         else:
-            logits = self.forward_step(mode, [it.req.token_slice(it.start, it.end) for it in items],
-                                   [it.start for it in items], [it.req.slot for it in items],
-                                   snapshots=[it.snapshots for it in items], rows=rows)
+            logits = self.forward_step(plan)
         if not rows:
             return results
         if sample_rows:
@@ -340,23 +374,28 @@ class ModelRunner:
             self._input_logprobs(logits, items, results, lp_rows)
         return results
 
-    def forward_step(self, mode: ForwardMode, token_runs: list[list[int]], prefix_lens: list[int], slots: list[int], *,
-                 prev_ids: torch.Tensor | None = None, snapshots: list | None = None,
-                 rows: list[int] | None = None) -> torch.Tensor | None:
-        """One eager forward: logits [len(rows), V] of the packed rows `rows` (None: every row; none
-        are computed when rows is empty). The other tensor-parallel ranks run it too (see tp.py)."""
+    def forward_step(self, plan: StepPlan, *, prev_ids: torch.Tensor | None = None) -> torch.Tensor | None:
+        """One step without sampling: logits [len(rows), V] of the plan's logit rows (every row when None;
+        none are computed when empty). Extend steps replay a graph of their shape when one is captured.
+        The other tensor-parallel ranks run the step too (see tp_step.py)."""
         if self.broadcast is not None:
-            self.broadcast(step_message(self, mode, token_runs, prefix_lens, slots, prev_ids, snapshots, rows))
-        fb = ForwardBatch.build(mode=mode, token_runs=token_runs, prefix_lens=prefix_lens, slots=slots,
-                                page_table=self.allocator.page_table, page_size=self.allocator.page_size,
-                                kv_pool=self.kv_pool, state_pool=self.state_pool, device=self.device,
-                                prev_ids=prev_ids, snapshots=snapshots)
-        hidden = self.model(fb)
+            self.broadcast(step_message(self, plan, prev_ids))
+        shape = self.extend_graphs.shape_for(plan) if self.extend_graphs is not None else None
+        if shape is not None:
+            hidden = self.extend_graphs.run(plan, shape)
+        else:
+            fits = self.inputs.fits(plan.num_tokens, plan.num_rows)
+            inputs = self.inputs if fits else self._step_inputs(self.allocator, self.kv_pool, self.state_pool,
+                                                                plan.num_tokens, plan.num_rows)
+            hidden = self.model(inputs.eager_batch(plan, prev_ids=prev_ids))
+        rows = plan.logit_rows
         if rows is None:
             return self.model.compute_logits(hidden)
         if not rows:
             return None
-        return self.model.compute_logits(hidden[torch.tensor(rows, device=self.device, dtype=torch.long)])
+        if rows == list(range(hidden.shape[0])):
+            return self.model.compute_logits(hidden)
+        return self.model.compute_logits(hidden[self.inputs.logit_rows(rows)])
 
     def _logit_rows(self, items: list[BatchItem]):
         """Rows of the packed batch that need logits. sample_rows: (item, logits row);

@@ -1,8 +1,8 @@
 """What rank 0 sends the other tensor-parallel ranks each step, and how they replay it.
 
 Rank 0 runs the only scheduler (with the prefix cache and the grammars) and the only sampler.
-Before each forward it sends a StepMessage: the batch as ForwardBatch.build takes it, the
-page-table rows of the batch's slots, the logit rows, and the state-slot / KV-page copies the
+Before each forward it sends a StepMessage: the step's StepPlan, the page-table rows of its
+slots, the previous step's sampled ids, and the state-slot / KV-page copies the
 prefix cache made since the last step (its pools are the Recording* ones below). A rank replays
 the copies in order, writes the rows into its own page table and runs the same forward on its
 shards, so its pools hold exactly rank 0's pages and slots for its own heads.
@@ -14,21 +14,16 @@ from dataclasses import dataclass
 
 import torch
 
+from hybrid_sgl.batch import StepPlan
 from hybrid_sgl.memory.kv_pool import KVPool
 from hybrid_sgl.memory.state_pool import StatePool
-from hybrid_sgl.runner.forward_batch import ForwardMode
 
 
 @dataclass(frozen=True)
 class StepMessage:
-    mode: ForwardMode
-    token_runs: list[list[int]]  # new tokens per request; -(j + 1) = prev_ids[j]
-    prefix_lens: list[int]
-    slots: list[int]
-    table_rows: list[list[int]]  # [B, pages the batch reads] page-table rows of `slots`
+    plan: StepPlan
+    table_rows: list[list[int]]  # [B, pages the batch reads] page-table rows of the plan's slots
     prev_ids: list[int] | None  # tokens the previous step sampled (overlapped decode)
-    snapshots: list[list[tuple[int, int]]] | None
-    rows: list[int] | None  # packed rows that get logits; None = every row
     state_copies: list[tuple[int, int]]  # (src, dst) state-pool indices, in order
     kv_copies: list[tuple[int, int]]  # (src, dst) KV pages, in order
 
@@ -64,15 +59,12 @@ def _take(pool) -> list[tuple[int, int]]:
     return copies
 
 
-def step_message(runner, mode, token_runs, prefix_lens, slots, prev_ids, snapshots, rows) -> StepMessage:
+def step_message(runner, plan: StepPlan, prev_ids) -> StepMessage:
     """The step rank 0's `runner` is about to run, for the other ranks."""
-    page_size = runner.allocator.page_size
-    pages = -(-max(p + len(run) for p, run in zip(prefix_lens, token_runs)) // page_size)
-    table = runner.allocator.page_table[torch.tensor(slots, dtype=torch.long, device=runner.device), :pages]
-    return StepMessage(mode=mode, token_runs=token_runs, prefix_lens=prefix_lens, slots=slots,
-                       table_rows=table.tolist(), prev_ids=None if prev_ids is None else prev_ids.tolist(),
-                       snapshots=snapshots, rows=rows, state_copies=_take(runner.state_pool),
-                       kv_copies=_take(runner.kv_pool))
+    pages = -(-plan.max_seq_len // runner.allocator.page_size)
+    table = runner.allocator.page_table[torch.tensor(plan.slots, dtype=torch.long, device=runner.device), :pages]
+    return StepMessage(plan=plan, table_rows=table.tolist(), prev_ids=None if prev_ids is None else prev_ids.tolist(),
+                       state_copies=_take(runner.state_pool), kv_copies=_take(runner.kv_pool))
 
 
 def replay(runner, msg: StepMessage) -> None:
@@ -82,8 +74,7 @@ def replay(runner, msg: StepMessage) -> None:
     for src, dst in msg.kv_copies:
         runner.kv_pool.copy_page(src, dst)
     table = torch.tensor(msg.table_rows, dtype=runner.allocator.page_table.dtype, device=runner.device)
-    slots = torch.tensor(msg.slots, dtype=torch.long, device=runner.device)
+    slots = torch.tensor(msg.plan.slots, dtype=torch.long, device=runner.device)
     runner.allocator.page_table[slots, :table.shape[1]] = table
     prev_ids = None if msg.prev_ids is None else torch.tensor(msg.prev_ids, dtype=torch.int64, device=runner.device)
-    runner.forward_step(msg.mode, msg.token_runs, msg.prefix_lens, msg.slots, prev_ids=prev_ids,
-                    snapshots=msg.snapshots, rows=msg.rows)
+    runner.forward_step(msg.plan, prev_ids=prev_ids)

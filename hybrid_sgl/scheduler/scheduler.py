@@ -26,10 +26,10 @@ import logging
 from collections import deque
 from collections.abc import Callable
 
+from hybrid_sgl.batch import ForwardMode
 from hybrid_sgl.constrained import GrammarCache
 from hybrid_sgl.constrained.stop_regex import find_stop_regex
 from hybrid_sgl.memory.allocator import Allocator
-from hybrid_sgl.runner.forward_batch import ForwardMode
 from hybrid_sgl.runner.model_runner import BatchItem, ItemResult, ModelRunner, PendingDecode
 from hybrid_sgl.scheduler.grammar_queue import CompilingQueue
 from hybrid_sgl.scheduler.prefix_sharing import PrefixSharing

@@ -1,0 +1,177 @@
+"""The one step-input builder: StepPlan -> ForwardBatch, for eager steps, CUDA-graph replays and
+tensor-parallel followers alike.
+
+The host writes a plan into one flat int64 buffer (pinned on CUDA; two in turn, since a launched
+step's copy may still wait in the stream while the host fills the next) and copies it to a static
+device buffer with one copy. Everything else is derived on the device from that buffer, with no
+host sync, so a captured graph can hold the derivation and replay it for the next plan of the same
+shape. Layout for a shape of T tokens and B rows (padded shapes included):
+
+    ids [T] | positions [T] | prev_row [T] | row [T] | slots [B] | prefix_lens [B] | cu_seqlens [B + 1]
+
+Padding (a plan smaller than its shape): the pad tokens belong to pad rows, pad token k to row
+B_plan + min(k, pad rows - 1), each with the pad slot, prefix 0 and no KV store, so they touch no
+request's state or KV; their attention reads the pad page (zeros) and stays finite.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from hybrid_sgl.batch import ForwardBatch, ForwardMode, RecurrentRound, StepPlan
+
+NUM_BUILDS = [0]  # host builds so far (tests count them per step)
+
+
+def layout_size(num_tokens: int, num_rows: int) -> int:
+    return 4 * num_tokens + 3 * num_rows + 1
+
+
+class StepInputs:
+    def __init__(self, *, max_tokens: int, max_rows: int, page_table: torch.Tensor, page_size: int,
+                 pad_slot: int, kv_pool, state_pool, device: torch.device):
+        """page_table: the allocator's [slots + 1, max_pages] int32 table (read on the device)."""
+        self.max_tokens, self.max_rows = max_tokens, max_rows
+        self.page_table, self.page_size, self.pad_slot = page_table, page_size, pad_slot
+        self.kv_pool, self.state_pool, self.device = kv_pool, state_pool, device
+        size = layout_size(max_tokens, max_rows)
+        self.host = torch.zeros((2, size), dtype=torch.int64, pin_memory=device.type == "cuda")
+        self.host_view = self.host.numpy()
+        self.turn = 0
+        self.dev = torch.zeros(size, dtype=torch.int64, device=device)
+        self.prev_ids = torch.zeros(max(max_rows, 1), dtype=torch.int64, device=device)
+        self.rows_host = torch.zeros((2, max_tokens), dtype=torch.int64, pin_memory=device.type == "cuda")
+        self.rows_dev = torch.zeros(max_tokens, dtype=torch.int64, device=device)
+
+    def fits(self, num_tokens: int, num_rows: int) -> bool:
+        return num_tokens <= self.max_tokens and num_rows <= self.max_rows
+
+    # ---- host: one fill and one copy per step ----------------------------------------------------
+    def fill(self, plan: StepPlan, num_tokens: int | None = None, num_rows: int | None = None,
+             prev_ids: torch.Tensor | None = None) -> None:
+        """Write `plan` padded to (num_tokens, num_rows) (default: its own shape) and queue the copy.
+        prev_ids [>= max prev row + 1]: the previous step's sampled ids on the device."""
+        NUM_BUILDS[0] += 1
+        b, t = plan.num_rows, plan.num_tokens
+        T, B = num_tokens or t, num_rows or b
+        assert t <= T and b <= B and (t == T or b < B), f"plan of {t} tokens, {b} rows in shape ({T}, {B})"
+        assert self.fits(T, B), f"shape ({T}, {B}) exceeds the buffers ({self.max_tokens}, {self.max_rows})"
+        self.turn ^= 1
+        h = self.host_view[self.turn]
+        ids, pos, prev, row = h[:T], h[T:2 * T], h[2 * T:3 * T], h[3 * T:4 * T]
+        slots, prefix, cu = h[4 * T:4 * T + B], h[4 * T + B:4 * T + 2 * B], h[4 * T + 2 * B:4 * T + 3 * B + 1]
+        lens = np.fromiter((len(r) for r in plan.tokens), dtype=np.int64, count=b)
+        if b < B:
+            lens = np.concatenate([lens, _pad_lens(T - t, B - b)])
+        cu[0] = 0
+        np.cumsum(lens, out=cu[1:])
+        slots[:b] = plan.slots
+        slots[b:] = self.pad_slot
+        prefix[:b] = plan.prefix_lens
+        prefix[b:] = 0
+        row[:] = np.repeat(np.arange(B, dtype=np.int64), lens)
+        pos[:] = np.arange(T, dtype=np.int64) - cu[:-1][row] + prefix[row]
+        ids[:t] = np.fromiter((x for r in plan.tokens for x in r), dtype=np.int64, count=t)
+        ids[t:] = 0
+        prev[:] = -1
+        if plan.prev_rows is not None:
+            firsts = cu[:b][np.asarray(plan.prev_rows) >= 0]
+            prev[firsts] = [j for j in plan.prev_rows if j >= 0]
+        n = layout_size(T, B)
+        self.dev[:n].copy_(self.host[self.turn, :n], non_blocking=True)
+        if prev_ids is not None:
+            self.prev_ids[: prev_ids.shape[0]].copy_(prev_ids)
+
+    def logit_rows(self, rows: list[int]) -> torch.Tensor:
+        """rows as a device index [len(rows)], through a pinned buffer (no pageable copy, no wait)."""
+        n = len(rows)
+        if n > self.max_tokens:
+            return torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
+        host = self.rows_host[self.turn, :n]
+        host.numpy()[:] = rows
+        out = self.rows_dev[:n]
+        out.copy_(host, non_blocking=True)
+        return out
+
+    # ---- device: the ForwardBatch of the last fill (capturable) --------------------------------------
+    def batch(self, mode: ForwardMode, num_tokens: int, num_rows: int, *, max_pages: int | None = None,
+              with_prev: bool = False) -> ForwardBatch:
+        """ForwardBatch of the shape (num_tokens, num_rows) from the device buffer; device ops only.
+        max_pages: block-table width (None: the page table's, as graphs need)."""
+        T, B, d = num_tokens, num_rows, self.dev
+        ids, positions, prev, row = d[:T], d[T:2 * T], d[2 * T:3 * T], d[3 * T:4 * T]
+        slots, prefix, cu = d[4 * T:4 * T + B], d[4 * T + B:4 * T + 2 * B], d[4 * T + 2 * B:4 * T + 3 * B + 1]
+        if with_prev:
+            ids = torch.where(prev >= 0, self.prev_ids[prev.clamp(min=0)], ids)
+        table = self.page_table if max_pages is None else self.page_table[:, :max_pages]
+        block_table = table.index_select(0, slots)
+        page = block_table[row, positions // self.page_size].long()
+        real = (slots != self.pad_slot)[row]
+        slot_mapping = torch.where(real, page * self.page_size + positions % self.page_size, -1)
+        lens = cu[1:] - cu[:-1]
+        return ForwardBatch(mode=mode, input_ids=ids, positions=positions, seq_lens=(prefix + lens).int(),
+                            state_slots=slots.int(), block_table=block_table, slot_mapping=slot_mapping,
+                            cu_seqlens=cu.int(), has_initial_state=prefix > 0, kv_pool=self.kv_pool,
+                            state_pool=self.state_pool)
+
+    def eager_batch(self, plan: StepPlan, prev_ids: torch.Tensor | None = None) -> ForwardBatch:
+        """fill + batch at the plan's own shape, with the snapshot rounds when the plan cuts inside runs."""
+        self.fill(plan, prev_ids=prev_ids)
+        fb = self.batch(plan.mode, plan.num_tokens, plan.num_rows, with_prev=plan.prev_rows is not None,
+                        max_pages=-(-plan.max_seq_len // self.page_size))
+        if plan.has_snapshots and self.state_pool is not None:
+            fb.rounds = recurrent_rounds(plan, self.device)
+        return fb
+
+
+def _pad_lens(num_tokens: int, num_rows: int) -> np.ndarray:
+    """Token counts of `num_rows` pad rows holding `num_tokens` pad tokens: pad token k in row
+    min(k, num_rows - 1)."""
+    lens = np.zeros(num_rows, dtype=np.int64)
+    first = min(num_tokens, num_rows - 1)
+    lens[:first] = 1
+    lens[-1] += num_tokens - first
+    return lens
+
+
+def for_runner(runner, max_tokens: int, max_rows: int) -> StepInputs:
+    a = runner.allocator
+    return StepInputs(max_tokens=max_tokens, max_rows=max_rows, page_table=a.page_table, page_size=a.page_size,
+                      pad_slot=a.pad_slot, kv_pool=runner.kv_pool, state_pool=runner.state_pool,
+                      device=runner.device)
+
+
+def recurrent_rounds(plan: StepPlan, device: torch.device) -> list[RecurrentRound]:
+    """Cut each run at its snapshot positions; round r takes every run's r-th segment."""
+    cu = np.concatenate([[0], np.cumsum([len(r) for r in plan.tokens])]).tolist()
+    segments = []  # per run: [(first row, end row, snapshot index or None)]
+    for i, run in enumerate(plan.tokens):
+        cuts = sorted(plan.snapshots[i]) if plan.snapshots[i] else []
+        bounds, start = [], cu[i]
+        for pos, index in cuts:
+            r = cu[i] + pos - plan.prefix_lens[i]
+            assert cu[i] < r < cu[i] + len(run), f"snapshot position {pos} is not inside run {i}"
+            bounds.append((start, r, index))
+            start = r
+        bounds.append((start, cu[i] + len(run), None))
+        segments.append(bounds)
+    rounds = []
+    for r in range(max(len(b) for b in segments)):
+        rows, lens, round_slots, init, src, dst = [], [0], [], [], [], []
+        for i, bounds in enumerate(segments):
+            if r >= len(bounds):
+                continue
+            first, end, index = bounds[r]
+            rows.extend(range(first, end))
+            lens.append(lens[-1] + end - first)
+            round_slots.append(plan.slots[i])
+            init.append(r > 0 or plan.prefix_lens[i] > 0)
+            if index is not None:
+                src.append(plan.slots[i])
+                dst.append(index)
+        to = lambda values, dtype: torch.tensor(values, dtype=dtype).to(device, non_blocking=True)  # noqa: E731
+        rounds.append(RecurrentRound(rows=to(rows, torch.int64), cu_seqlens=to(lens, torch.int32),
+                                     state_slots=to(round_slots, torch.int32), has_initial_state=to(init, torch.bool),
+                                     snap_src=to(src, torch.int64), snap_dst=to(dst, torch.int64)))
+    return rounds
