@@ -87,3 +87,16 @@ def test_cost_model_counts_a_stacked_shared_expert_as_dense(tiny_checkpoint):
     # the same model but for the shared expert's width: 48 - 32 columns of gate, up and down per MoE layer
     assert own.dense_matmul_params - stacked.dense_matmul_params == stacked.moe_layers * 3 * (48 - i) * h
     assert own.dense_read_bytes - stacked.dense_read_bytes == stacked.moe_layers * 3 * (48 - i) * h * 4
+
+
+def test_step_profile_reports_every_case_on_cpu(tmp_path):
+    out = tmp_path / "steps.json"
+    text = _run("step_profile.py", "--config", BUNDLED_MODEL, "--device", "cpu", "--scale", "0.02", "--steps", "1",
+                "--out", str(out))
+    cases = json.loads(out.read_text())["cases"]
+    assert set(cases) == {"decode b1", "decode b32", "extend 64 after 4k", "prefill 512", "prefill 2k", "prefill 8k",
+                          "extend 8x256 after 1k"}
+    for row in cases.values():
+        assert row["off"]["wall_ms"] > 0
+        assert set(row["off"]["host_us_per_layer"]) == {"linear_attention+mlp", "full_attention+mlp"}
+    assert "| decode b1 | off |" in text

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Every step fast, on one H200 in one or two calls: the CUDA tests of the step graphs, the step profile
+# (graphs on and off in one process) of the 9B, Nemotron-H-8B and Falcon-H1-7B shapes, the prefix-hit TTFT
+# and the multi-turn serving run with the cache on and off, and the whole CUDA suite. Run from the repo
+# root with the wheel folder carried (WHEELS, default .whl_srv; bench/device_wheels.sh fills it).
+#   bash bench/h200_step_run.sh [tests|profile|mamba|ttft|multiturn|suite ...]   (default: tests profile)
+. "$(dirname "$0")/device_env.sh"
+git log -1 --format=%H > "$OUT/commit.txt" 2>/dev/null || true
+
+for part in ${*:-tests profile}; do
+  case $part in
+    tests)
+      timeout 420 python3 -m pytest -q -rf -x -p no:cacheprovider -n 4 tests/gpu/test_step_graphs_cuda.py \
+        tests/gpu/test_model_cuda.py tests/gpu/test_overlap_cuda.py tests/gpu/test_prefix_cache_cuda.py \
+        tests/test_decode_graph_inputs.py 2>&1 | tee "$OUT/tests_step_graphs.log" | tail -15 ;;
+    profile)
+      timeout 420 python3 bench/step_profile.py --config configs/qwen3_5-9b-text --out "$OUT/step_profile_9b.json" \
+        2>&1 | quiet | tee "$OUT/step_profile_9b.log" | tail -24 ;;
+    mamba)
+      for c in nemotron_h-8b falcon_h1-7b; do
+        timeout 300 python3 bench/step_profile.py --config configs/$c --cases "decode b1,decode b32,extend 64 after 4k,prefill 2k" \
+          --out "$OUT/step_profile_$c.json" 2>&1 | quiet | tee "$OUT/step_profile_$c.log" | tail -16
+      done ;;
+    ttft)
+      timeout 300 python3 bench/prefix_cache.py offline --config configs/qwen3_5-9b-text --cases ttft \
+        --out "$OUT/prefix_ttft_9b.json" 2>&1 | quiet | tee "$OUT/prefix_ttft_9b.log" | tail -12 ;;
+    multiturn)
+      timeout 400 python3 bench/prefix_cache.py multiturn --config configs/qwen3_5-9b-text --users 48 --turns 6 \
+        --out "$OUT/multiturn_9b.json" 2>&1 | quiet | tee "$OUT/multiturn_9b.log" | tail -6 ;;
+    suite)
+      timeout 560 python3 -m pytest -q -rf -p no:cacheprovider -n 4 tests/gpu tests/kernels tests/test_composed_gpu.py \
+        tests/test_fp8_checkpoint.py 2>&1 | tee "$OUT/suite.log" | tail -15 ;;
+  esac
+done

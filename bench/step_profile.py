@@ -1,0 +1,186 @@
+"""Host time against device time for each kind of step, with CUDA graphs on and off in one process.
+
+    PYTHONPATH=$PWD python bench/step_profile.py --config configs/qwen3_5-9b-text [--out result.json]
+
+Runs ModelRunner.run directly (no scheduler, dummy weights) on fixed step shapes:
+decode at batch 1 and 32 (512 tokens of context), an extend of 64 tokens after 4,096 cached, prefill
+chunks of 512 / 2,048 / 8,192 tokens, and an extend of 8 requests x 256 tokens after 1,024 cached
+each (the multi-turn shape; the scheduler never mixes decode and prefill rows in one step). Per case
+and per mode (graphs on / off):
+- wall: milliseconds a step, the host waiting for each step to end (what a request sees);
+- device: kernel time a step (torch.profiler, the sum of the kernels' durations);
+- idle: 1 - device / wall, the share of the step the device waits for the host;
+- launches: kernels a step;
+- eager mode only: host microseconds a layer spends in its forward, by layer kind (the launch path:
+  kernels run asynchronously, so this is the host's cost of issuing them).
+On CPU (a smoke run) device time is not measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from hybrid_sgl.batch import ForwardMode  # noqa: E402
+from hybrid_sgl.config import ModelConfig  # noqa: E402
+from hybrid_sgl.runner.model_runner import BatchItem, ModelRunner  # noqa: E402
+from hybrid_sgl.sampling_params import SamplingParams  # noqa: E402
+from hybrid_sgl.scheduler.request import Req  # noqa: E402
+from hybrid_sgl.server_args import ServerArgs  # noqa: E402
+
+# name: (mode, requests, cached tokens each, new tokens each)
+CASES = {
+    "decode b1": (ForwardMode.DECODE, 1, 512, 1),
+    "decode b32": (ForwardMode.DECODE, 32, 512, 1),
+    "extend 64 after 4k": (ForwardMode.EXTEND, 1, 4096, 64),
+    "prefill 512": (ForwardMode.EXTEND, 1, 0, 512),
+    "prefill 2k": (ForwardMode.EXTEND, 1, 0, 2048),
+    "prefill 8k": (ForwardMode.EXTEND, 1, 0, 8192),
+    "extend 8x256 after 1k": (ForwardMode.EXTEND, 8, 1024, 256),
+}
+
+
+def make_items(runner: ModelRunner, mode: ForwardMode, n: int, cached: int, new: int, scale: float) -> list:
+    """n requests holding slots and pages for cached + new tokens; their KV and state are whatever
+    the pools hold (timing only)."""
+    cached, new = int(cached * scale), max(1, int(new * scale)) if mode is ForwardMode.EXTEND else 1
+    vocab = runner.config.vocab_size
+    items = []
+    for i in range(n):
+        slot = runner.allocator.alloc_slot()
+        runner.allocator.grow(slot, cached + new)
+        req = Req(rid=f"r{i}", prompt_ids=[(7 * i + j) % (vocab - 1) + 1 for j in range(cached + new)],
+                  params=SamplingParams(temperature=0, max_new_tokens=16))
+        req.slot = slot
+        items.append(BatchItem(req=req, start=cached, end=cached + new, sample=True))
+    return items
+
+
+def release(runner: ModelRunner, items: list) -> None:
+    for it in items:
+        runner.allocator.free_slot(it.req.slot)
+
+
+def time_steps(runner, mode, items, steps: int, sync) -> float:
+    for _ in range(2):
+        runner.run(mode, items)
+    sync()
+    start = time.perf_counter()
+    for _ in range(steps):
+        runner.run(mode, items)
+        sync()
+    return (time.perf_counter() - start) / steps
+
+
+def kernel_profile(runner, mode, items, steps: int, sync) -> tuple[float, float]:
+    """(device ms a step, kernels a step) from torch.profiler."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            runner.run(mode, items)
+        sync()
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    return sum(e.device_time_total for e in kernels) / 1e3 / steps, len(kernels) / steps
+
+
+class LayerHostTimer:
+    """Host time each layer's forward takes, by layer kind (forward hooks, no sync)."""
+
+    def __init__(self, runner: ModelRunner):
+        self.totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+        self.handles = []
+        for layer, (mixer, ffn) in zip(runner.model.layers, runner.config.layer_plan):
+            kind = f"{mixer}+{ffn}"
+            starts = []
+            self.handles.append(layer.register_forward_pre_hook(lambda *_, s=starts: s.append(time.perf_counter())))
+            self.handles.append(layer.register_forward_hook(
+                lambda *_, s=starts, k=kind: self._add(k, time.perf_counter() - s.pop())))
+
+    def _add(self, kind: str, seconds: float) -> None:
+        self.totals[kind][0] += seconds
+        self.totals[kind][1] += 1
+
+    def remove(self) -> dict[str, float]:
+        for h in self.handles:
+            h.remove()
+        return {k: round(t / n * 1e6, 1) for k, (t, n) in self.totals.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default=os.path.join(ROOT, "configs", "qwen3_5-9b-text"))
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--cases", default=",".join(CASES), help="comma-separated case names")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply every token count (small for smoke runs)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    a = p.parse_args()
+    names = [n.strip() for n in a.cases.split(",")]
+    on_gpu = torch.cuda.is_available() and a.device != "cpu"
+    args = ServerArgs(model_path=a.config, load_format="dummy", skip_tokenizer_init=True, random_seed=0,
+                      context_length=int(8192 * max(a.scale, 1 / 8)) + 64, max_running_requests=33,
+                      disable_radix_cache=True, device=a.device, dtype=a.dtype, log_level="warning").resolved()
+    runner = ModelRunner(args, ModelConfig.from_hf(args.model_path))
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    graphs = {"on": (runner.graphs, runner.extend_graphs), "off": (None, None)}
+    results = {"config": a.config, "device": torch.cuda.get_device_name() if on_gpu else "cpu",
+               "cuda_graph_max_tokens": args.cuda_graph_max_tokens, "cases": {}}
+    for name in names:
+        mode, n, cached, new = CASES[name]
+        items = make_items(runner, mode, n, cached, new, a.scale)
+        row = {}
+        for label, (decode, extend) in graphs.items():
+            if label == "on" and decode is None:
+                continue  # no graphs here (CPU, or a torch backend)
+            runner.graphs, runner.extend_graphs = decode, extend
+            wall = time_steps(runner, mode, items, a.steps, sync)
+            entry = {"wall_ms": round(wall * 1e3, 3)}
+            if on_gpu:
+                device_ms, launches = kernel_profile(runner, mode, items, a.steps, sync)
+                entry.update(device_ms=round(device_ms, 3), launches=round(launches, 1),
+                             idle=round(max(0.0, 1 - device_ms / (wall * 1e3)), 3))
+            if label == "off":
+                timer = LayerHostTimer(runner)
+                runner.run(mode, items)
+                sync()
+                entry["host_us_per_layer"] = timer.remove()
+            row[label] = entry
+        runner.graphs, runner.extend_graphs = graphs["on"]
+        release(runner, items)
+        results["cases"][name] = row
+        print(name, json.dumps(row), flush=True)
+    print(report(results))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+def report(results: dict) -> str:
+    lines = [f"# Step profile: {results['config']} on {results['device']}", "",
+             "| step | graphs | wall ms | device ms | idle | launches | eager / graphed wall |",
+             "|---|---|---|---|---|---|---|"]
+    for name, row in results["cases"].items():
+        for label, e in row.items():
+            ratio = ""
+            if label == "off" and "on" in row:
+                ratio = f"{e['wall_ms'] / row['on']['wall_ms']:.2f}x"
+            lines.append(f"| {name} | {label} | {e['wall_ms']:.3f} | {e.get('device_ms', '-')} | {e.get('idle', '-')} "
+                         f"| {e.get('launches', '-')} | {ratio} |")
+    lines += ["", "Host microseconds a layer, eager (by layer kind):", ""]
+    for name, row in results["cases"].items():
+        lines.append(f"- {name}: {row['off'].get('host_us_per_layer')}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
