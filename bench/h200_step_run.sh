@@ -5,7 +5,7 @@
 # root with the wheel folder carried (WHEELS, default .whl_srv; bench/device_wheels.sh fills it).
 #   bash bench/h200_step_run.sh [tests|profile|mamba|ttft|multiturn|suite ...]   (default: tests profile)
 . "$(dirname "$0")/device_env.sh"
-git log -1 --format=%H > "$OUT/commit.txt" 2>/dev/null || true
+git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || true  # the tree that travels may carry an older .git: results record the commit by hand too
 
 for part in ${*:-tests profile}; do
   case $part in

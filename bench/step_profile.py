@@ -127,16 +127,21 @@ def main() -> None:
     a = p.parse_args()
     names = [n.strip() for n in a.cases.split(",")]
     on_gpu = torch.cuda.is_available() and a.device != "cpu"
+    config = ModelConfig.from_hf(a.config)
+    context = min(int(8192 * max(a.scale, 1 / 8)) + 64, config.context_length)
     args = ServerArgs(model_path=a.config, load_format="dummy", skip_tokenizer_init=True, random_seed=0,
-                      context_length=int(8192 * max(a.scale, 1 / 8)) + 64, max_running_requests=33,
-                      disable_radix_cache=True, device=a.device, dtype=a.dtype, log_level="warning").resolved()
-    runner = ModelRunner(args, ModelConfig.from_hf(args.model_path))
+                      context_length=context, max_running_requests=33, disable_radix_cache=True, device=a.device,
+                      dtype=a.dtype, log_level="warning").resolved()
+    runner = ModelRunner(args, config)
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     graphs = {"on": (runner.graphs, runner.extend_graphs), "off": (None, None)}
     results = {"config": a.config, "device": torch.cuda.get_device_name() if on_gpu else "cpu",
                "cuda_graph_max_tokens": args.cuda_graph_max_tokens, "cases": {}}
     for name in names:
         mode, n, cached, new = CASES[name]
+        if int(cached * a.scale) + max(1, int(new * a.scale)) > runner.context_length:
+            print(f"{name}: skipped, longer than the model's context ({runner.context_length})")
+            continue
         items = make_items(runner, mode, n, cached, new, a.scale)
         row = {}
         for label, (decode, extend) in graphs.items():
