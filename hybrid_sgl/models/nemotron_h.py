@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from hybrid_sgl.batch import ForwardBatch
-from hybrid_sgl.config import AttentionSpec, Mamba2Spec, ModelConfig, MoESpec, checkpoint_fields
+from hybrid_sgl.config import AttentionSpec, Mamba2Spec, ModelConfig, MoESpec, checkpoint_fields, dt_limit
 from hybrid_sgl.layers.attention import GatedAttention
 from hybrid_sgl.layers.mamba2 import Mamba2Mixer
 from hybrid_sgl.layers.nemotron_moe import NemotronMoE
@@ -68,8 +68,9 @@ def parse_config(hf: dict, gen_eos: list[int]) -> ModelConfig:
             chunk_size=_first(hf, "chunk_size", "mamba_chunk_size", default=128),
             conv_bias=bool(_first(hf, "use_conv_bias", "mamba_conv_bias", default=True)),
             proj_bias=bool(hf.get("use_bias", False)),
-            # transformers clamps dt from below at time_step_min in prefill (its decode step does not clamp)
-            dt_limit=(float(_first(hf, "time_step_min", "mamba_dt_min", default=0.001)), float("inf")),
+            # the clamp is time_step_limit (mamba_dt_limit in older configs), as in mamba_ssm; time_step_min
+            # only initializes dt_bias in training (transformers >= 5.25 reads it the same way)
+            dt_limit=dt_limit({"time_step_limit": _first(hf, "time_step_limit", "mamba_dt_limit", default=None)}),
         )
     moe = None
     if "E" in pattern:
