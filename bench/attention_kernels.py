@@ -1,4 +1,7 @@
-"""Attention kernels on one GPU: ours (paged) vs vLLM's Triton unified_attention (paged, same pool)
+"""Question: is our paged attention at least as fast as vLLM's Triton unified_attention, and how near torch
+SDPA, in decode, prefill and extend?
+
+Attention kernels on one GPU: ours (paged) vs vLLM's Triton unified_attention (paged, same pool)
 vs torch SDPA on the same K/V unpaged, in the same run. Shapes from ANCHORS.md (Qwen3.5-9B full
 attention: 16 q heads, 4 kv heads, head_dim 256, bf16, page size 16, pages in random order).
 

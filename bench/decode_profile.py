@@ -1,4 +1,6 @@
-"""Where a decode step's device time goes: per-kernel totals of a decode run, under torch.profiler,
+"""Question: where does a decode step's device time go, kernel by kernel?
+
+Where a decode step's device time goes: per-kernel totals of a decode run, under torch.profiler,
 on a `configs/` model with dummy weights. The gap between the sum of kernel times and the step time
 measured by bench/offline.py is launch gaps (inside the CUDA graph) and host time.
 
@@ -28,7 +30,7 @@ from hybrid_sgl import Engine  # noqa: E402
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=os.path.join(ROOT, "configs", "qwen3_5-9b-text"))
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--prompt", type=int, default=16, help="prompt tokens (small: the profile is about decode)")

@@ -5,7 +5,7 @@
 # repository is tested with; about 25 MB, so they travel with the tree. The wheels go into the
 # git-ignored .whl_srv/; install them on the GPU machine with
 #   python3 -m pip install --no-index --no-deps --target /tmp/site .whl_srv/*.whl
-# and run with PYTHONPATH=$PWD:/tmp/site (bench/h200_e2e_run.sh does both).
+# and run with PYTHONPATH=$PWD:/tmp/site (bench/device_env.sh does both; the bench/h200*_run.sh scripts source it).
 #   bash bench/device_wheels.sh [DEST=.whl_srv] [PYTHON_VERSION=3.12]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,4 +1,7 @@
-"""FP8 GEMMs against bf16 cuBLAS (F.linear) on the Qwen3.5-9B linear shapes, same run. Decode-sized M
+"""Question: how much faster than bf16 cuBLAS are our FP8 GEMMs on the 9B linear shapes, in bytes per second
+at decode sizes and TFLOP/s at prefill sizes?
+
+FP8 GEMMs against bf16 cuBLAS (F.linear) on the Qwen3.5-9B linear shapes, same run. Decode-sized M
 (1, 2, 16, 64) runs the weight-only kernels (triton_kernels/fp8_weight_only.py), timed back to back inside a
 CUDA graph (no launch overhead, as in decode), reported as bytes moved per second against measured copy
 bandwidth; prefill-sized M (8192) runs the W8A8 GEMM
@@ -75,7 +78,7 @@ def one_kernel(kernel: str, *, x: torch.Tensor, weight: torch.Tensor, weight_sca
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, nargs="+", default=TOKENS)
     tokens = ap.parse_args().tokens
     copy_bw = copy_bandwidth()

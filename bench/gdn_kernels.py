@@ -1,4 +1,7 @@
-"""Gated DeltaNet kernels on one GPU: ours vs fla-core in the same run, at the ANCHORS.md shapes
+"""Question: are our Gated DeltaNet kernels (decode, chunked prefill) and the causal conv1d at least as fast as
+fla-core's, and how near the copy bandwidth, at the Qwen3.5-9B shapes?
+
+Gated DeltaNet kernels on one GPU: ours vs fla-core in the same run, at the ANCHORS.md shapes
 (Qwen3.5-9B linear attention: H_qk 16, H_v 32, K = V = 128, bf16 inputs, fp32 state; the conv over
 [q k v]: 8192 channels, width 4, bf16 conv state).
 

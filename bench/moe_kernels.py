@@ -1,4 +1,7 @@
-"""Fused MoE on one GPU: ours vs the torch reference (a Python loop over the touched experts) and
+"""Question: how near the copy bandwidth (few tokens) and the matmul rate (many) is our fused MoE, against
+the torch reference and a dense matmul of the same FLOPs?
+
+Fused MoE on one GPU: ours vs the torch reference (a Python loop over the touched experts) and
 vs a dense matmul pair of the same FLOPs, at two expert shapes (bf16 weights and activations):
 
     Qwen3.5-35B-A3B      E 256, top-8,  H 2048, I 512 (silu-gated experts)

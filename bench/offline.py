@@ -1,4 +1,7 @@
-"""Offline throughput of the in-process Engine on a real model shape with random weights, against
+"""Question: what decode tok/s (against the roofline) and prefill MFU does the Engine reach on a real model
+shape, and how does it compare with HF transformers `generate`?
+
+Offline throughput of the in-process Engine on a real model shape with random weights, against
 the ceilings measured in the same run and HF transformers `generate` on the same config (anchor).
 
     PYTHONPATH=$PWD python bench/offline.py --config configs/qwen3_5-9b-text --out offline.json
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import os
 import statistics
@@ -34,8 +38,6 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from hf_anchor import run_hf, unavailable_reason  # noqa: E402
-from offline_report import render  # noqa: E402
 from roofline import measure_ceilings, model_cost  # noqa: E402
 from step_timing import StepTimer  # noqa: E402
 
@@ -45,7 +47,7 @@ from triton_kernels.fastest import choices  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=os.path.join(ROOT, "configs", "qwen3_5-9b-text"), help="model directory")
     p.add_argument("--batch", default="1,32,256", help="comma-separated batch sizes")
     p.add_argument("--prompt", default="512,4096", help="comma-separated prompt lengths")
@@ -265,6 +267,166 @@ def main(argv=None) -> dict:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)
     return result
+
+
+# ---- the anchor ------------------------------------------------------------------------------
+# HF transformers `generate` on the same config, random weights (`from_config`), same
+# dtype and device, in the same process as our runs (after our engine is freed).
+#
+# Prefill = time to the first token of the batch (`max_new_tokens=1`); decode rate =
+# batch * (n - 1) / (t(n tokens) - t(1 token)), so the prefill cancels out. Greedy, no early stop.
+
+FAST_PATH_MODULES = ("fla", "causal_conv1d", "mamba_ssm")  # kernels HF's hybrid models use when importable
+
+
+def unavailable_reason() -> str | None:
+    """None when transformers can be imported, else why not."""
+    try:
+        import transformers  # noqa: F401
+    except Exception as e:  # an ImportError, or a broken install
+        return f"transformers is not importable ({type(e).__name__}: {e})"
+    return None
+
+
+def fast_paths() -> dict[str, bool]:
+    return {name: importlib.util.find_spec(name) is not None for name in FAST_PATH_MODULES}
+
+
+def _timed(fn, device: torch.device) -> float:
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
+    sync(device)
+    t = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t
+
+
+def run_hf(config_path: str, cases: list[tuple[int, int]], decode_tokens: int, dtype: torch.dtype,
+           device: torch.device, prompts) -> dict:
+    """cases: (batch, prompt length); prompts(batch, length, seed) -> token id lists.
+    Returns {"version", "fast_paths", "cases": {f"{batch}x{prompt}": {...} or {"error": ...}}}."""
+    import transformers as tf
+
+    cfg = tf.AutoConfig.from_pretrained(config_path)
+    with torch.device(device):
+        model = tf.AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
+    pad = cfg.pad_token_id if cfg.pad_token_id is not None else 0
+
+    def generate(ids: torch.Tensor, n: int) -> None:
+        with torch.no_grad():
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                           do_sample=False, pad_token_id=pad)
+
+    out = {"version": tf.__version__, "fast_paths": fast_paths(), "class": type(model).__name__, "cases": {}}
+    generate(torch.tensor(prompts(1, 16, 0), device=device), 2)  # warm-up
+    for batch, length in cases:
+        key = f"{batch}x{length}"
+        ids = torch.tensor(prompts(batch, length, batch), device=device)
+        try:
+            generate(ids, 2)  # warm-up at this shape
+            t1 = _timed(lambda: generate(ids, 1), device)  # noqa: B023
+            tn = _timed(lambda: generate(ids, decode_tokens), device)  # noqa: B023
+        except torch.OutOfMemoryError as e:
+            out["cases"][key] = {"error": f"out of memory: {str(e).splitlines()[0]}"}
+            torch.cuda.empty_cache()
+            continue
+        out["cases"][key] = {"prefill_s": t1, "prefill_tok_s": batch * length / t1,
+                             "decode_tok_s": batch * (decode_tokens - 1) / (tn - t1),
+                             "decode_tokens": decode_tokens}
+    return out
+
+
+# ---- the report: Markdown of a result dict ---------------------------------------------------
+FORWARD_KINDS = {"graph": "CUDA-graph replay, device time", "eager": "eager forward, device span incl. launch gaps",
+                 "host": "forward on the CPU, host time"}
+
+
+def _f(value, digits: int = 3) -> str:
+    if value is None or value != value:  # None or NaN
+        return ""
+    return f"{value:.{digits}g}" if abs(value) < 10 ** digits else f"{value:.0f}"
+
+
+def _ratio(ours, theirs) -> str:
+    return f"{ours / theirs:.2f}x" if ours and theirs else ""
+
+
+def render(r: dict) -> str:
+    ours, hf, c = r["ours"], r["hf"], r["ceilings"]
+    cost = ours["cost"]
+    lines = [
+        f"# Offline throughput: {r['config']} ({r['architecture']}), random weights, {ours['dtype']}",
+        "",
+        f"device {c['device_name']} | copy {_f(c['copy_bytes_per_s'] / 1e12)} TB/s (read + write) | matmul "
+        f"{c['matmul_shape']} {_f(c['matmul_flops_per_s'] / 1e12)} TFLOP/s | torch {r['torch']}",
+        f"model: {_f(cost['total_params'] / 1e9)} B parameters ({_f(cost['weight_bytes'] / 1e9)} GB), "
+        f"{_f(cost['active_params'] / 1e9)} B used per token; read every decode step: "
+        f"{_f(cost['dense_read_bytes'] / 1e9)} GB"
+        + (f" + {_f(cost['expert_bytes'] / 1e6)} MB per distinct routed expert x {cost['moe_layers']} MoE layers "
+           f"({cost['num_experts']} experts, top {cost['top_k']})" if cost["moe_layers"] else ""),
+        f"KV {cost['kv_bytes_per_token']} B/token, state {cost['state_bytes_per_request'] / 2**20:.2f} MiB/request",
+        ours["memory_plan"],
+        "layers: " + "; ".join(f"{n} x {kind}" for kind, n in ours["layers"].items())
+        + f" | decode CUDA graphs: {ours['cuda_graph_sizes'] or 'off'}",
+        _hf_line(hf, r),
+        "",
+    ]
+    ok = {k: v for k, v in ours["cases"].items() if v["status"] == "ok"}
+    hf_cases = hf.get("cases", {})
+    lines += ["## Decode", "", "| batch | prompt | decode tok/s | roofline tok/s | % of roofline | MB moved / step "
+              "| HF decode tok/s | ours / HF |", "|---|---|---|---|---|---|---|---|"]
+    for key, case in ok.items():
+        d, h = case["decode"], hf_cases.get(key, {})
+        batch, prompt = key.split("x")
+        note = "" if d.get("whole_batch", True) else " (no whole-batch step)"
+        percent = _f(100 * d["roofline_fraction"], 2) if d else ""
+        lines.append(f"| {batch} | {prompt} | {_f(d.get('tok_s'))}{note} | {_f(d.get('roofline_tok_s'))} | "
+                     f"{percent} | {_f(d.get('bytes_per_step', 0) / 1e6)} | "
+                     f"{_f(h.get('decode_tok_s')) or h.get('error', '')} | "
+                     f"{_ratio(d.get('tok_s'), h.get('decode_tok_s'))} |")
+    lines += ["", "## Prefill", "", "| batch | prompt | prefill tok/s | MFU % | all first tokens s | HF prefill tok/s "
+              "| ours / HF |", "|---|---|---|---|---|---|---|"]
+    for key, case in ok.items():
+        p, h = case["prefill"], hf_cases.get(key, {})
+        batch, prompt = key.split("x")
+        lines.append(f"| {batch} | {prompt} | {_f(p.get('tok_s'))} | {_f(100 * p.get('mfu', float('nan')), 2)} | "
+                     f"{_f(p.get('all_first_tokens_s'))} | {_f(h.get('prefill_tok_s'))} | "
+                     f"{_ratio(p.get('tok_s'), h.get('prefill_tok_s'))} |")
+    kinds = {case["decode"].get("forward_kind") for case in ok.values() if case["decode"]}
+    lines += ["", "## Decode step time (medians over the whole-batch decode steps)", "",
+              "forward: " + "; ".join(FORWARD_KINDS.get(k, k) for k in sorted(kinds - {None})) +
+              ". host = step - forward: the host time the device waits for (scheduling, batch build, launches, "
+              "sampling, bookkeeping; with the overlap scheduler most of it runs during the previous step). "
+              "build: StepInputs.fill, or on the graph paths the static-buffer fill + replay launch.", "",
+              "| batch | prompt | step ms | forward ms | host ms | schedule ms | build ms | run ms (host, with wait) |",
+              "|---|---|---|---|---|---|---|---|"]
+    for key, case in ok.items():
+        d = case["decode"]
+        batch, prompt = key.split("x")
+        lines.append(f"| {batch} | {prompt} | {_f(d.get('step_ms'))} | {_f(d.get('forward_ms'))} | "
+                     f"{_f(d.get('host_ms'))} | {_f(d.get('schedule_ms'))} | {_f(d.get('build_ms'))} | "
+                     f"{_f(d.get('run_host_ms'))} |")
+    lines += ["", "## End to end", "", "| batch | prompt | total s | output tok/s | preemptions |",
+              "|---|---|---|---|---|"]
+    for key, case in ok.items():
+        batch, prompt = key.split("x")
+        lines.append(f"| {batch} | {prompt} | {_f(case['total_s'])} | {_f(case['output_tok_s'])} | "
+                     f"{case['preemptions']} |")
+    for status, title in (("skipped", "Skipped (memory plan)"), ("error", "Failed")):
+        cases = {k: v["reason"] for k, v in ours["cases"].items() if v["status"] == status}
+        if cases:
+            lines += ["", f"{title}: " + "; ".join(f"{k}: {why}" for k, why in cases.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _hf_line(hf: dict, r: dict) -> str:
+    if "skipped" in hf:
+        return f"HF anchor: not run ({hf['skipped']})"
+    fast = ", ".join(f"{name} {'yes' if ok else 'no'}" for name, ok in hf["fast_paths"].items())
+    held = r.get("memory_held_before_hf_gb")
+    return (f"HF anchor: transformers {hf['version']} {hf['class']}, kernels importable: {fast}; "
+            f"decode timed over {r['args']['hf_decode_tokens']} tokens"
+            + (f"; {held:.1f} GB still allocated when it started" if held is not None else ""))
 
 
 if __name__ == "__main__":

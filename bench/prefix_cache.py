@@ -1,4 +1,7 @@
-"""Prefix cache on a real model shape with random weights: the cache on and off in the same run.
+"""Question: what does the prefix cache save (hit TTFT, prompt tokens computed, throughput) and cost
+(unrelated prompts), against the same engine without it?
+
+Prefix cache on a real model shape with random weights: the cache on and off in the same run.
 
     PYTHONPATH=$PWD python bench/prefix_cache.py offline --config configs/qwen3_5-9b-text --out pc.json
     PYTHONPATH=$PWD python bench/prefix_cache.py multiturn --config configs/qwen3_5-9b-text --out mt.json
@@ -35,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("part", choices=["offline", "multiturn", "offline-one"])
     p.add_argument("--variant", default="cache", choices=["cache", "no_cache"], help="offline-one: which engine")
     p.add_argument("--config", default=os.path.join(ROOT, "configs", "qwen3_5-9b-text"))
@@ -256,7 +259,7 @@ async def _users(url: str, vocab: int, users: int, turns: int) -> dict:
 
 
 def multiturn(args) -> dict:
-    from serving_launch import launched_server
+    from http_client import launched_server
 
     from hybrid_sgl.config import ModelConfig
 

@@ -1,4 +1,7 @@
-"""One sampling step at the 9B vocabulary: the Triton draw against the torch path and against greedy's
+"""Question: what does one sampling step cost on the device (the served draw against the torch path and
+greedy's argmax), and which of its parts costs it?
+
+One sampling step at the 9B vocabulary: the Triton draw against the torch path and against greedy's
 argmax, at batch 1 / 32 / 64, with the parts of the Triton draw timed alone.
 
     PYTHONPATH=$PWD python bench/sampler_kernels.py [--vocab 248320] [--batch 1 32 64]
@@ -60,7 +63,7 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--vocab", type=int, default=248_320)
     p.add_argument("--batch", type=int, nargs="+", default=[1, 32, 64])
     p.add_argument("--scale", type=float, default=3.0, help="logit scale: 3 is peaked (top_p within the candidates)")

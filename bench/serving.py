@@ -1,4 +1,7 @@
-"""HTTP load generator for a running server, in the manner of SGLang's bench_serving (standard
+"""Question: what TTFT, TPOT and throughput does the HTTP server give under load, and does it stay inside its
+memory plan?
+
+HTTP load generator for a running server, in the manner of SGLang's bench_serving (standard
 library only).
 
     python bench/serving.py --base-url http://127.0.0.1:30000 --num-prompts 256 \
@@ -26,10 +29,79 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
-from http_client import HTTPError, fetch, fetch_json, open_request
-from serving_data import BenchRequest, random_requests, sharegpt_requests
-from serving_launch import launched_server
-from serving_report import render, summarize
+from http_client import HTTPError, fetch, fetch_json, launched_server, open_request
+
+# ---- requests ----------------------------------------------------------------------------------
+# Requests for the load generator: random token ids of chosen lengths, or a ShareGPT-style file.
+#
+# Prompts are always sent as token ids, so a server without a tokenizer (random weights,
+# --skip-tokenizer-init) serves them too.
+CHARS_PER_TOKEN = 4  # length estimate when the server has no tokenizer
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    prompt_ids: list[int]
+    output_len: int
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+
+def random_requests(num: int, input_len: int, output_len: int, range_ratio: float, vocab_size: int,
+                    seed: int) -> list[BenchRequest]:
+    """Lengths uniform in [max(1, len * range_ratio), len] (range_ratio 1: all exactly len); ids
+    uniform over the vocabulary."""
+    rng = random.Random(seed)
+
+    def length(full: int) -> int:
+        return rng.randint(max(1, int(full * range_ratio)), full)
+
+    return [BenchRequest([rng.randrange(vocab_size) for _ in range(length(input_len))], length(output_len))
+            for _ in range(num)]
+
+
+async def sharegpt_requests(path: str, num: int, tokenize, vocab_size: int, context_length: int, seed: int,
+                            output_len: int | None = None) -> tuple[list[BenchRequest], str]:
+    """The first human turn of each conversation as the prompt, the reply's length as the output
+    length (or `output_len`). tokenize: async (list[str]) -> list[list[int]], or None when the
+    server has no tokenizer: then lengths are characters / CHARS_PER_TOKEN and the ids random.
+    Conversations shorter than 4 tokens either way or longer than the context are left out, as
+    SGLang's bench_serving does. Returns (requests, how lengths were counted)."""
+    with open(path) as f:
+        data = json.load(f)
+    pairs = []
+    for item in data:
+        turns = item.get("conversations") or item.get("conversation") or []
+        if len(turns) >= 2:
+            pairs.append((_text(turns[0]), _text(turns[1])))
+    random.Random(seed).shuffle(pairs)
+    rng = random.Random(seed + 1)
+    counted = "server tokenizer" if tokenize else f"characters / {CHARS_PER_TOKEN} (server has no tokenizer)"
+    requests: list[BenchRequest] = []
+    for start in range(0, len(pairs), 256):
+        chunk = pairs[start:start + 256]
+        if tokenize:
+            prompts = await tokenize([p for p, _ in chunk])
+            replies = [len(ids) for ids in await tokenize([r for _, r in chunk])]
+        else:
+            prompts = [[rng.randrange(vocab_size) for _ in range(len(p) // CHARS_PER_TOKEN)] for p, _ in chunk]
+            replies = [len(r) // CHARS_PER_TOKEN for _, r in chunk]
+        for ids, reply in zip(prompts, replies):
+            out = output_len or reply
+            if len(ids) < 4 or out < 4 or len(ids) + out > context_length:
+                continue
+            requests.append(BenchRequest(ids, out))
+            if len(requests) == num:
+                return requests, counted
+    return requests, counted
+
+
+def _text(turn) -> str:
+    if isinstance(turn, dict):
+        return turn.get("value") or turn.get("content") or ""
+    return str(turn)
 
 
 @dataclass
@@ -44,7 +116,7 @@ class RequestResult:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base-url", default="http://127.0.0.1:30000")
     p.add_argument("--backend", default="native", choices=["native", "openai"],
                    help="native: POST /generate; openai: POST /v1/completions (needs a server tokenizer)")
@@ -240,6 +312,93 @@ def main(argv=None) -> dict:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
     return result
+
+
+# ---- metrics (SGLang bench_serving's names) and the text report ------------------------------
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def _stats(seconds: list[float]) -> dict:
+    ms = [1e3 * v for v in seconds]
+    return {"mean": sum(ms) / len(ms) if ms else float("nan"), "p50": percentile(ms, 50),
+            "p90": percentile(ms, 90), "p95": percentile(ms, 95), "p99": percentile(ms, 99), "count": len(ms)}
+
+
+def summarize(results, duration: float) -> dict:
+    ok = [r for r in results if r.error is None]
+    errors = sorted({r.error for r in results if r.error})
+    inputs, outputs = sum(r.prompt_len for r in ok), sum(r.generated for r in ok)
+    return {
+        "completed": len(ok), "failed": len(results) - len(ok), "errors": errors[:5],
+        "duration_s": duration, "total_input_tokens": inputs, "total_output_tokens": outputs,
+        "request_throughput": len(ok) / duration, "input_throughput": inputs / duration,
+        "output_throughput": outputs / duration, "total_throughput": (inputs + outputs) / duration,
+        "concurrency": sum(r.latency for r in ok) / duration,
+        "ttft_ms": _stats([r.ttft for r in ok]),
+        "tpot_ms": _stats([(r.latency - r.ttft) / (r.generated - 1) for r in ok if r.generated > 1]),
+        "itl_ms": _stats([t for r in ok for t in r.itls]),
+        "e2e_latency_ms": _stats([r.latency for r in ok]),
+        "tokens_per_chunk": outputs / max(1, sum(len(r.itls) + 1 for r in ok)),
+    }
+
+
+def render(result: dict) -> str:
+    m, s, a = result["metrics"], result["server"], result["args"]
+    peaks, after = s["peaks"], s["state_after"]
+
+    def row(name, value, fmt="{:.2f}"):
+        return f"{name:<44}{fmt.format(value) if isinstance(value, float) else value}"
+
+    lines = ["=" * 16 + " Serving Benchmark Result " + "=" * 16,
+             row("Backend:", a["backend"]), row("Base URL:", a["base_url"]),
+             row("Dataset:", f"{a['dataset']} (lengths: {result['lengths_counted']})"),
+             row("Request rate (req/s):", a["request_rate"]), row("Max concurrency:", a["max_concurrency"]),
+             row("Successful requests:", m["completed"]), row("Failed requests:", m["failed"]),
+             row("Benchmark duration (s):", m["duration_s"]),
+             row("Total input tokens:", m["total_input_tokens"]),
+             row("Total generated tokens:", m["total_output_tokens"]),
+             row("Request throughput (req/s):", m["request_throughput"]),
+             row("Input token throughput (tok/s):", m["input_throughput"]),
+             row("Output token throughput (tok/s):", m["output_throughput"]),
+             row("Total token throughput (tok/s):", m["total_throughput"]),
+             row("Concurrency:", m["concurrency"]), row("Tokens per streamed chunk:", m["tokens_per_chunk"])]
+    for key, title in (("ttft_ms", "Time to First Token"), ("tpot_ms", "Time per Output Token (excl. 1st)"),
+                       ("itl_ms", "Inter-token Latency"), ("e2e_latency_ms", "End-to-End Latency")):
+        lines.append(f"{('-' * 10 + ' ' + title + ' '):-<58}")
+        lines += [row(f"{stat.capitalize()} {key.split('_')[0].upper()} (ms):", m[key][stat])
+                  for stat in ("mean", "p50", "p90", "p99")]
+    lines.append(f"{'-' * 10 + ' Server (memory plan vs observed) ':-<58}")
+    lines += [row("Max running requests (plan):", s["max_running_requests"]),
+              row("Peak running requests (sampled):", peaks.get("num_running_reqs", "n/a"), "{:.0f}"),
+              row("Peak queued requests (sampled):", peaks.get("num_queue_reqs", "n/a"), "{:.0f}"),
+              row("Max total tokens (plan):", s["max_total_num_tokens"]),
+              row("Peak KV tokens in use (sampled):", peaks.get("num_used_tokens", "n/a"), "{:.0f}"),
+              row("Peak state slot usage (sampled):", peaks.get("state_slot_usage", "n/a")),
+              row("Preemptions during the run:", s["preemptions"]),
+              row("Pools free after the run:", _pools_free(after)),
+              row("/metrics samples:", peaks.get("samples", 0))]
+    if m["errors"]:
+        lines += ["Errors (first distinct):", *[f"  {e}" for e in m["errors"]]]
+    return "\n".join(lines + ["=" * 58])
+
+
+def _pools_free(state: dict) -> str:
+    if not state:
+        return "n/a"
+    cached = state.get("evictable_pages", 0)  # held only by the prefix cache, free to evict
+    free = (state.get("num_running_reqs") == 0 and state.get("num_free_slots") == state.get("num_slots")
+            and state.get("num_free_pages", 0) + cached == state.get("num_pages"))
+    if not free:
+        return f"no: {state}"
+    return f"yes ({cached} pages kept by the prefix cache)" if cached else "yes"
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
-"""Mamba2 SSD prefill on one GPU: ours (`mamba2_prefill`) vs mamba_ssm's Triton
+"""Question: is our Mamba2 SSD chunked prefill at least as fast as mamba_ssm's mamba_chunk_scan_combined?
+
+Mamba2 SSD prefill on one GPU: ours (`mamba2_prefill`) vs mamba_ssm's Triton
 `mamba_chunk_scan_combined`, in the same run, at the Nemotron-H-8B mixer shape (H 128, P 64,
 N 128, G 8, chunk 128), bf16 x / dt / B / C, fp32 A_log / D / dt_bias and fp32 states.
 
     PYTHONPATH=. python3 bench/ssd_bench.py [--sweep] [--profile]
 
-Needs torch, triton and mamba_ssm's Triton modules (bench/mamba_ssm_anchor.py finds an installed
+Needs torch, triton and mamba_ssm's Triton modules (`load_mamba_triton` below finds an installed
 mamba_ssm or unpacks `.whl/mamba_ssm-*.whl`; carry `.whl`).
 
 What each side gets, as Nemotron-H's mixer uses the scan: D [H] (the skip), no z (its gated RMSNorm
@@ -26,8 +28,13 @@ Every case checks ours against mamba_ssm (relative L2 error of y and of the fina
 from __future__ import annotations
 
 import argparse
+import glob
+import importlib
+import importlib.util
 import os
 import sys
+import types
+import zipfile
 from collections.abc import Callable
 
 import torch
@@ -38,13 +45,69 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.gdn_kernels import kernel_times  # noqa: E402
-from bench.mamba_ssm_anchor import load_mamba_triton  # noqa: E402
 from triton_kernels.ssd_chunk import SSDLaunch, _mamba2_prefill_fwd, default_launch, tile_tokens  # noqa: E402
 
 H, G, P, N, CHUNK = 128, 8, 64, 128, 128  # Nemotron-H-8B mamba2 mixer
 CASES = [(1, 4096), (1, 32768), (8, 4096)]  # (sequences, tokens each)
 DTYPE = torch.bfloat16
 DEVICE = "cuda"
+
+
+# ---- the anchor: mamba_ssm's Triton modules, without its CUDA extensions ---------------------------
+# `MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE pip wheel mamba-ssm==2.3.2.post1 --no-deps
+# --no-build-isolation -w .whl` builds a pure-Python wheel. Its package `__init__` imports compiled
+# modules (selective_scan_cuda, causal_conv1d), so `load_mamba_triton` puts empty stand-ins for the
+# packages `mamba_ssm`, `mamba_ssm.ops` and `mamba_ssm.ops.triton` (with the real folders as their
+# paths) into sys.modules and imports only the Triton module files asked for. These need torch,
+# triton, einops and packaging.
+#
+# Where the package comes from: an installed mamba_ssm if Python finds one (found, not imported), else
+# the newest `.whl/mamba_ssm-*.whl`, unpacked once into `.whl/unpacked/` (no pip needed). A missing
+# einops or packaging is taken the same way from `.whl/einops-*.whl` / `.whl/packaging-*.whl`.
+WHEELS = os.path.join(ROOT, ".whl")
+
+
+def _unpacked(wheel: str) -> str:
+    """The folder holding the wheel's files (unpacked on first use)."""
+    target = os.path.join(WHEELS, "unpacked", os.path.basename(wheel)[: -len(".whl")])
+    if not os.path.isdir(target):
+        partial = f"{target}.partial{os.getpid()}"
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(partial)
+        os.replace(partial, target)
+    return target
+
+
+def _find_or_unpack(name: str, wheel_prefix: str) -> str | None:
+    """Makes `name` importable (from a wheel in .whl/ if Python does not find it); returns the
+    folder of the package, or None when there is neither."""
+    spec = importlib.util.find_spec(name)  # a top-level package is found without being imported
+    if spec is None:
+        wheels = sorted(glob.glob(os.path.join(WHEELS, f"{wheel_prefix}-*.whl")))
+        if not wheels:
+            return None
+        sys.path.insert(0, _unpacked(wheels[-1]))
+        importlib.invalidate_caches()
+        spec = importlib.util.find_spec(name)
+    return None if spec is None or spec.submodule_search_locations is None else spec.submodule_search_locations[0]
+
+
+def load_mamba_triton(module: str) -> types.ModuleType:
+    """mamba_ssm.ops.triton.<module>, imported without running mamba_ssm's package __init__ files."""
+    for dep in ("einops", "packaging"):
+        if _find_or_unpack(dep, dep) is None:
+            raise ImportError(f"mamba_ssm's Triton modules need {dep}: pip install {dep}, or put its wheel in .whl/")
+    if "mamba_ssm" not in sys.modules:
+        root = _find_or_unpack("mamba_ssm", "mamba_ssm")
+        if root is None:
+            raise ImportError("mamba_ssm not found: install it, or build its pure-Python wheel into .whl/ "
+                              "(see bench/ssd_bench.py)")
+        for name, path in (("mamba_ssm", root), ("mamba_ssm.ops", os.path.join(root, "ops")),
+                           ("mamba_ssm.ops.triton", os.path.join(root, "ops", "triton"))):
+            package = types.ModuleType(name)
+            package.__path__ = [path]
+            sys.modules[name] = package
+    return importlib.import_module(f"mamba_ssm.ops.triton.{module}")
 
 
 def bench_ms(fn: Callable) -> float:
@@ -144,7 +207,7 @@ def sweep_configs(base: SSDLaunch) -> list[SSDLaunch]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true", help="time other launch configs of our kernels")
     parser.add_argument("--profile", action="store_true", help="per-kernel times of both sides")
     args = parser.parse_args()

@@ -1,4 +1,7 @@
-"""SSM decode steps and the Mamba-1 prefill on one GPU: ours vs mamba_ssm's Triton
+"""Question: are our Mamba2 / Mamba-1 decode steps (state in a pool, through slots) at least as fast as
+mamba_ssm's Triton selective_state_update?
+
+SSM decode steps and the Mamba-1 prefill on one GPU: ours vs mamba_ssm's Triton
 `selective_state_update` in the same run.
 
 Shapes: Mamba2 at Nemotron-H-8B (128 heads, head_dim 64, d_state 128, 8 groups: 4 MiB of fp32 state

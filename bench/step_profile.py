@@ -19,8 +19,11 @@ On CPU (a smoke run) device time is not measured.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
 import sys
 import time
 from collections import defaultdict
@@ -92,6 +95,22 @@ def kernel_profile(runner, mode, items, steps: int, sync) -> tuple[float, float]
     return sum(e.device_time_total for e in kernels) / 1e3 / steps, len(kernels) / steps
 
 
+def host_profile(runner, mode, items, steps: int, sync, limit: int = 45) -> str:
+    """cProfile of `steps` eager steps: the functions with the most host time of their own, then by
+    cumulative time (what the launch path and the code around it cost)."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        runner.run(mode, items)
+    sync()
+    prof.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(limit)
+    stats.sort_stats("cumulative").print_stats(limit)
+    return out.getvalue()
+
+
 class LayerHostTimer:
     """Host time each layer's forward takes, by layer kind (forward hooks, no sync)."""
 
@@ -124,6 +143,7 @@ def main() -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--host-profile", default=None, help="write a cProfile of each case's eager steps here")
     a = p.parse_args()
     names = [n.strip() for n in a.cases.split(",")]
     on_gpu = torch.cuda.is_available() and a.device != "cpu"
@@ -159,6 +179,9 @@ def main() -> None:
                 runner.run(mode, items)
                 sync()
                 entry["host_us_per_layer"] = timer.remove()
+                if a.host_profile:
+                    with open(a.host_profile, "a") as f:
+                        f.write(f"\n######## {name}, graphs off\n" + host_profile(runner, mode, items, a.steps, sync))
             row[label] = entry
         runner.graphs, runner.extend_graphs = graphs["on"]
         release(runner, items)

@@ -1,4 +1,7 @@
-"""Constrained decoding cost: decode tok/s of a batch with a 10-field JSON schema against the same
+"""Question: what does constrained decoding (a JSON schema) cost against the same batch unconstrained, and does
+a new grammar's compile stall the running requests?
+
+Constrained decoding cost: decode tok/s of a batch with a 10-field JSON schema against the same
 batch unconstrained (each run twice, alternated; the better run of each side), the time to attach a
 cached grammar, and the step times of running requests while a new grammar compiles (they must not
 stall). Every constrained output is checked to be valid JSON for the schema (or a prefix of it, when
@@ -49,7 +52,7 @@ def decode_rate(engine: Engine, prompts: list[list[int]], params: dict) -> tuple
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="configs/qwen3_5-9b-text")
     ap.add_argument("--tokenizer", default="configs/default-tiny-qwen3_5")
     ap.add_argument("--batch", type=int, default=32)
