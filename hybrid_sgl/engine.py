@@ -10,15 +10,18 @@ hands requests over, and assembles SGLang-shaped outputs from the updates.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 
 import torch
 
 from hybrid_sgl.config import ModelConfig
-from hybrid_sgl.constrained import grammar_cache
+from hybrid_sgl.constrained import GrammarCache, GrammarError, grammar_cache, start_compile
+from hybrid_sgl.constrained.cache import COMPILE_TIMEOUT_S
 from hybrid_sgl.outputs import OutputState, chosen_ids
 from hybrid_sgl.request_ids import RidRegistry, sequence_ids
 from hybrid_sgl.runner.model_runner import ModelRunner
@@ -37,6 +40,17 @@ logger = logging.getLogger(__name__)
 PROMPT_CHARS_PER_TOKEN = 16  # a text prompt longer than this x the context length is refused untokenized
 MAX_TOP_LOGPROBS_NUM = 100  # per position (OpenAI's chat API allows 20)
 MAX_TOP_LOGPROB_ENTRIES = 1 << 20  # top-logprob entries one sequence may return (positions x top_logprobs_num)
+
+
+@dataclass(frozen=True)
+class EngineCapacity:
+    """What the engine can take, fixed at start-up (Engine.capacity())."""
+
+    context_length: int  # prompt + output tokens of one sequence
+    max_total_tokens: int  # KV-cache capacity in tokens
+    max_running_requests: int  # sequences that run at once (recurrent-state slots)
+    max_prompt_chars: int  # a text prompt longer than this is refused before it is tokenized
+    vocab_size: int  # token ids are in [0, vocab_size)
 
 
 class Engine:
@@ -143,6 +157,88 @@ class Engine:
                 "kv_bytes_per_token": plan.kv_bytes_per_token,
                 "max_snapshots": plan.num_snapshots,
                 "snapshot_bytes": plan.num_snapshots * plan.state_bytes_per_request}
+
+    # ---- what the HTTP server reads: plain data, so that nothing outside needs the engine's parts ------
+    def capacity(self) -> EngineCapacity:
+        """The limits fixed at start-up: context length, KV-cache tokens, running sequences, prompt
+        characters, vocabulary size."""
+        plan = self.runner.plan
+        return EngineCapacity(context_length=self.runner.context_length, max_total_tokens=plan.max_total_tokens,
+                              max_running_requests=plan.max_running_requests, max_prompt_chars=self.max_prompt_chars,
+                              vocab_size=self.model_config.vocab_size)
+
+    def stats(self, check: bool = False, timeout: float | None = 60.0) -> dict:
+        """The scheduler's and the pools' state, read on the engine thread between steps; ints:
+
+            num_running_reqs            sequences holding a state slot
+            num_waiting_reqs            sequences waiting to run, those whose grammar compiles included
+            num_compiling_reqs          of those, the ones whose grammar still compiles
+            num_pending_tokens          prompt tokens of the waiting sequences whose grammar is ready
+            num_free_slots, num_slots   recurrent-state slots
+            num_free_pages, num_pages, page_size
+                                        KV pages (pages only the prefix cache holds count as used)
+            num_preemptions             sequences retracted so far to free KV pages
+            cached_pages, evictable_pages, num_snapshots, snapshot_slots, cache_nodes,
+            cache_hit_tokens, cache_lookup_tokens
+                                        the prefix cache (zeros when it is off)
+            computed_prompt_tokens      prompt tokens run through extend steps so far
+
+        check=True adds what a leak would show: integrity ("ok", or "violated: <why>" from the pools'
+        and the prefix cache's invariants), open_sinks (sequences whose updates still have a
+        receiver) and reserved_rids (client ids that running requests hold)."""
+        return self.run_on_engine(lambda s: self._stats(s, check), timeout)
+
+    async def async_stats(self, check: bool = False) -> dict:
+        """stats() awaited on an asyncio loop, which stays free meanwhile."""
+        return await asyncio.wrap_future(self.loop.call(lambda s: self._stats(s, check)))
+
+    async def async_flush_cache(self) -> bool:
+        """flush_cache() awaited on an asyncio loop, which stays free meanwhile."""
+        return await asyncio.wrap_future(self.loop.call(lambda s: s.flush_cache()))
+
+    async def grammar_ready(self, prepared: list[Prepared]) -> tuple[str, str] | None:
+        """Wait (at most COMPILE_TIMEOUT_S, the asyncio loop stays free) until the grammars of
+        `prepared` have compiled, so that a bad one is refused before anything is submitted. None
+        when every grammar is usable or none is asked for; else (field, message) for the first that
+        is not: the request field it came in ("regex", "json_schema", "ebnf", "structural_tag") and
+        why (invalid, too slow to compile, or constrained decoding off on this engine)."""
+        futures = {}
+        for p in prepared:
+            key = p.req.params.grammar_key
+            if key is not None and key not in futures:
+                futures[key] = start_compile(self.scheduler.grammars, key)
+        pending = [asyncio.wrap_future(f) for f in futures.values() if not f.done()]
+        # asyncio logs a failed future whose exception nobody read: read each wrapper's, the answer comes
+        # from the compile's own future below
+        for waiter in pending:
+            waiter.add_done_callback(lambda w: w.cancelled() or w.exception())
+        if pending:
+            await asyncio.wait(pending, timeout=COMPILE_TIMEOUT_S)
+        for key, future in futures.items():
+            try:
+                GrammarCache.compiled(future, key, timeout=0)
+            except GrammarError as e:
+                return key.field, str(e)
+        return None
+
+    def _stats(self, scheduler: Scheduler, check: bool) -> dict:  # on the engine thread
+        a = scheduler.allocator
+        stats = {"num_running_reqs": len(scheduler.running),
+                 "num_waiting_reqs": len(scheduler.waiting) + len(scheduler.compiling),
+                 "num_compiling_reqs": len(scheduler.compiling),
+                 "num_pending_tokens": sum(len(req.prompt_ids) for req in scheduler.waiting),
+                 "num_free_slots": a.num_free_slots, "num_slots": a.num_slots,
+                 "num_free_pages": a.num_free_pages, "num_pages": a.num_pages, "page_size": a.page_size,
+                 "num_preemptions": scheduler.num_preemptions, **scheduler.cache_stats()}
+        if check:
+            try:
+                scheduler.check_integrity()
+                stats["integrity"] = "ok"
+            except AssertionError as e:
+                stats["integrity"] = f"violated: {e}"
+            stats["open_sinks"] = self.loop.num_sinks
+            stats["reserved_rids"] = len(self.rids)
+        return stats
 
     # ---- requests --------------------------------------------------------------------------------
     def prepare(self, prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num,

@@ -144,11 +144,35 @@ def test_abandoned_stream_aborts_and_frees(engine):
     next(stream)
     stream.close()
     for _ in range(100):
-        counts = engine.run_on_engine(lambda s: (len(s.running), len(s.waiting), s.allocator.num_free_slots))
-        if counts[:2] == (0, 0):
+        stats = engine.stats()
+        if stats["num_running_reqs"] == stats["num_waiting_reqs"] == 0:
             break
-    assert counts == (0, 0, engine.runner.allocator.num_slots)
+    assert stats["num_running_reqs"] == stats["num_waiting_reqs"] == 0
+    assert stats["num_free_slots"] == stats["num_slots"]
     engine.check_integrity()
+
+
+
+def test_serving_surface_returns_plain_data(engine):
+    cap = engine.capacity()
+    info = engine.server_info()
+    assert (cap.context_length, cap.max_total_tokens, cap.max_running_requests) == (
+        info["context_length"], info["max_total_num_tokens"], info["max_running_requests"])
+    assert cap.vocab_size == engine.model_config.vocab_size and cap.max_prompt_chars > cap.context_length
+    stats = engine.stats(check=True)
+    assert stats["integrity"] == "ok" and stats["open_sinks"] == 0 and stats["reserved_rids"] == 0
+    assert stats["num_running_reqs"] == stats["num_waiting_reqs"] == stats["num_compiling_reqs"] == 0
+    assert asyncio.run(engine.async_stats()).keys() == engine.stats().keys() == stats.keys() - {
+        "integrity", "open_sinks", "reserved_rids"}
+    assert asyncio.run(engine.async_flush_cache()) is True
+
+    def prepared(params):
+        return engine.prepare("Hello", {**GREEDY, **params}, None, False, None, None, False, None)[0]
+
+    assert asyncio.run(engine.grammar_ready(prepared({}))) is None
+    assert asyncio.run(engine.grammar_ready(prepared({"regex": "(yes|no)"}))) is None
+    field, message = asyncio.run(engine.grammar_ready(prepared({"regex": "(unclosed"})))
+    assert field == "regex" and message
 
 
 @pytest.mark.parametrize("kwargs,cause", [
@@ -170,7 +194,7 @@ def test_bad_inputs_raise_with_the_cause(engine, kwargs, cause):
 def test_bad_token_ids_and_lengths(engine):
     with pytest.raises(ValueError, match="vocabulary"):
         engine.generate(input_ids=[1, 2, engine.model_config.vocab_size], sampling_params=GREEDY)
-    ctx = engine.runner.context_length
+    ctx = engine.capacity().context_length
     with pytest.raises(ValueError, match="context length"):
         engine.generate(input_ids=[1] * ctx, sampling_params=GREEDY)
     with pytest.raises(ValueError, match="exactly one"):

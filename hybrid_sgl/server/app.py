@@ -21,11 +21,11 @@ MAX_BODY_BYTES = 64 << 20  # a request body above this is refused (413)
 def create_app(engine: Engine) -> FastAPI:
     args = engine.server_args
     app = FastAPI(title="hybrid_sgl", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    capacity = engine.capacity()
     metrics = Metrics(public_model_name(args.served_model_name, args.model_path),
-                      max_total_num_tokens=engine.runner.plan.max_total_tokens,
-                      context_len=engine.runner.context_length)
+                      max_total_num_tokens=capacity.max_total_tokens, context_len=capacity.context_length)
     app.state.ctx = ServerContext(engine=engine, metrics=metrics, served_model_name=args.served_model_name,
-                                  context_length=engine.runner.context_length)
+                                  capacity=capacity)
     app.state.token_text = TokenText(engine.tokenizer) if engine.tokenizer is not None else None
     install_error_handlers(app)
     for module in (native, openai_common, openai_completions, openai_chat, tokenize):

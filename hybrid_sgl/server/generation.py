@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from hybrid_sgl.engine import Engine
+from hybrid_sgl.engine import Engine, EngineCapacity
 from hybrid_sgl.outputs import OutputState
 from hybrid_sgl.server.errors import ApiError, dumps, error_body
 from hybrid_sgl.server.metrics import Metrics
 from hybrid_sgl.submission import Submission
 
 MAX_SEQUENCES = 1024  # generated sequences (prompts x n) in one HTTP request
+CLIENT_CLOSED = 499  # nginx's code for "client closed request"; nobody reads it
 
 
 @dataclass
@@ -32,7 +33,7 @@ class ServerContext:
     engine: Engine
     metrics: Metrics
     served_model_name: str
-    context_length: int
+    capacity: EngineCapacity  # read once: the limits do not change while the engine runs
     # Tokenizing and detokenizing run here, one at a time, never on the event loop.
     text_worker: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="text"))
@@ -45,9 +46,13 @@ class ServerContext:
                            "send token ids to /generate (input_ids) instead")
         return tok
 
+    @property
+    def context_length(self) -> int:
+        return self.capacity.context_length
+
     def check_chars(self, texts: list[str], param: str) -> None:
         """Refuse text too long to fit the context before anything tokenizes it."""
-        limit = self.engine.max_prompt_chars
+        limit = self.capacity.max_prompt_chars
         total = sum(len(t) for t in texts)
         if total > limit:
             per_token = limit // self.context_length
@@ -58,6 +63,15 @@ class ServerContext:
         """fn(*args, **kwargs) on the text worker (tokenizing a huge prompt or detokenizing a long
         answer must not stall /health and the other streams)."""
         return await asyncio.get_running_loop().run_in_executor(self.text_worker, lambda: fn(*args, **kwargs))
+
+    async def json_off_loop(self, build, single: bool = False) -> Response:
+        """A JSON response built and serialized on the text worker (detokenizing, logprob lists);
+        build() returns a list of results, single=True answers with the first alone."""
+        def text() -> str:
+            results = build()
+            return dumps(results[0] if single else results)
+
+        return Response(await self.off_loop(text), media_type="application/json")
 
 
 class ClientDisconnected(Exception):

@@ -1,8 +1,8 @@
 """Serving metrics for GET /metrics on prometheus-client, under SGLang's metric names (`sglang:`).
 
 Counters and histograms are updated on the HTTP event loop as outputs arrive (RequestTracker);
-gauges (running / waiting requests, pool usage, retractions) are read on the engine thread at
-scrape time (`engine_stats`). Each app has its own registry, labelled with the served model name.
+gauges (running / waiting requests, pool usage, retractions) come from the engine's stats() at
+scrape time. Each app has its own registry, labelled with the served model name.
 """
 
 from __future__ import annotations
@@ -29,17 +29,6 @@ E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300
 QUEUE_BUCKETS = (0.0, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
 THROUGHPUT_WINDOW_S = 10.0
 disable_created_metrics()  # no *_created series: SGLang's exposition has none either
-
-
-def engine_stats(scheduler) -> dict:
-    """Run on the engine thread (engine.loop.call): the scheduler's and the pools' current state."""
-    a = scheduler.allocator
-    waiting = len(scheduler.waiting) + len(scheduler.compiling)  # a grammar still compiling counts as waiting
-    return {"num_running_reqs": len(scheduler.running), "num_waiting_reqs": waiting,
-            "num_free_slots": a.num_free_slots, "num_slots": a.num_slots,
-            "num_free_pages": a.num_free_pages, "num_pages": a.num_pages, "page_size": a.page_size,
-            "num_preemptions": scheduler.num_preemptions,
-            **scheduler.cache_stats()}
 
 
 def public_model_name(served_model_name: str, model_path: str) -> str:
@@ -130,6 +119,7 @@ class Metrics:
             self._recent.popleft()
 
     def render(self, stats: dict) -> bytes:
+        """The exposition text, gauges set from `stats` (Engine.stats())."""
         used_pages = stats["num_pages"] - stats["num_free_pages"]
         self.num_running_reqs.set(stats["num_running_reqs"])
         self.num_queue_reqs.set(stats["num_waiting_reqs"])

@@ -9,8 +9,9 @@ import contextlib
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 
-from hybrid_sgl.server.errors import ApiError, dumps, json_response, parse_body
+from hybrid_sgl.server.errors import ApiError, json_response, parse_body
 from hybrid_sgl.server.generation import (
+    CLIENT_CLOSED,
     SSE_DONE,
     ClientDisconnected,
     ServerContext,
@@ -23,7 +24,6 @@ from hybrid_sgl.server.generation import (
     stream_outputs,
     streaming_response,
 )
-from hybrid_sgl.server.metrics import engine_stats
 from hybrid_sgl.server.openapi import body_schema
 from hybrid_sgl.server.protocol import AbortRequest, GenerateRequest, unsupported_fields
 from hybrid_sgl.server.structured import grammars_compiled
@@ -32,12 +32,6 @@ from hybrid_sgl.version import __version__
 
 router = APIRouter()
 HEALTH_TIMEOUT_S = 20.0
-CLIENT_CLOSED = 499  # nginx's code for "client closed request"; nobody reads it
-
-
-async def on_engine(ctx: ServerContext, fn):
-    """Run fn(scheduler) on the engine thread without blocking the event loop."""
-    return await asyncio.wrap_future(ctx.engine.loop.call(fn))
 
 
 @router.api_route("/generate", methods=["POST", "PUT"], openapi_extra=body_schema(GenerateRequest))
@@ -51,7 +45,7 @@ async def generate(request: Request):
     prepared, single = await ctx.off_loop(ctx.engine.prepare, body.text, body.sampling_params, body.input_ids,
                                           body.return_logprob, body.logprob_start_len, body.top_logprobs_num,
                                           body.return_text_in_logprobs, body.rid, body.token_ids_logprob)
-    await grammars_compiled(ctx.engine.scheduler.grammars, prepared)
+    await grammars_compiled(ctx.engine, prepared)
     sub = ctx.engine.submit(prepared)
     if body.stream:
         return streaming_response(_generate_events(ctx, request, sub, single, body.log_metrics), sub)
@@ -59,16 +53,7 @@ async def generate(request: Request):
         outputs = await run_to_end(ctx, request, sub, body.log_metrics)
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
-    return await json_off_loop(ctx, lambda: [out.to_dict() for out in outputs], single)
-
-
-async def json_off_loop(ctx: ServerContext, build, single: bool = False) -> Response:
-    """A JSON response built and serialized on the text worker (detokenizing, logprob lists)."""
-    def text() -> str:
-        results = build()
-        return dumps(results[0] if single else results)
-
-    return Response(await ctx.off_loop(text), media_type="application/json")
+    return await ctx.json_off_loop(lambda: [out.to_dict() for out in outputs], single)
 
 
 async def _generate_events(ctx: ServerContext, request: Request, sub: Submission, single: bool, track: bool):
@@ -146,7 +131,7 @@ async def server_info(request: Request):
     info = ctx.engine.server_info()
     if info.get("api_key"):
         info["api_key"] = "<redacted>"
-    stats = await on_engine(ctx, engine_stats)
+    stats = await ctx.engine.async_stats()
     stats["last_gen_throughput"] = ctx.metrics.throughput()
     return json_response({**info, "internal_states": [stats], "version": __version__})
 
@@ -156,24 +141,18 @@ async def get_load(request: Request):
     """The load of each data-parallel rank (one here), in SGLang's shape. num_tokens counts the KV
     tokens held by running requests (pages the prefix cache could evict are free) plus the prompts
     still waiting; sglang-router sums it over ranks for its power_of_two policy and /get_loads."""
-    ctx = get_context(request)
-
-    def load(scheduler) -> dict:
-        a, stats = scheduler.allocator, scheduler.cache_stats()
-        used = (a.num_pages - a.num_free_pages - stats["evictable_pages"]) * a.page_size
-        pending = sum(len(req.prompt_ids) for req in scheduler.waiting)
-        waiting = len(scheduler.waiting)
-        return {"dp_rank": 0, "num_reqs": len(scheduler.running) + waiting, "num_waiting_reqs": waiting,
-                "num_tokens": used + pending, "num_pending_tokens": pending}
-
-    return json_response([await on_engine(ctx, load)])
+    stats = await get_context(request).engine.async_stats()
+    used = (stats["num_pages"] - stats["num_free_pages"] - stats["evictable_pages"]) * stats["page_size"]
+    pending = stats["num_pending_tokens"]
+    waiting = stats["num_waiting_reqs"] - stats["num_compiling_reqs"]  # those whose grammar is ready
+    return json_response([{"dp_rank": 0, "num_reqs": stats["num_running_reqs"] + waiting, "num_waiting_reqs": waiting,
+                           "num_tokens": used + pending, "num_pending_tokens": pending}])
 
 
 @router.api_route("/flush_cache", methods=["GET", "POST"])
 async def flush_cache(request: Request):
     """Empty the prefix cache when no request runs or waits (else 400 and the cache stays), as SGLang."""
-    ctx = get_context(request)
-    if await on_engine(ctx, lambda scheduler: scheduler.flush_cache()):
+    if await get_context(request).engine.async_flush_cache():
         return PlainTextResponse("Cache flushed.\n")
     return PlainTextResponse("Cache not flushed: requests are running or waiting; retry when the server is "
                              "idle.\n", status_code=400)
@@ -193,20 +172,7 @@ async def abort_request(request: Request):
 async def allocator_state(request: Request):
     """Pool usage and the integrity check, plus what requests leave behind if anything leaks:
     output sinks on the engine thread, reserved rids, asyncio tasks (for tests and operators)."""
-    ctx = get_context(request)
-
-    def check(scheduler):
-        stats = engine_stats(scheduler)
-        try:
-            scheduler.check_integrity()
-            stats["integrity"] = "ok"
-        except AssertionError as e:
-            stats["integrity"] = f"violated: {e}"
-        stats["open_sinks"] = ctx.engine.loop.num_sinks
-        return stats
-
-    stats = await on_engine(ctx, check)
-    stats["reserved_rids"] = len(ctx.engine.rids)
+    stats = await get_context(request).engine.async_stats(check=True)
     stats["asyncio_tasks"] = len(asyncio.all_tasks())
     return json_response(stats)
 
@@ -214,5 +180,5 @@ async def allocator_state(request: Request):
 @router.get("/metrics")
 async def metrics(request: Request):
     ctx = get_context(request)
-    stats = await on_engine(ctx, engine_stats)
+    stats = await ctx.engine.async_stats()
     return Response(ctx.metrics.render(stats), media_type=ctx.metrics.content_type)

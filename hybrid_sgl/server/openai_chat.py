@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
 
+from hybrid_sgl.outputs import OutputState
 from hybrid_sgl.server.chat_parsing import ChoiceParser, chat_setup, custom_template, template_message_tool_calls
 from hybrid_sgl.server.errors import ApiError, parse_body
-from hybrid_sgl.server.generation import (
-    SSE_DONE,
-    ClientDisconnected,
-    ServerContext,
-    engine_error,
-    get_context,
-    run_to_end,
-    sse,
-    sse_error,
-    stream_outputs,
-    streaming_response,
-)
-from hybrid_sgl.server.native import CLIENT_CLOSED, json_off_loop
+from hybrid_sgl.server.generation import ServerContext, get_context, streaming_response
 from hybrid_sgl.server.openai_common import (
     TokenText,
     chat_logprobs,
@@ -29,16 +15,15 @@ from hybrid_sgl.server.openai_common import (
     finish_fields,
     max_new_tokens_for,
     new_id,
-    now,
+    respond,
+    response_base,
     sampling_params,
-    stream_usage_chunk,
-    usage,
+    stream_events,
+    submit,
 )
 from hybrid_sgl.server.openapi import body_schema
 from hybrid_sgl.server.protocol import ChatCompletionRequest, ChatMessage
 from hybrid_sgl.server.reasoning_parser import ReasoningParser
-from hybrid_sgl.server.structured import grammars_compiled
-from hybrid_sgl.submission import Submission
 
 router = APIRouter()
 
@@ -106,84 +91,50 @@ async def chat_completions(request: Request):
     if max_tokens is not None and max_tokens < 1:
         raise ApiError(f"{field} must be at least 1, got {max_tokens}", param=field)
     ids = await ctx.off_loop(render_chat, ctx, req, setup.template_tools)
-    n = req.n or 1
     in_reasoning = ReasoningParser.prompt_opens_block(ctx.tokenizer("chat").decode(ids[-16:]))
     params = {**sampling_params(req, max_new_tokens_for(ctx, len(ids), max_tokens)),
               **setup.grammar_params(in_reasoning)}
     rid = req.rid or new_id("chatcmpl")
-    want_lp = bool(req.logprobs)
-    prepared, _ = await ctx.off_loop(ctx.engine.prepare, None, params, ids, want_lp, None, req.top_logprobs or 0,
-                                     True, rid)
-    await grammars_compiled(ctx.engine.scheduler.grammars, prepared)
-    sub = ctx.engine.submit(prepared)
-    base = {"id": rid, "object": "chat.completion", "created": now(), "model": req.model or ctx.served_model_name}
+    sub = await submit(ctx, ids, params, bool(req.logprobs), None, req.top_logprobs or 0, rid)
+    base = response_base(ctx, req, rid, "chat.completion")
     tt: TokenText = request.app.state.token_text
     if req.stream:
-        return streaming_response(_stream(ctx, request, sub, req, {**base, "object": "chat.completion.chunk"}, tt,
-                                          [setup.choice_parser(in_reasoning) for _ in sub.prepared]), sub)
-    try:
-        outputs = await run_to_end(ctx, request, sub)
-    except ClientDisconnected:
-        return Response(status_code=CLIENT_CLOSED)
+        parsers = [setup.choice_parser(in_reasoning) for _ in sub.prepared]
+        first = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                 for i in range(len(parsers))]  # the first chunk of each choice carries the role
+        events = stream_events(ctx, request, sub, req, {**base, "object": "chat.completion.chunk"},
+                               _stream_choice(req, tt, parsers), first)
+        return streaming_response(events, sub)
 
-    def body() -> dict:
-        choices = []
-        for i, out in enumerate(outputs):
-            logprobs = None
-            if want_lp:
-                logprobs = {"content": chat_logprobs(tt, out.output_logprobs, out.output_top_logprobs)}
-            parser = setup.choice_parser(in_reasoning)
-            message = parser.message(out.final_text())
-            finish = finish_fields(out)
-            choices.append({"index": i, "message": message, "logprobs": logprobs,
-                            **finish, "finish_reason": parser.finish_reason(finish["finish_reason"])})
-        return {**base, "choices": choices, "usage": usage(outputs, n)}
+    def choice(i: int, out: OutputState) -> dict:
+        logprobs = None
+        if req.logprobs:
+            logprobs = {"content": chat_logprobs(tt, out.output_logprobs, out.output_top_logprobs)}
+        parser = setup.choice_parser(in_reasoning)
+        message = parser.message(out.final_text())
+        finish = finish_fields(out)
+        return {"index": i, "message": message, "logprobs": logprobs,
+                **finish, "finish_reason": parser.finish_reason(finish["finish_reason"])}
 
-    return await json_off_loop(ctx, lambda: [body()], single=True)
+    return await respond(ctx, request, sub, req, base, choice)
 
 
-async def _stream(ctx: ServerContext, request: Request, sub: Submission, req: ChatCompletionRequest, base: dict,
-                  tt: TokenText, parsers: list[ChoiceParser]):
-    n = req.n or 1
-    count = len(sub.prepared)
-    sent_text = [0] * count
-    sent_lp = [0] * count
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
-    outputs = sub.outputs
+def _stream_choice(req: ChatCompletionRequest, tt: TokenText, parsers: list[ChoiceParser]):
+    """choice(i, out, new_text) for stream_events: the delta the choice's parser makes of the new
+    text (content, reasoning, tool calls), the new tokens' logprobs, the finish reason at the end."""
+    sent_lp = [0] * len(parsers)
 
-    def chunk(i: int, delta: dict, logprobs, finish: dict, out) -> str:
-        body = {**base, "choices": [{"index": i, "delta": delta, "logprobs": logprobs, **finish}]}
-        if include_usage:
-            body["usage"] = stream_usage_chunk(base, [out], 1)["usage"] if continuous else None
-        return sse(body)
+    def choice(i: int, out: OutputState, text: str) -> dict | None:
+        logprobs = None
+        if req.logprobs and len(out.output_logprobs) > sent_lp[i]:
+            start = sent_lp[i]
+            logprobs = {"content": chat_logprobs(tt, out.output_logprobs[start:], out.output_top_logprobs[start:])}
+            sent_lp[i] = len(out.output_logprobs)
+        fields = parsers[i].delta(text, out.finished)
+        if not fields and logprobs is None and not out.finished:
+            return None
+        finish = finish_fields(out)
+        finish["finish_reason"] = parsers[i].finish_reason(finish["finish_reason"])
+        return {"index": i, "delta": fields, "logprobs": logprobs, **finish}
 
-    for i, out in enumerate(outputs):  # the first chunk of each choice carries the role
-        yield chunk(i, {"role": "assistant", "content": ""}, None, {"finish_reason": None}, out)
-    async with contextlib.aclosing(stream_outputs(ctx, request, sub)) as updates:
-        try:
-            async for i, out in updates:
-                error = engine_error(out)
-                if error is not None:
-                    yield sse_error(*error)
-                    break
-                text = await ctx.off_loop(out.streaming_text) if out.finished else out.streaming_text()
-                delta = text[sent_text[i]:]
-                sent_text[i] = len(text)
-                logprobs = None
-                if req.logprobs and len(out.output_logprobs) > sent_lp[i]:
-                    start = sent_lp[i]
-                    logprobs = {"content": chat_logprobs(tt, out.output_logprobs[start:],
-                                                         out.output_top_logprobs[start:])}
-                    sent_lp[i] = len(out.output_logprobs)
-                fields = parsers[i].delta(delta, out.finished)
-                if not fields and logprobs is None and not out.finished:
-                    continue
-                finish = finish_fields(out)
-                finish["finish_reason"] = parsers[i].finish_reason(finish["finish_reason"])
-                yield chunk(i, fields, logprobs, finish, out)
-        except ClientDisconnected:
-            return
-    if include_usage:
-        yield sse(stream_usage_chunk(base, outputs, n))
-    yield SSE_DONE
+    return choice

@@ -1,21 +1,37 @@
-"""Shared by the OpenAI-compatible routes: request checks, sampling params for the engine, usage,
-logprob formats, /v1/models."""
+"""Shared by the OpenAI-compatible routes: request checks, sampling params for the engine, one
+request's way through the engine (submit, the JSON answer, the SSE stream), usage, logprob formats,
+/v1/models. Each route adds only its own choice objects."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 from fastapi import APIRouter, Request
+from fastapi.responses import Response
 from transformers import PreTrainedTokenizerBase
 
 from hybrid_sgl.outputs import OutputState
 from hybrid_sgl.server.errors import ApiError, json_response
-from hybrid_sgl.server.generation import ServerContext, get_context
+from hybrid_sgl.server.generation import (
+    CLIENT_CLOSED,
+    SSE_DONE,
+    ClientDisconnected,
+    ServerContext,
+    engine_error,
+    get_context,
+    run_to_end,
+    sse,
+    sse_error,
+    stream_outputs,
+)
 from hybrid_sgl.server.protocol import _OpenAISampling
-from hybrid_sgl.server.structured import response_format_params
+from hybrid_sgl.server.structured import grammars_compiled, response_format_params
+from hybrid_sgl.submission import Submission
 
 router = APIRouter()
 LOGIT_BIAS_LIMIT = 100.0
@@ -86,12 +102,76 @@ def finish_fields(out: OutputState) -> dict:
     return {"finish_reason": reason["type"], "matched_stop": reason.get("matched")}
 
 
-def stream_usage_chunk(base: dict, outputs: list[OutputState], n: int) -> dict:
-    return {**base, "choices": [], "usage": usage(outputs, n)}
+def response_base(ctx: ServerContext, req: _OpenAISampling, rid: str, kind: str) -> dict:
+    """The fields every response object (and stream chunk) of the request starts with."""
+    return {"id": rid, "object": kind, "created": int(time.time()), "model": req.model or ctx.served_model_name}
 
 
-def now() -> int:
-    return int(time.time())
+# ---- one request through the engine -------------------------------------------------------------
+async def submit(ctx: ServerContext, ids: list, params, logprobs: bool, logprob_start_len: int | None,
+                 top_logprobs: int | None, rid: str) -> Submission:
+    """Prepare the sequences on the text worker (token ids: one prompt or a list of them; params:
+    one dict or one per prompt), refuse a grammar that does not compile (400) and hand them to the
+    engine, all before any response starts."""
+    prepared, _ = await ctx.off_loop(ctx.engine.prepare, None, params, ids, logprobs, logprob_start_len,
+                                     top_logprobs, True, rid)
+    await grammars_compiled(ctx.engine, prepared)
+    return ctx.engine.submit(prepared)
+
+
+async def respond(ctx: ServerContext, request: Request, sub: Submission, req: _OpenAISampling, base: dict,
+                  choice: Callable[[int, OutputState], dict]) -> Response:
+    """The whole answer once every sequence finished: `base` with choice(i, out) of each sequence
+    and the usage, built on the text worker; 499 when the client left first."""
+    try:
+        outputs = await run_to_end(ctx, request, sub)
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_CLOSED)
+
+    def body() -> dict:
+        choices = [choice(i, out) for i, out in enumerate(outputs)]
+        return {**base, "choices": choices, "usage": usage(outputs, req.n or 1)}
+
+    return await ctx.json_off_loop(lambda: [body()], single=True)
+
+
+async def stream_events(ctx: ServerContext, request: Request, sub: Submission, req: _OpenAISampling, base: dict,
+                        choice: Callable[[int, OutputState, str], dict | None], first: Sequence[dict] = ()):
+    """The SSE events of a streamed answer: a chunk for each of `first` (choice i of `first` before
+    any update), then after each update of sequence i a chunk for choice(i, out, new_text), or none
+    when it returns None (nothing to send yet). Each chunk carries the usage stream_options asks
+    for; an engine error ends the stream with an error event; the total usage (include_usage) and
+    [DONE] close it."""
+    sent_text = [0] * len(sub.prepared)
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+    outputs = sub.outputs
+
+    def chunk(body: dict, out: OutputState) -> str:
+        event = {**base, "choices": [body]}
+        if include_usage:
+            event["usage"] = usage([out], 1) if continuous else None
+        return sse(event)
+
+    for i, body in enumerate(first):
+        yield chunk(body, outputs[i])
+    async with contextlib.aclosing(stream_outputs(ctx, request, sub)) as updates:
+        try:
+            async for i, out in updates:
+                error = engine_error(out)
+                if error is not None:
+                    yield sse_error(*error)
+                    break
+                text = await ctx.off_loop(out.streaming_text) if out.finished else out.streaming_text()
+                body = choice(i, out, text[sent_text[i]:])
+                sent_text[i] = len(text)
+                if body is not None:
+                    yield chunk(body, out)
+        except ClientDisconnected:
+            return
+    if include_usage:
+        yield sse({**base, "choices": [], "usage": usage(outputs, req.n or 1)})
+    yield SSE_DONE
 
 
 # ---- logprobs ------------------------------------------------------------------------------------

@@ -10,12 +10,11 @@ response_format (OpenAI, plus SGLang's structural_tag):
 
 from __future__ import annotations
 
-import asyncio
 import json
 
-from hybrid_sgl.constrained import GrammarCache, GrammarError
-from hybrid_sgl.constrained.cache import COMPILE_TIMEOUT_S
+from hybrid_sgl.engine import Engine
 from hybrid_sgl.server.errors import ApiError
+from hybrid_sgl.submission import Prepared
 
 JSON_OBJECT = '{"type": "object"}'
 
@@ -47,23 +46,10 @@ def response_format_params(rf: dict | None) -> dict:
                    "structural_tag", param="response_format")
 
 
-async def grammars_compiled(cache: GrammarCache | None, prepared) -> None:
+async def grammars_compiled(engine: Engine, prepared: list[Prepared]) -> None:
     """Wait, off the event loop's back, until the grammars of `prepared` (engine sequences) have
     compiled; ApiError(400) naming the field and the problem when one is invalid or too slow."""
-    futures = {}
-    for p in prepared:
-        key = p.req.params.grammar_key
-        if key is None or key in futures:
-            continue
-        if cache is None:
-            raise ApiError(f"{key.field} needs constrained decoding, which is off on this server "
-                           "(--grammar-backend none, or --skip-tokenizer-init)", param=key.field)
-        futures[key] = cache.get(key)
-    pending = [asyncio.wrap_future(f) for f in futures.values() if not f.done()]
-    if pending:
-        await asyncio.wait(pending, timeout=COMPILE_TIMEOUT_S)
-    for key, future in futures.items():
-        try:
-            GrammarCache.compiled(future, key, timeout=0)
-        except GrammarError as e:
-            raise ApiError(str(e), param=key.field) from None
+    refused = await engine.grammar_ready(prepared)
+    if refused is not None:
+        field, message = refused
+        raise ApiError(message, param=field)

@@ -43,7 +43,7 @@ async def tokenize(request: Request):
 async def detokenize(request: Request):
     ctx = get_context(request)
     req = await parse_body(request, DetokenizeRequest)
-    vocab = ctx.engine.model_config.vocab_size
+    vocab = ctx.capacity.vocab_size
     lists = [req.tokens] if not req.tokens or isinstance(req.tokens[0], int) else req.tokens
     for ids in lists:
         bad = [t for t in ids if not 0 <= t < vocab]
