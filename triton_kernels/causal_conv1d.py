@@ -3,6 +3,8 @@
 Conv state pool layout: `[num_slots, width - 1, dim]` (the last `width - 1` inputs of each
 request, oldest first). Prefill reads the initial state of each sequence from its slot when
 `has_initial_state`, and writes the final state back into the slot. Decode updates in place.
+Prefill also writes prefix-cache snapshots: the conv state after p tokens, in the same layout,
+into the slots that snap_pos / snap_slots name.
 """
 
 import torch
@@ -13,7 +15,23 @@ import triton.language as tl
 from triton_kernels.varlen import locate_chunk, num_virtual_chunks
 
 
-@triton.jit(do_not_specialize=["N"])
+@triton.jit
+def _last_inputs(p_x, p_s, end, first, rows, stride_x_t, o_d, m_d, D: tl.constexpr, W: tl.constexpr,
+                 BW: tl.constexpr):
+    """[BW, BD]: the conv state after the first `end` tokens of a sequence, and its rows' mask. Row
+    j < rows (<= W - 1) holds the input at position end - (W - 1) + j: from x (p_x: the sequence's
+    first row) at positions >= 0, from the initial state (p_s: the slot) in [first, 0), else zero."""
+    o_j = tl.arange(0, BW)
+    o_f = end - (W - 1) + o_j
+    m_j = (o_j < rows)[:, None] & m_d[None, :]
+    m_fx = m_j & (o_f >= 0)[:, None]
+    m_fs = m_j & ((o_f < 0) & (o_f >= first))[:, None]
+    b_f = tl.load(p_x + o_f[:, None] * stride_x_t + o_d[None, :], mask=m_fx, other=0.0).to(tl.float32)
+    b_f += tl.load(p_s + (o_f + W - 1)[:, None] * D + o_d[None, :], mask=m_fs, other=0.0).to(tl.float32)
+    return b_f, m_j
+
+
+@triton.jit(do_not_specialize=["N", "C"])
 def _causal_conv1d_prefill_kernel(
     x,
     weight,
@@ -22,10 +40,13 @@ def _causal_conv1d_prefill_kernel(
     cu_seqlens,
     state_slots,
     has_initial_state,
+    snap_pos,
+    snap_slots,
     y,
     stride_x_t,
     stride_s,
     N,
+    C,
     D: tl.constexpr,
     W: tl.constexpr,
     BT: tl.constexpr,
@@ -34,10 +55,14 @@ def _causal_conv1d_prefill_kernel(
     BLOCK_N: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     USE_SILU: tl.constexpr,
+    HAS_SNAP: tl.constexpr,
 ):
     """One program per (channel block, chunk of BT tokens of one sequence). Taps that reach before
     the sequence start read the slot's conv state (or zeros). The program holding a sequence's
-    first chunk also writes its final conv state: it is the only reader of the initial one."""
+    first chunk also writes its final conv state: it is the only reader of the initial one.
+    With HAS_SNAP, the program of the chunk holding token p - 1 writes the snapshot of each cut p
+    (snap_pos, snap_slots [N, C]): the last W - 1 inputs, which reach into the initial state only
+    for p < W - 1, in the first chunk, so before the final state overwrites it."""
     i_d, i_c = tl.program_id(0), tl.program_id(1)
     i_n, i_t, bos, eos = locate_chunk(cu_seqlens, i_c, N, BT, BLOCK_N)
     length = eos - bos
@@ -74,16 +99,20 @@ def _causal_conv1d_prefill_kernel(
     p_y = y + (bos + t0) * D + o_c[:, None] * D + o_d[None, :]
     tl.store(p_y, b_y.to(y.dtype.element_ty), mask=m_c[:, None] & m_d[None, :])
 
+    o_j = tl.arange(0, BW)
+    if HAS_SNAP:
+        # cuts p in (t0, t_end] get W - 1 rows, the others none (the flag enters the mask as a row count)
+        t_end = tl.minimum(t0 + BT, length)
+        for i_cut in range(C):
+            p_cut = tl.load(snap_pos + i_n * C + i_cut)
+            rows = (W - 1) * ((p_cut > t0) & (p_cut <= t_end)).to(tl.int32)
+            b_f, m_j = _last_inputs(x + bos * stride_x_t, p_s, p_cut, first, rows, stride_x_t, o_d, m_d, D, W, BW)
+            p_snap = conv_states + tl.load(snap_slots + i_n * C + i_cut).to(tl.int64) * stride_s
+            tl.store(p_snap + o_j[:, None] * D + o_d[None, :], b_f.to(conv_states.dtype.element_ty), mask=m_j)
+
     if i_t == 0:
         tl.debug_barrier()  # every thread's reads of the initial state come before the writes below
-        # row j of the final state holds position length - (W - 1) + j: from x, or from the initial state
-        o_j = tl.arange(0, BW)
-        o_f = length - (W - 1) + o_j
-        m_j = (o_j < W - 1)[:, None] & m_d[None, :]
-        m_fx = m_j & (o_f >= 0)[:, None]
-        m_fs = m_j & ((o_f < 0) & (o_f >= first))[:, None]
-        b_f = tl.load(p_x + o_f[:, None] * stride_x_t + o_d[None, :], mask=m_fx, other=0.0).to(tl.float32)
-        b_f += tl.load(p_s + (o_f + W - 1)[:, None] * D + o_d[None, :], mask=m_fs, other=0.0).to(tl.float32)
+        b_f, m_j = _last_inputs(p_x, p_s, length, first, W - 1, stride_x_t, o_d, m_d, D, W, BW)
         tl.debug_barrier()
         tl.store(p_s + o_j[:, None] * D + o_d[None, :], b_f.to(conv_states.dtype.element_ty), mask=m_j)
 
@@ -156,23 +185,38 @@ def _update_config(batch: int) -> tuple[int, int]:
     return (512, 2) if batch < 4 else (256, 2) if batch < 32 else (1024, 8)
 
 
+def _check_snapshot_args(snap_pos, snap_slots, num_seqs: int) -> bool:
+    """Whether a call takes snapshots; asserts the shapes of snap_pos and snap_slots [N, C]."""
+    if snap_pos is None and snap_slots is None:
+        return False
+    assert snap_pos is not None and snap_slots is not None, "snap_pos and snap_slots are given together"
+    assert snap_pos.ndim == 2 and snap_pos.shape[0] == num_seqs and snap_pos.shape[1] >= 1, (
+        f"snap_pos {tuple(snap_pos.shape)} != [{num_seqs}, C >= 1]")
+    assert snap_slots.shape == snap_pos.shape, f"snap_slots {tuple(snap_slots.shape)} != {tuple(snap_pos.shape)}"
+    for name, t in (("snap_pos", snap_pos), ("snap_slots", snap_slots)):
+        assert t.dtype == torch.int32 and t.is_contiguous(), f"{name} must be a contiguous int32 tensor"
+    return True
+
+
 def _conv_prefill_fwd(x, weight, bias, conv_states, cu_seqlens, state_slots, has_initial_state, activation,
-                      BT=None, BD=None, num_warps=None):
+                      snap_pos=None, snap_slots=None, BT=None, BD=None, num_warps=None):
     D, W = _check_conv_args(x, weight, bias, conv_states, activation)
     if BT is None:
         BT, BD, num_warps = _prefill_config()
     T, N = x.shape[0], state_slots.shape[0]
     assert cu_seqlens.shape == (N + 1,) and has_initial_state.shape == (N,)
     assert W - 1 <= BT
+    has_snap = _check_snapshot_args(snap_pos, snap_slots, N)
     y = torch.empty(T, D, dtype=x.dtype, device=x.device)
     if N == 0:
         return y
     grid = (triton.cdiv(D, BD), num_virtual_chunks(T, N, BT))
     _causal_conv1d_prefill_kernel[grid](
-        x, weight, bias, conv_states, cu_seqlens, state_slots, has_initial_state, y,
-        x.stride(0), conv_states.stride(0), N,
+        x, weight, bias, conv_states, cu_seqlens, state_slots, has_initial_state,
+        snap_pos if has_snap else state_slots, snap_slots if has_snap else state_slots, y,
+        x.stride(0), conv_states.stride(0), N, snap_pos.shape[1] if has_snap else 1,
         D=D, W=W, BT=BT, BD=BD, BW=triton.next_power_of_2(W - 1), BLOCK_N=64,
-        HAS_BIAS=bias is not None, USE_SILU=activation is not None, num_warps=num_warps,
+        HAS_BIAS=bias is not None, USE_SILU=activation is not None, HAS_SNAP=has_snap, num_warps=num_warps,
     )
     return y
 
@@ -205,11 +249,15 @@ def causal_conv1d_prefill(
     state_slots: torch.Tensor,
     has_initial_state: torch.Tensor,
     activation: str | None = "silu",
+    snap_pos: torch.Tensor | None = None,
+    snap_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton version of causal_conv1d_prefill_ref (same arguments and result); x may have a row
-    stride larger than D. Final conv states are written into the slots."""
+    stride larger than D. Final conv states are written into the slots. Snapshots cost no host
+    work: the program of the chunk holding a cut copies its W - 1 rows, and every program reads its
+    sequence's C cut positions; without snap_pos the kernel is compiled without them."""
     return _conv_prefill_fwd(x, weight, bias, conv_states, cu_seqlens, state_slots, has_initial_state,
-                             activation)
+                             activation, snap_pos, snap_slots)
 
 
 def causal_conv1d_update(
@@ -235,6 +283,18 @@ def _activate(x: torch.Tensor, activation: str | None) -> torch.Tensor:
     raise ValueError(f"unsupported conv1d activation {activation!r}; expected 'silu' or None")
 
 
+def _snapshot_cuts(snap_pos, snap_slots, seq: int, length: int) -> list[tuple[int, int]]:
+    """[(p, slot)] of one sequence's cuts, after checking the row against the contract."""
+    if snap_pos is None:
+        return []
+    row = snap_pos[seq].tolist()
+    pos = [p for p in row if p != -1]
+    assert row == pos + [-1] * (len(row) - len(pos)), f"snap_pos[{seq}] = {row}: cuts first, then -1"
+    assert pos == sorted(pos) and all(1 <= p <= length for p in pos), (
+        f"snap_pos[{seq}] = {row}: cuts ascend within 1..{length} (the sequence's length in this call)")
+    return list(zip(pos, snap_slots[seq].tolist()))
+
+
 def causal_conv1d_prefill_ref(
     *,
     x: torch.Tensor,
@@ -245,9 +305,15 @@ def causal_conv1d_prefill_ref(
     state_slots: torch.Tensor,
     has_initial_state: torch.Tensor,
     activation: str | None = "silu",
+    snap_pos: torch.Tensor | None = None,
+    snap_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x: [T, D] packed; weight: [D, W]; conv_states: [S, W-1, D]; cu_seqlens: [B+1];
-    state_slots, has_initial_state: [B]. Returns y: [T, D] in x's dtype."""
+    state_slots, has_initial_state: [B]. snap_pos, snap_slots: [B, C] int32 or None;
+    snap_pos[n, c] = p (1 <= p <= length of sequence n in this call; ascending, then -1) asks for
+    the conv state after the sequence's first p tokens of this call in conv_states[snap_slots[n, c]];
+    slots of -1 cuts are ignored. Snapshot slots must differ from each other and from state_slots.
+    Returns y: [T, D] in x's dtype."""
     width = weight.shape[1]
     w = weight.float().t()  # [W, D]
     y = torch.empty_like(x)
@@ -264,6 +330,8 @@ def causal_conv1d_prefill_ref(
         if bias is not None:
             out = out + bias.float()
         y[start:end] = _activate(out, activation).to(x.dtype)
+        for p, snap_slot in _snapshot_cuts(snap_pos, snap_slots, i, end - start):
+            conv_states[snap_slot] = full[p : p + width - 1].to(conv_states.dtype)  # the W-1 inputs before p
         conv_states[slot] = full[full.shape[0] - (width - 1) :].to(conv_states.dtype)
     return y
 

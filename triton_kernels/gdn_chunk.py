@@ -5,7 +5,9 @@ Within a chunk of C tokens with incoming state S0 [K, V] and gamma = cumsum(g):
     W  = T^-1 (beta exp(gamma) K),   U = T^-1 (beta V) - W S0
     O  = (exp(gamma) Q) S0 + ((QK^T) * exp(gamma_t - gamma_i) * [i <= t]) U
     S1 = exp(gamma_C) S0 + (exp(gamma_C - gamma) K)^T U
-which is the token-by-token recurrence of gdn_recurrent.py, computed with matmuls.
+which is the token-by-token recurrence of gdn_recurrent.py, computed with matmuls. The state
+after p tokens, for a p inside a chunk, is S1 of the chunk truncated at p (tokens >= p masked out,
+gamma_C replaced by gamma at token p - 1): the prefix-cache snapshots of a prefill step.
 """
 
 import torch
@@ -34,8 +36,21 @@ def _state_config(num_seqs: int, HV: int, V: int) -> tuple[int, int, int]:
     return min(32, max(16, triton.next_power_of_2(V))), 4, 3
 
 
+def _check_snapshot_args(snap_pos, snap_slots, num_seqs: int) -> bool:
+    """Whether a call takes snapshots; asserts the shapes of snap_pos and snap_slots [N, C]."""
+    if snap_pos is None and snap_slots is None:
+        return False
+    assert snap_pos is not None and snap_slots is not None, "snap_pos and snap_slots are given together"
+    assert snap_pos.ndim == 2 and snap_pos.shape[0] == num_seqs and snap_pos.shape[1] >= 1, (
+        f"snap_pos {tuple(snap_pos.shape)} != [{num_seqs}, C >= 1]")
+    assert snap_slots.shape == snap_pos.shape, f"snap_slots {tuple(snap_slots.shape)} != {tuple(snap_pos.shape)}"
+    for name, x in (("snap_pos", snap_pos), ("snap_slots", snap_slots)):
+        assert x.dtype == torch.int32 and x.is_contiguous(), f"{name} must be a contiguous int32 tensor"
+    return True
+
+
 def _gdn_prefill_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, cu_seqlens, state_slots, has_initial_state,
-                     scale, state_config=None):
+                     scale, snap_pos=None, snap_slots=None, state_config=None):
     T, HK, K = q.shape
     HV, V = v.shape[1:]
     N = state_slots.shape[0]
@@ -49,6 +64,7 @@ def _gdn_prefill_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, cu_seqlens, stat
     assert cu_seqlens.shape == (N + 1,) and has_initial_state.shape == (N,)
     for name, x in (("q", q), ("k", k), ("v", v), ("a", a), ("b", b)):
         assert x.stride(-1) == 1, f"{name} needs a unit stride on its last dim; got strides {x.stride()}"
+    has_snap = _check_snapshot_args(snap_pos, snap_slots, N)
     o = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
     if N == 0:
         return o
@@ -69,8 +85,10 @@ def _gdn_prefill_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, cu_seqlens, stat
     )
     BV_state, num_warps, num_stages = state_config or _state_config(N, HV, V)
     _gdn_chunk_state_kernel[(triton.cdiv(V, BV_state), HV, N)](
-        kn, w, u, g_cum, h, v_new, ssm_states, cu_seqlens, state_slots, has_initial_state, ssm_states.stride(0),
-        HK=HK, HV=HV, K=K, V=V, BT=BT, BK=min(BK, 64), BV=BV_state, PREC=prec,
+        kn, w, u, g_cum, h, v_new, ssm_states, cu_seqlens, state_slots, has_initial_state,
+        snap_pos if has_snap else state_slots, snap_slots if has_snap else state_slots,
+        ssm_states.stride(0), snap_pos.shape[1] if has_snap else 1,
+        HK=HK, HV=HV, K=K, V=V, BT=BT, BK=min(BK, 64), BV=BV_state, PREC=prec, HAS_SNAP=has_snap,
         num_warps=num_warps, num_stages=num_stages,
     )
     _gdn_chunk_output_kernel[lambda meta: (NC * HV * triton.cdiv(V, meta["BV"]),)](
@@ -95,17 +113,21 @@ def gdn_prefill(
     has_initial_state: torch.Tensor,
     scale: float | None = None,
     chunk_size: int = CHUNK_SIZE,
+    snap_pos: torch.Tensor | None = None,
+    snap_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton version of gdn_prefill_ref (same arguments and result). q, k, v, a, b may be strided
     views; initial states come from the pool slots and final states go back in place. The result
     does not depend on chunk_size, which the kernels fix at 64. Scratch per call, in the input dtype:
     w, u, v_new, kn and one [K, V] state per chunk and value head, about 45 KB per token at
-    Qwen3.5-9B shapes (1.5 GB for 32768 tokens)."""
+    Qwen3.5-9B shapes (1.5 GB for 32768 tokens). Snapshots cost no host work: the sequential
+    state kernel writes them, each with one more [K, 64] x [64, V] matmul (the chunk's keys times
+    its truncated V_new) and a [K, V] store per head; without snap_pos it is compiled without them."""
     if chunk_size != CHUNK_SIZE:
         raise ValueError(f"gdn_prefill runs chunks of {CHUNK_SIZE} tokens; got chunk_size={chunk_size}")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return _gdn_prefill_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, cu_seqlens, state_slots,
-                            has_initial_state, scale)
+                            has_initial_state, scale, snap_pos, snap_slots)
 
 
 def _chunked_delta_rule(q, k, v, g, beta, state, chunk_size):
@@ -130,6 +152,18 @@ def _chunked_delta_rule(q, k, v, g, beta, state, chunk_size):
     return o, state
 
 
+def _snapshot_cuts(snap_pos, snap_slots, seq: int, length: int) -> list[tuple[int, int]]:
+    """[(p, slot)] of one sequence's cuts, after checking the row against the contract."""
+    if snap_pos is None:
+        return []
+    row = snap_pos[seq].tolist()
+    pos = [p for p in row if p != -1]
+    assert row == pos + [-1] * (len(row) - len(pos)), f"snap_pos[{seq}] = {row}: cuts first, then -1"
+    assert pos == sorted(pos) and all(1 <= p <= length for p in pos), (
+        f"snap_pos[{seq}] = {row}: cuts ascend within 1..{length} (the sequence's length in this call)")
+    return list(zip(pos, snap_slots[seq].tolist()))
+
+
 def gdn_prefill_ref(
     *,
     q: torch.Tensor,
@@ -145,11 +179,16 @@ def gdn_prefill_ref(
     has_initial_state: torch.Tensor,
     scale: float | None = None,
     chunk_size: int = CHUNK_SIZE,
+    snap_pos: torch.Tensor | None = None,
+    snap_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q, k: [T, Hk, K]; v: [T, Hv, V]; a, b: [T, Hv]; ssm_states: [S, Hv, K, V];
     cu_seqlens: [B+1]; state_slots, has_initial_state: [B]. Initial states are read from the
     slots where has_initial_state (zeros elsewhere); final states are written back.
-    Returns o: [T, Hv, V] in v's dtype."""
+    snap_pos, snap_slots: [B, C] int32 or None. snap_pos[n, c] = p (1 <= p <= length of sequence
+    n in this call; ascending, then -1) asks for the state after the sequence's first p tokens of
+    this call in ssm_states[snap_slots[n, c]]; slots of -1 cuts are ignored. Snapshot slots must
+    differ from each other and from state_slots. Returns o: [T, Hv, V] in v's dtype."""
     n_rep = v.shape[1] // q.shape[1]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     g, beta = gdn_gating_ref(a, b, A_log, dt_bias)  # [T, Hv]
@@ -164,6 +203,13 @@ def gdn_prefill_ref(
             state = ssm_states[slot].float()
         else:
             state = torch.zeros(ssm_states.shape[1:], dtype=torch.float32, device=v.device)
+        # snapshots: the pieces between cuts one after another, as a server that snapshots and goes on
+        piece, start = state, s
+        for p, snap_slot in _snapshot_cuts(snap_pos, snap_slots, i, e - s):
+            _, piece = _chunked_delta_rule(qf[:, start : s + p], kf[:, start : s + p], vf[:, start : s + p],
+                                           g[:, start : s + p], beta[:, start : s + p], piece, chunk_size)
+            ssm_states[snap_slot] = piece.to(ssm_states.dtype)
+            start = s + p
         out, state = _chunked_delta_rule(qf[:, s:e], kf[:, s:e], vf[:, s:e], g[:, s:e], beta[:, s:e],
                                          state, chunk_size)
         o[s:e] = out.transpose(0, 1).to(v.dtype)

@@ -5,7 +5,8 @@
           diagonal blocks up by matmuls, W = X (beta exp(gamma) K), U = X (beta V)
 2. state  (V block, value head, sequence; sequential over the chunks): stores the state entering
           each chunk, V_new = U - W S, S <- exp(gamma_C) S + (exp(gamma_C - gamma) K)^T V_new;
-          reads the initial state from the pool slot and writes the final one back
+          reads the initial state from the pool slot and writes the final one back; writes the
+          state after p tokens into a snapshot slot for every cut p of the sequence
 3. output (chunk, value head, V block; parallel): q l2norm, O = exp(gamma) Q S + (Q K^T decay) V_new
 
 Chunks are addressed by virtual index (triton_kernels/varlen.py). Inputs q, k [T, Hk, K],
@@ -190,7 +191,7 @@ def _gdn_chunk_intra_kernel(
         _store_rows(u, o_t, m_t, HV * V, o_v, m_v, _dot(b_X, b_v, PREC))
 
 
-@triton.jit(do_not_specialize=["N"])
+@triton.jit(do_not_specialize=["C"])
 def _gdn_chunk_state_kernel(
     kn,
     w,
@@ -202,7 +203,10 @@ def _gdn_chunk_state_kernel(
     cu_seqlens,
     state_slots,
     has_initial_state,
+    snap_pos,
+    snap_slots,
     stride_s,
+    C,
     HK: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -211,9 +215,16 @@ def _gdn_chunk_state_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     PREC: tl.constexpr,
+    HAS_SNAP: tl.constexpr,
 ):
     """One program per (V block, value head, sequence), looping over the sequence's chunks with
-    the state in registers (fp32) as one or two [BK, BV] row blocks (K <= 2 * BK), as fla does."""
+    the state in registers (fp32) as one or two [BK, BV] row blocks (K <= 2 * BK), as fla does.
+
+    With HAS_SNAP, snap_pos / snap_slots [N, C] list the cuts p of each sequence (ascending, -1
+    after the last). A cut inside chunk [t0, t0 + BT) is that chunk's update truncated at p, as for
+    a sequence ending at p: V_new rows below p - t0 are those of the whole chunk (W and U of a row
+    depend only on the rows up to it), decayed from gamma at token p - 1. The next cut waits in a
+    register, so a chunk without cuts pays one comparison."""
     i_v, i_h, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     length = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
@@ -234,6 +245,12 @@ def _gdn_chunk_state_kernel(
     b_h1 = tl.load(p_s + o_h, mask=(o_k1 < k_init)[:, None] & m_v[None, :], other=0.0).to(tl.float32)
     if K > BK:
         b_h2 = tl.load(p_s + BK * V + o_h, mask=(o_k2 < k_init)[:, None] & m_v[None, :], other=0.0).to(tl.float32)
+
+    if HAS_SNAP:
+        snap_pos += i_n * C
+        snap_slots += i_n * C
+        i_cut = i_n * 0  # the row's next cut, and its position (-1: none left)
+        p_cut = tl.load(snap_pos)
 
     kn += (bos * HK + i_hk) * K
     w += (bos * HV + i_h) * K
@@ -258,9 +275,27 @@ def _gdn_chunk_state_kernel(
 
         b_g = tl.load(g_cum + t0 * HV + o_c * HV, mask=m_c, other=0.0)
         b_g_last = tl.load(g_cum + (tl.minimum(t0 + BT, length) - 1) * HV)
+        p_k = kn + t0 * HK * K + o_c[None, :] * (HK * K)  # keys transposed: [BK, BT]
+        if HAS_SNAP:
+            # cuts p in (t0, t_end]: the update over the chunk's first p - t0 tokens
+            t_end = tl.minimum(t0 + BT, length)
+            while (p_cut > t0) & (p_cut <= t_end):
+                b_g_cut = tl.load(g_cum + (p_cut - 1) * HV)
+                m_cut = o_c < p_cut - t0
+                b_vc = (b_v * tl.where(m_cut, tl.exp(b_g_cut - b_g), 0.0)[:, None]).to(DT)
+                b_dc = tl.exp(b_g_cut)
+                p_snap = ssm_states + tl.load(snap_slots + i_cut).to(tl.int64) * stride_s + i_h * K * V
+                b_kc = tl.load(p_k + o_k1[:, None], mask=m_k1[:, None] & m_cut[None, :], other=0.0)
+                b_sc = b_h1 * b_dc + _dot(b_kc, b_vc, PREC)
+                tl.store(p_snap + o_h, b_sc.to(ssm_states.dtype.element_ty), mask=m_h1)
+                if K > BK:
+                    b_kc = tl.load(p_k + o_k2[:, None], mask=m_k2[:, None] & m_cut[None, :], other=0.0)
+                    b_sc = b_h2 * b_dc + _dot(b_kc, b_vc, PREC)
+                    tl.store(p_snap + BK * V + o_h, b_sc.to(ssm_states.dtype.element_ty), mask=m_h2)
+                i_cut += 1
+                p_cut = tl.where(i_cut < C, tl.load(snap_pos + tl.minimum(i_cut, C - 1)), -1)
         b_v = (b_v * tl.where(m_c, tl.exp(b_g_last - b_g), 0.0)[:, None]).to(DT)
         b_decay = tl.exp(b_g_last)
-        p_k = kn + t0 * HK * K + o_c[None, :] * (HK * K)  # keys transposed: [BK, BT]
         b_k = tl.load(p_k + o_k1[:, None], mask=m_k1[:, None] & m_c[None, :], other=0.0)
         b_h1 = b_h1 * b_decay + _dot(b_k, b_v, PREC)
         if K > BK:

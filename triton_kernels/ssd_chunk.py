@@ -3,14 +3,16 @@
 The recurrence is the one of `ssm_step.mamba2_decode_ref`, run over every token of each
 sequence; sequence i owns tokens cu_seqlens[i]:cu_seqlens[i+1] and slot state_slots[i], and
 starts from that slot's state when has_initial_state[i] (else from zeros). The final state of
-each sequence is written back to its slot.
+each sequence is written back to its slot. Optional snapshots (snap_pos, snap_slots) also write
+the state after the first p tokens of a sequence to another slot, for the prefix cache.
 
 `mamba2_prefill` computes it by chunks of L tokens that never straddle sequences. Per head, with
 a = dt * A (A = -exp(A_log)), c = cumsum(a) within the chunk, S0 [P, N] the state entering it:
     y_t = exp(c_t) C_t S0^T + sum_{s <= t} (C_t . B_s) exp(c_t - c_s) dt_s x_s + D x_t
     S1  = exp(c_L) S0 + sum_s exp(c_L - c_s) dt_s x_s (outer) B_s
 the first line the output of every token, the second the state handed to the next chunk; both
-are matmuls over the chunk. Kernels and scratch: ssd_chunk_parts.py.
+are matmuls over the chunk. The state after p tokens inside a chunk is the second line with the
+chunk ending at p. Kernels and scratch: ssd_chunk_parts.py.
 """
 
 from __future__ import annotations
@@ -75,8 +77,28 @@ def default_launch(num_tokens: int, num_seqs: int, H: int, G: int, P: int, N: in
                      output_warps=8 if tile >= 128 or N > 128 else 4, output_stages=2)
 
 
+def state_warps_stages(launch: SSDLaunch, dtype: torch.dtype, has_snap: bool) -> tuple[int, int]:
+    """(num_warps, num_stages) of the state kernel: 8 warps for float32 inputs with snapshots (at
+    128-token tiles the split updates' tf32x3 operands spill on 4), else the launch's."""
+    return (8 if has_snap and dtype == torch.float32 else launch.state_warps), launch.state_stages
+
+
+def check_snapshots(snap_pos: torch.Tensor | None, snap_slots: torch.Tensor | None, num_seqs: int) -> int:
+    """Asserts the snapshot arguments' shapes (not their values: that would sync) and returns the
+    cuts per sequence (0 without snapshots)."""
+    assert (snap_pos is None) == (snap_slots is None), "snap_pos and snap_slots come together"
+    if snap_pos is None:
+        return 0
+    assert snap_pos.dim() == 2 and snap_pos.shape[0] == num_seqs and snap_pos.shape[1] >= 1, (
+        f"snap_pos {tuple(snap_pos.shape)} != [{num_seqs}, cuts >= 1]")
+    assert snap_slots.shape == snap_pos.shape, (snap_slots.shape, snap_pos.shape)
+    for name, t in (("snap_pos", snap_pos), ("snap_slots", snap_slots)):
+        assert t.dtype == torch.int32 and t.is_contiguous(), f"{name} must be contiguous int32; got {t.dtype}"
+    return snap_pos.shape[1]
+
+
 def _mamba2_prefill_fwd(x, dt, A_log, B, C, D, dt_bias, z, ssm_states, cu_seqlens, state_slots, has_initial_state,
-                        chunk_size, dt_limit, launch: SSDLaunch | None = None):
+                        chunk_size, dt_limit, snap_pos=None, snap_slots=None, launch: SSDLaunch | None = None):
     T, H, P = x.shape
     G, N = B.shape[1:]
     S = state_slots.shape[0]
@@ -90,6 +112,7 @@ def _mamba2_prefill_fwd(x, dt, A_log, B, C, D, dt_bias, z, ssm_states, cu_seqlen
     assert cu_seqlens.shape == (S + 1,) and has_initial_state.shape == (S,)
     for name, t in (("x", x), ("dt", dt), ("B", B), ("C", C), ("z", z)):
         assert t is None or t.stride(-1) == 1, f"{name} needs a unit stride on its last dim; got {t.stride()}"
+    num_cuts = check_snapshots(snap_pos, snap_slots, S)
     tile = tile_tokens(chunk_size, N)
     y = torch.empty(T, H, P, dtype=x.dtype, device=x.device)
     if S == 0:
@@ -110,11 +133,14 @@ def _mamba2_prefill_fwd(x, dt, A_log, B, C, D, dt_bias, z, ssm_states, cu_seqlen
         H=H, BT=tile, BH=BH, BLOCK_N=64,
     )
     block_p = min(launch.state_block_p, BP)
+    state_warps, state_stages = state_warps_stages(launch, x.dtype, snap_pos is not None)
     _ssd_chunk_state_kernel[(triton.cdiv(P, block_p), H, S)](
         x, B, dt_proc, dA_cum, h, ssm_states, cu_seqlens, state_slots, has_initial_state,
-        x.stride(0), x.stride(1), B.stride(0), B.stride(1), ssm_states.stride(0), T,
-        H=H, G=G, P=P, N=N, BT=tile, BP=block_p, BN=BN, PREC=prec,
-        num_warps=launch.state_warps, num_stages=launch.state_stages,
+        state_slots if snap_pos is None else snap_pos, state_slots if snap_slots is None else snap_slots,
+        x.stride(0), x.stride(1), B.stride(0), B.stride(1), ssm_states.stride(0), T, num_cuts,
+        H=H, G=G, P=P, N=N, BT=tile, BP=block_p, BN=BN, BC=triton.next_power_of_2(max(num_cuts, 1)),
+        HAS_SNAP=snap_pos is not None, PREC=prec,
+        num_warps=state_warps, num_stages=state_stages,
     )
     zz = x if z is None else z
     _ssd_chunk_output_kernel[(NC * H // launch.heads_per_program,)](
@@ -142,6 +168,8 @@ def mamba2_prefill(
     has_initial_state: torch.Tensor,
     chunk_size: int = 256,
     dt_limit: tuple[float, float] = (0.0, float("inf")),
+    snap_pos: torch.Tensor | None = None,
+    snap_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton version of mamba2_prefill_ref (same arguments and result). x, dt, B, C, z may be
     strided views with a unit last stride (slices of one projection row); ssm_states [S, H, P, N]
@@ -150,9 +178,28 @@ def mamba2_prefill(
     of two >= 16, capped at 128, or at 64 where N > 128): the result does not depend on the tiling beyond
     rounding. Scratch per call: dt and dA_cum [H, T] fp32, and one [H, P, N] state per chunk in x's
     dtype (for Nemotron-H-8B in bf16: 16 KiB per token at 128-token chunks, 0.5 GiB for 32768
-    tokens). Returns y [T, H, P] in x's dtype."""
+    tokens). Returns y [T, H, P] in x's dtype. Snapshots are written by the sequential state kernel,
+    which then steps over the chunks split at the cuts: a cut at a chunk's end costs the store of
+    its state, a cut inside a chunk also one more [P, L] x [L, N] matmul per head; without them
+    (None) the snapshot code is compiled out."""
     return _mamba2_prefill_fwd(x, dt, A_log, B, C, D, dt_bias, z, ssm_states, cu_seqlens, state_slots,
-                               has_initial_state, chunk_size, dt_limit)
+                               has_initial_state, chunk_size, dt_limit, snap_pos, snap_slots)
+
+
+def snapshot_cuts(snap_pos: torch.Tensor | None, snap_slots: torch.Tensor | None,
+                  bounds: list[int]) -> list[dict[int, int]]:
+    """Per sequence, {tokens p: snapshot slot} from the [num_seqs, cuts] rows (-1 is no cut), each
+    row checked: valid cuts first, strictly ascending, within 1..length."""
+    cuts: list[dict[int, int]] = [{} for _ in range(len(bounds) - 1)]
+    if snap_pos is None:
+        return cuts
+    for i, (row, slots) in enumerate(zip(snap_pos.tolist(), snap_slots.tolist())):
+        valid = [p for p in row if p != -1]
+        length = bounds[i + 1] - bounds[i]
+        assert row[: len(valid)] == valid == sorted(set(valid)), f"snap_pos row {i} {row}: cuts first, ascending"
+        assert all(1 <= p <= length for p in valid), f"snap_pos row {i} {row}: cuts within 1..{length}"
+        cuts[i] = dict(zip(valid, slots))
+    return cuts
 
 
 def mamba2_prefill_ref(
@@ -171,16 +218,24 @@ def mamba2_prefill_ref(
     has_initial_state: torch.Tensor,
     chunk_size: int = 256,
     dt_limit: tuple[float, float] = (0.0, float("inf")),
+    snap_pos: torch.Tensor | None = None,
+    snap_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x: [T, H, P]; dt: [T, H]; A_log, D, dt_bias: [H] float32; B, C: [T, G, N]; z: [T, H, P] or
     None; ssm_states: [S, H, P, N]; cu_seqlens: [num_seqs + 1]; state_slots, has_initial_state:
-    [num_seqs]. `chunk_size` is the kernel's tiling (the reference is sequential). Returns [T, H, P]."""
+    [num_seqs]. `chunk_size` is the kernel's tiling (the reference is sequential). Returns [T, H, P].
+
+    snap_pos, snap_slots: [num_seqs, cuts] int32 or both None. snap_pos[i, c] = p (1 <= p <= the
+    sequence's length) writes the state after its first p tokens to ssm_states[snap_slots[i, c]];
+    -1 is no cut, valid cuts come first in strictly ascending order. Snapshot slots must differ from
+    each other and from state_slots (else the result depends on the order of the writes)."""
     del chunk_size
     rep = x.shape[1] // B.shape[1]
     A = -torch.exp(A_log.float())
     dt_all = F.softplus(dt.float() + dt_bias.float()).clamp(*dt_limit)  # [T, H]
     y = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     bounds = cu_seqlens.tolist()
+    cuts = snapshot_cuts(snap_pos, snap_slots, bounds)
     for i, slot in enumerate(state_slots.tolist()):
         start, end = bounds[i], bounds[i + 1]
         state = ssm_states[slot].float() if bool(has_initial_state[i]) else ssm_states.new_zeros(
@@ -192,6 +247,8 @@ def mamba2_prefill_ref(
             xt = x[t].float()  # [H, P]
             state = state * torch.exp(d * A)[:, None, None] + (d[:, None] * xt)[..., None] * bt[:, None, :]
             y[t] = torch.einsum("hpn,hn->hp", state, ct) + D.float()[:, None] * xt
+            if t + 1 - start in cuts[i]:
+                ssm_states[cuts[i][t + 1 - start]] = state.to(ssm_states.dtype)
         ssm_states[slot] = state.to(ssm_states.dtype)
     if z is not None:
         y = y * F.silu(z.float())

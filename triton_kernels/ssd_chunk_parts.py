@@ -4,7 +4,8 @@
           cumsum dA_cum = cumsum(dt * A) within the chunk, stored head-major [H, T] (fp32)
 2. state  (P block, head, sequence; sequential over the chunks): the [P, N] state in registers
           (fp32) from the pool slot (or zeros); stores the state entering each chunk, then
-          S <- exp(dA_last) S + (x * exp(dA_last - dA_cum) dt)^T B; writes the final state back
+          S <- exp(dA_last) S + (x * exp(dA_last - dA_cum) dt)^T B; writes the final state back,
+          and the state after each requested cut (snapshot) to that cut's pool slot
 3. output (chunk, group, block of heads; parallel): CB = C B^T once per group, then per head
           y = exp(dA_cum) (C S^T) + (CB * exp(dA_cum_t - dA_cum_s) dt_s * [s <= t]) x + D x,
           times silu(z) when z is given
@@ -81,7 +82,18 @@ def _ssd_dt_kernel(
     tl.store(dA_cum + t0 + o_out, b_cum, mask=m)
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit
+def _segment_update(b_s, x, B, stride_x_t, stride_B_t, o_t, m_t, m_seg, o_p, m_p, o_n, m_n, b_w, b_decay, DT, PREC):
+    """The [BP, BN] state after the chunk's tokens in m_seg: exp(b_decay) S + (x * w)^T B, with x and
+    B the chunk's tokens (m_t) from its first one, w [BT] each token's decay to the segment's end
+    times its dt, zero outside the segment."""
+    b_xw = (_rows_transposed(x, o_t, m_t, stride_x_t, o_p, m_p).to(tl.float32)
+            * tl.where(m_seg, b_w, 0.0)[None, :]).to(DT)  # [BP, BT]
+    b_B = _rows(B, o_t, m_t, stride_B_t, o_n, m_n).to(DT)  # [BT, BN]
+    return tl.dot(b_xw, b_B, b_s * tl.exp(b_decay), input_precision=PREC)
+
+
+@triton.jit(do_not_specialize=["T", "num_cuts"])
 def _ssd_chunk_state_kernel(
     x,
     B,
@@ -92,12 +104,15 @@ def _ssd_chunk_state_kernel(
     cu_seqlens,
     state_slots,
     has_initial_state,
+    snap_pos,
+    snap_slots,
     stride_x_t,
     stride_x_h,
     stride_B_t,
     stride_B_g,
     stride_s,
     T,
+    num_cuts,
     H: tl.constexpr,
     G: tl.constexpr,
     P: tl.constexpr,
@@ -105,11 +120,20 @@ def _ssd_chunk_state_kernel(
     BT: tl.constexpr,
     BP: tl.constexpr,
     BN: tl.constexpr,
+    BC: tl.constexpr,
+    HAS_SNAP: tl.constexpr,
     PREC: tl.constexpr,
 ):
     """One program per (P block, head, sequence), looping over the sequence's chunks with the
     [BP, N] state slice in registers (fp32): per chunk one MMA, with the decayed state as its
-    accumulator, while the next chunk's x and B are prefetched."""
+    accumulator, while the next chunk's x and B are prefetched.
+
+    With HAS_SNAP, row i_n of snap_pos / snap_slots ([num_seqs, num_cuts] int32, distinct cuts p,
+    -1 for none; BC >= num_cuts) asks for the state after the first p tokens in pool slot
+    snap_slots. A cut at a chunk's end stores the updated state; a cut strictly inside a chunk
+    splits the chunk's update in two MMAs: the first is the update as if the sequence ended at p
+    (tokens >= p masked, decay from dA_cum[p - 1]), stored, the second continues from it. Where no
+    cut falls, the snapshot store is predicated off."""
     i_p, i_h, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     length = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
@@ -133,17 +157,49 @@ def _ssd_chunk_state_kernel(
     dA_cum += i_h.to(tl.int64) * T + bos
     h += ((bos // BT + i_n) * H + i_h) * P * N  # the state entering the sequence's first chunk
     DT = h.dtype.element_ty
-    for i_t in range(tl.cdiv(length, BT)):
-        t0 = i_t * BT  # int64, like the trip count
-        m_t = o_t < length - t0
-        tl.store(h + i_t * H * P * N + o_s, b_s.to(DT), mask=m_s)
-        b_cum = tl.load(dA_cum + t0 + o_t, mask=m_t, other=0.0)
-        b_last = tl.load(dA_cum + tl.minimum(t0 + BT, length) - 1)
-        b_w = tl.where(m_t, tl.exp(b_last - b_cum) * tl.load(dt + t0 + o_t, mask=m_t, other=0.0), 0.0)
-        b_xw = (_rows_transposed(x + t0 * stride_x_t, o_t, m_t, stride_x_t, o_p, m_p).to(tl.float32)
-                * b_w[None, :]).to(DT)  # [BP, BT]
-        b_B = _rows(B + t0 * stride_B_t, o_t, m_t, stride_B_t, o_n, m_n).to(DT)  # [BT, BN]
-        b_s = tl.dot(b_xw, b_B, b_s * tl.exp(b_last), input_precision=PREC)
+    if HAS_SNAP:
+        # one flat loop over segments [lo, hi): the chunks, split where a cut falls inside one (a loop
+        # nested in the chunk loop makes the compiler spill the state at P block 64, N 128). The cuts
+        # stay in registers: a load in the loop would put its latency on every step's path.
+        o_c = tl.arange(0, BC)
+        m_c = o_c < num_cuts
+        b_pos = tl.load(snap_pos + i_n * num_cuts + o_c, mask=m_c, other=-1)
+        b_slot = tl.load(snap_slots + i_n * num_cuts + o_c, mask=m_c, other=0).to(tl.int64)
+        num_inside = tl.sum(((b_pos > 0) & (b_pos < length) & (b_pos % BT != 0)).to(tl.int32), 0)
+        lo = bos * 0  # int64
+        b_lo = 0.0  # dA_cum at token lo - 1, 0 at a chunk's start (the cumsum restarts per chunk)
+        for _ in range(tl.cdiv(length, BT) + num_inside):
+            t0 = lo // BT * BT
+            t1 = tl.minimum(t0 + BT, length)
+            hi = tl.min(tl.where((b_pos > lo) & (b_pos < t1), b_pos, t1), 0)  # the first cut after lo, or t1
+            # stores predicated by a bound rather than branched on: a branch also makes it spill
+            p_h = P * (lo == t0).to(tl.int32)
+            tl.store(h + lo // BT * H * P * N + o_s, b_s.to(DT), mask=(o_p < p_h)[:, None] & m_n[None, :])
+            m_t = o_t < length - t0
+            b_cum = tl.load(dA_cum + t0 + o_t, mask=m_t, other=0.0)
+            b_hi = tl.load(dA_cum + hi - 1)
+            b_s = _segment_update(b_s, x + t0 * stride_x_t, B + t0 * stride_B_t, stride_x_t, stride_B_t, o_t, m_t,
+                                  (o_t >= lo - t0) & (o_t < hi - t0), o_p, m_p, o_n, m_n,
+                                  tl.exp(b_hi - b_cum) * tl.load(dt + t0 + o_t, mask=m_t, other=0.0), b_hi - b_lo,
+                                  DT, PREC)
+            at_cut = b_pos == hi  # [BC], at most one set
+            p_c = ssm_states + tl.sum(tl.where(at_cut, b_slot, 0), 0) * stride_s + i_h * P * N
+            p_c_bound = P * tl.sum(at_cut.to(tl.int32), 0)
+            tl.store(p_c + o_s, b_s.to(ssm_states.dtype.element_ty), mask=(o_p < p_c_bound)[:, None] & m_n[None, :])
+            b_lo = tl.where(hi == t1, 0.0, b_hi)
+            lo = hi
+    else:
+        for i_t in range(tl.cdiv(length, BT)):
+            t0 = i_t * BT  # int64, like the trip count
+            m_t = o_t < length - t0
+            tl.store(h + i_t * H * P * N + o_s, b_s.to(DT), mask=m_s)
+            b_cum = tl.load(dA_cum + t0 + o_t, mask=m_t, other=0.0)
+            b_last = tl.load(dA_cum + tl.minimum(t0 + BT, length) - 1)
+            b_w = tl.where(m_t, tl.exp(b_last - b_cum) * tl.load(dt + t0 + o_t, mask=m_t, other=0.0), 0.0)
+            b_xw = (_rows_transposed(x + t0 * stride_x_t, o_t, m_t, stride_x_t, o_p, m_p).to(tl.float32)
+                    * b_w[None, :]).to(DT)  # [BP, BT]
+            b_B = _rows(B + t0 * stride_B_t, o_t, m_t, stride_B_t, o_n, m_n).to(DT)  # [BT, BN]
+            b_s = tl.dot(b_xw, b_B, b_s * tl.exp(b_last), input_precision=PREC)
 
     tl.store(p_s + o_s, b_s.to(ssm_states.dtype.element_ty), mask=m_s)
 

@@ -144,6 +144,81 @@ def test_prefill_pieces_then_decode(split):
     torch.testing.assert_close(ours, ref, atol=0, rtol=0)
 
 
+def snap_args(cuts, slots, pad_slot):
+    """snap_pos, snap_slots [N, C] from each sequence's cut positions, taking snapshot slots from
+    `slots` in order; unused entries hold -1 and a live slot (pad_slot) that must stay untouched."""
+    width = max(1, *(len(c) for c in cuts))
+    pos = torch.full((len(cuts), width), -1, dtype=torch.int32)
+    dst = torch.full((len(cuts), width), pad_slot, dtype=torch.int32)
+    free = iter(slots)
+    for n, seq_cuts in enumerate(cuts):
+        for c, p in enumerate(seq_cuts):
+            pos[n, c], dst[n, c] = p, next(free)
+    return dict(snap_pos=pos.to(DEVICE), snap_slots=dst.to(DEVICE))
+
+
+SNAP_SLOTS = [17, 8, 11, 1, 13, 9, 3, 12, 10, 14, 16, 15, 19]  # unordered pool rows for snapshots
+
+
+@pytest.mark.parametrize("width", [2, 3, 4])
+def test_prefill_snapshots(width):
+    """Snapshots at p = 1, below the width (reaching into the initial state or zeros), at chunk ends,
+    inside chunks and at the sequence end, beside a sequence without cuts: kernel == reference
+    (copies, so exact); the cuts leave the outputs and every other pool row as they were; and the
+    reference's snapshot at p is the final state of a run over the first p tokens."""
+    dim, pad_slot = 24, 5
+    lens = [1, 5, 63, 64, 130]
+    has_init = [True, True, False, True, False]
+    state_slots = [4, 0, 6, 2, 7]
+    cuts = [[1], [1, 2, 5], [], [3, 63, 64], [1, 2, 64, 65, 127, 130]]
+    x = strided_x(sum(lens), dim, seed=21)
+    weight, bias, states = conv_params(dim, width, num_slots=20)
+    kwargs = dict(x=x, weight=weight, bias=bias, cu_seqlens=varlen(lens),
+                  state_slots=torch.tensor(state_slots, device=DEVICE),
+                  has_initial_state=torch.tensor(has_init, device=DEVICE))
+    snaps = snap_args(cuts, SNAP_SLOTS, pad_slot)
+    plain, ours, ref = states.clone(), states.clone(), states.clone()
+    y_plain = causal_conv1d_prefill(**kwargs, conv_states=plain)
+    y = causal_conv1d_prefill(**kwargs, **snaps, conv_states=ours)
+    y_ref = causal_conv1d_prefill_ref(**kwargs, **snaps, conv_states=ref)
+    torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours, ref, atol=0, rtol=0)
+
+    written = SNAP_SLOTS[: sum(map(len, cuts))]
+    others = [i for i in range(states.shape[0]) if i not in written]
+    assert torch.equal(y, y_plain) and torch.equal(ours[others], plain[others])
+    assert torch.equal(ours[pad_slot], states[pad_slot])
+
+    free, start = iter(written), 0
+    for length, init, slot, seq_cuts in zip(lens, has_init, state_slots, cuts):
+        for p in seq_cuts:
+            prefix = states.clone()
+            causal_conv1d_prefill_ref(x=x[start : start + p], weight=weight, bias=bias, conv_states=prefix,
+                                      cu_seqlens=varlen([p]), state_slots=torch.tensor([slot], device=DEVICE),
+                                      has_initial_state=torch.tensor([init], device=DEVICE))
+            assert torch.equal(ref[next(free)], prefix[slot])
+        start += length
+
+
+@pytest.mark.parametrize("cut", [1, 2, 64, 70])
+def test_prefill_continues_from_snapshot(cut):
+    """Serving: a snapshot at p, then a prefill of the remaining tokens from that slot, gives the
+    outputs and the final conv state of the uncut run."""
+    dim, total = 24, 72
+    x = strided_x(total, dim, seed=23)
+    weight, bias, whole = conv_params(dim, 4)
+    y_whole = causal_conv1d_prefill(x=x, weight=weight, bias=bias, conv_states=whole, cu_seqlens=varlen([total]),
+                                    state_slots=torch.tensor([6], device=DEVICE),
+                                    has_initial_state=torch.tensor([True], device=DEVICE),
+                                    **snap_args([[cut]], [3], 0))
+    resumed = whole.clone()
+    y_rest = causal_conv1d_prefill(x=x[cut:], weight=weight, bias=bias, conv_states=resumed,
+                                   cu_seqlens=varlen([total - cut]), state_slots=torch.tensor([3], device=DEVICE),
+                                   has_initial_state=torch.tensor([True], device=DEVICE))
+    torch.testing.assert_close(y_rest, y_whole[cut:], atol=1e-5, rtol=1e-5)
+    assert torch.equal(resumed[3], whole[6])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("lens", [[4096], [1, 3, 100, 2000]])
 def test_conv_bf16_real_shapes(lens):

@@ -157,6 +157,72 @@ def test_prefill_in_pieces(split):
     torch.testing.assert_close(pieces[1], whole[1], **TOL)
 
 
+def snap_args(cuts, slots, pad_slot):
+    """snap_pos, snap_slots [N, C] from each sequence's cut positions, taking snapshot slots from
+    `slots` in order; unused entries hold -1 and a live slot (pad_slot) that must stay untouched."""
+    width = max(1, *(len(c) for c in cuts))
+    pos = torch.full((len(cuts), width), -1, dtype=torch.int32)
+    dst = torch.full((len(cuts), width), pad_slot, dtype=torch.int32)
+    free = iter(slots)
+    for n, seq_cuts in enumerate(cuts):
+        for c, p in enumerate(seq_cuts):
+            pos[n, c], dst[n, c] = p, next(free)
+    return dict(snap_pos=pos.to(DEVICE), snap_slots=dst.to(DEVICE))
+
+
+SNAP_SLOTS = [15, 8, 11, 1, 13, 9, 3, 12, 10, 14]  # unordered pool rows for snapshots
+SNAP_CASES = [  # (lens, has_init, cuts per sequence, hk, hv, dk, dv)
+    ([130], [True], [[1, 63, 64, 65, 100, 130]], 1, 2, 16, 16),
+    ([5, 63, 64, 65], [False, True, True, False], [[2, 5], [], [64], [1, 30, 31, 65]], 2, 4, 32, 16),
+    ([70], [False], [[33, 70]], 1, 1, 128, 32),  # K = 128: the state in two row blocks
+]
+
+
+@pytest.mark.parametrize("lens,has_init,cuts,hk,hv,dk,dv", SNAP_CASES)
+def test_prefill_snapshots(lens, has_init, cuts, hk, hv, dk, dv):
+    """Snapshots at chunk ends, inside chunks, at p = 1 and at the sequence end, beside sequences
+    without cuts: kernel == reference; the cuts leave the outputs and every other pool row as they
+    were; and the reference's snapshot at p is the state after a run over the first p tokens."""
+    pad_slot, state_slots = 5, [4, 0, 6, 2][: len(lens)]
+    x = gdn_inputs(sum(lens), hk, hv, dk, dv, seed=17)
+    states = pool(16, hv, dk, dv)
+    args = batch_args(lens, state_slots, has_init)
+    snaps = snap_args(cuts, SNAP_SLOTS, pad_slot)
+    plain, ours, ref = states.clone(), states.clone(), states.clone()
+    o_plain = gdn_prefill(**x, **args, ssm_states=plain)
+    o = gdn_prefill(**x, **args, **snaps, ssm_states=ours)
+    o_ref = gdn_prefill_ref(**x, **args, **snaps, ssm_states=ref)
+    torch.testing.assert_close(o, o_ref, **TOL)
+    torch.testing.assert_close(ours, ref, **TOL)  # snapshot rows, final states, untouched rows
+
+    written = SNAP_SLOTS[: sum(map(len, cuts))]
+    others = [i for i in range(states.shape[0]) if i not in written]
+    assert torch.equal(o, o_plain) and torch.equal(ours[others], plain[others])
+    assert torch.equal(ours[pad_slot], states[pad_slot])
+
+    free, start = iter(written), 0
+    for length, init, slot, seq_cuts in zip(lens, has_init, state_slots, cuts):
+        for p in seq_cuts:
+            prefix = states.clone()
+            gdn_prefill_ref(**rows(x, start, start + p), **batch_args([p], [slot], [init]), ssm_states=prefix)
+            torch.testing.assert_close(ref[next(free)], prefix[slot], **TOL)
+        start += length
+
+
+@pytest.mark.parametrize("cut", [1, 64, 100])
+def test_prefill_continues_from_snapshot(cut):
+    """Serving: a snapshot at p, then a prefill of the remaining tokens from that slot, gives the
+    outputs and the final state of the uncut run."""
+    total, hk, hv = 130, 1, 2
+    x = gdn_inputs(total, hk, hv, 16, 16, seed=19)
+    whole = pool(6, hv, 16, 16)
+    o_whole = gdn_prefill(**x, **batch_args([total], [1], [True]), **snap_args([[cut]], [4], 0), ssm_states=whole)
+    resumed = whole.clone()
+    o_rest = gdn_prefill(**rows(x, cut, total), **batch_args([total - cut], [4], [True]), ssm_states=resumed)
+    torch.testing.assert_close(o_rest, o_whole[cut:], **TOL)
+    torch.testing.assert_close(resumed[4], whole[1], **TOL)
+
+
 def rel_err(x, ref):
     return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
 

@@ -9,9 +9,12 @@ from zeros.
 import pytest
 import torch
 
+from tests.kernels.test_ssd_chunk import snapshot_args
 from tests.kernels.test_ssm_step import DEVICE, mamba1_inputs, rows, slots_tensor, state_pool
 from triton_kernels.selective_scan import mamba1_prefill, mamba1_prefill_ref
 from triton_kernels.ssm_step import mamba1_decode, mamba1_decode_ref
+
+TOL = dict(atol=1e-5, rtol=1e-5)  # float32, the same sequential order in both
 
 
 def varlen(lens):
@@ -105,3 +108,63 @@ def test_prefill_in_pieces_then_decode(pieces):
                           state_slots=slots_tensor([-1, slot]))
         torch.testing.assert_close(y[1], y_all[t], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(split, whole, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("lens,cuts,has_init,gated,with_dt_bias", [
+    # p = 1 and the sequence end; no cut; several cuts, consecutive ones among them
+    ([5, 31, 32, 33], [[1, 5], [], [16, 31], [2, 3, 17, 33]], [True, False, True, False], True, True),
+    ([40, 1], [[1, 20, 39, 40], [1]], [False, True], False, False),
+])
+def test_prefill_snapshots(lens, cuts, has_init, gated, with_dt_bias):
+    """Snapshots of the state after p tokens, written as the scan passes them: (a) kernel ==
+    reference on the whole pool, outputs and final states as without cuts; (b) the reference's
+    snapshot == the reference's final state over the first p tokens alone; (c) the kernel
+    continuing from a snapshot over the remaining tokens == the uncut run (outputs, final state)."""
+    Dm, N = 12, 16  # two channel blocks of 8, the second half masked
+    kw = mamba1_inputs(sum(lens), Dm, N, gated=gated, with_dt_bias=with_dt_bias, seed=40)
+    slots = [3, 0, 5, 1][: len(lens)]
+    snap, flat = snapshot_args(cuts, first_slot=6)
+    states = state_pool(6 + len(flat) + 1, Dm, N)  # one slot more that nothing writes
+    args = dict(**kw, cu_seqlens=varlen(lens), state_slots=slots_tensor(slots), has_initial_state=flags(has_init))
+
+    ours, ref, uncut = states.clone(), states.clone(), states.clone()
+    y = mamba1_prefill(**args, ssm_states=ours, **snap)
+    y_ref = mamba1_prefill_ref(**args, ssm_states=ref, **snap)
+    y_uncut = mamba1_prefill(**args, ssm_states=uncut)
+    torch.testing.assert_close(y, y_ref, **TOL)  # (a)
+    torch.testing.assert_close(ours, ref, **TOL)
+    torch.testing.assert_close(y, y_uncut, **TOL)
+    torch.testing.assert_close(ours[:6], uncut[:6], **TOL)
+    assert torch.equal(ours[-1], states[-1])
+
+    # (b) and (c) as one batch each: sequence k of the batch is cut k's prefix or remainder
+    bounds = varlen(lens).tolist()
+    prefix_rows = [torch.arange(bounds[i], bounds[i] + p) for i, p, _ in flat]
+    rest_rows = [torch.arange(bounds[i] + p, bounds[i + 1]) for i, p, _ in flat]
+    cut_slots = [s for _, _, s in flat]
+    prefixes = states.clone()
+    prefixes[cut_slots] = states[[slots[i] for i, _, _ in flat]]  # each cut's initial state
+    mamba1_prefill_ref(**rows(kw, torch.cat(prefix_rows).to(DEVICE)), ssm_states=prefixes,
+                       cu_seqlens=varlen([len(r) for r in prefix_rows]), state_slots=slots_tensor(cut_slots),
+                       has_initial_state=flags([has_init[i] for i, _, _ in flat]))
+    torch.testing.assert_close(ref[cut_slots], prefixes[cut_slots], **TOL)
+
+    rest = ours.clone()
+    y_rest = mamba1_prefill(**rows(kw, torch.cat(rest_rows).to(DEVICE)), ssm_states=rest,
+                            cu_seqlens=varlen([len(r) for r in rest_rows]), state_slots=slots_tensor(cut_slots),
+                            has_initial_state=flags([True] * len(flat)))
+    torch.testing.assert_close(y_rest, y_uncut[torch.cat(rest_rows).to(DEVICE)], **TOL)
+    torch.testing.assert_close(rest[cut_slots], uncut[[slots[i] for i, _, _ in flat]], **TOL)
+
+
+def test_prefill_snapshots_bf16_pool():
+    """A bf16 pool gets each snapshot rounded once from the fp32 state, like the final state."""
+    lens, cuts = [9, 4], [[3, 9], [2]]
+    kw = mamba1_inputs(sum(lens), 16, 16, seed=41)
+    snap, flat = snapshot_args(cuts, first_slot=2)
+    states = state_pool(2 + len(flat), 16, 16, dtype=torch.bfloat16)
+    args = dict(**kw, cu_seqlens=varlen(lens), state_slots=slots_tensor([1, 0]), has_initial_state=flags([True, True]))
+    ours, ref = states.clone(), states.clone()
+    mamba1_prefill(**args, ssm_states=ours, **snap)
+    mamba1_prefill_ref(**args, ssm_states=ref, **snap)
+    torch.testing.assert_close(ours, ref)

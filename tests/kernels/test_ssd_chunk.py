@@ -52,6 +52,12 @@ def rows(x, start, end):
     return {k: v[start:end] if k in PER_TOKEN and v is not None else v for k, v in x.items()}
 
 
+def rows_at(x, index):
+    """The per-token inputs at token indices `index` (a gather: no longer views of one row)."""
+    index = index.to(DEVICE)
+    return {k: v[index] if k in PER_TOKEN and v is not None else v for k, v in x.items()}
+
+
 def check(x, lens, slots, has_init, states, chunk_size, **kw):
     """Runs both on copies of the pool; compares outputs and the whole pool (written slots and
     the untouched ones)."""
@@ -214,16 +220,111 @@ def test_prefill_in_pieces(split):
     torch.testing.assert_close(pieces[1], whole[1], **TOL)
 
 
+# ---------------------------------------------------------------- snapshots inside a prefill
+
+
+def snapshot_args(cuts, first_slot):
+    """snap_pos / snap_slots for cuts [[p, ...] per sequence]: consecutive slots from first_slot,
+    rows padded with -1 (the padded slots are -1 too: never read). Returns (kwargs, [(seq, p, slot)])."""
+    width = max(1, max(len(c) for c in cuts))
+    pos = torch.full((len(cuts), width), -1, dtype=torch.int32)
+    slots = torch.full((len(cuts), width), -1, dtype=torch.int32)
+    flat, slot = [], first_slot
+    for i, row in enumerate(cuts):
+        for j, p in enumerate(row):
+            pos[i, j], slots[i, j] = p, slot
+            flat.append((i, p, slot))
+            slot += 1
+    return dict(snap_pos=pos.to(DEVICE), snap_slots=slots.to(DEVICE)), flat
+
+
+SNAP_CASES = [  # (lens, cuts per sequence, has_init, heads, groups, head_dim, chunk_size, gated)
+    # p = 1 and the sequence end; no cut; chunk ends; inside, at and just past chunk ends; two
+    # cuts inside one chunk
+    ([5, 31, 32, 33, 70], [[1, 5], [], [16, 32], [7, 16, 17, 33], [3, 9, 40, 64]],
+     [True, False, True, False, True], 2, 1, 16, 16, True),
+    # 32-token chunks, two P blocks of the state kernel, no gate
+    ([70, 33, 5], [[31, 32, 33, 69], [1], []], [False, True, True], 2, 2, 32, 32, False),
+]
+
+
+@pytest.mark.parametrize("lens,cuts,has_init,heads,groups,head_dim,chunk_size,gated", SNAP_CASES)
+def test_prefill_snapshots(lens, cuts, has_init, heads, groups, head_dim, chunk_size, gated):
+    """Snapshots of the state after p tokens, written by the kernel into their slots: (a) kernel ==
+    reference on the whole pool, outputs and final states as without cuts; (b) the reference's
+    snapshot == the reference's final state over the first p tokens alone; (c) the kernel
+    continuing from a snapshot over the remaining tokens == the uncut run (outputs, final state)."""
+    x = ssd_inputs(sum(lens), heads, groups, head_dim, 16, gated=gated, seed=21)
+    slots = [3, 0, 5, 1, 4][: len(lens)]
+    snap, flat = snapshot_args(cuts, first_slot=6)
+    states = pool(6 + len(flat) + 1, heads, head_dim, 16)  # one slot more that nothing writes
+    args = batch_args(lens, slots, has_init)
+
+    ours, ref, uncut = states.clone(), states.clone(), states.clone()
+    y = mamba2_prefill(**x, **args, ssm_states=ours, chunk_size=chunk_size, **snap)
+    y_ref = mamba2_prefill_ref(**x, **args, ssm_states=ref, **snap)
+    y_uncut = mamba2_prefill(**x, **args, ssm_states=uncut, chunk_size=chunk_size)
+    torch.testing.assert_close(y, y_ref, **TOL)  # (a)
+    torch.testing.assert_close(ours, ref, **TOL)
+    torch.testing.assert_close(y, y_uncut, **TOL)
+    torch.testing.assert_close(ours[:6], uncut[:6], **TOL)
+    assert torch.equal(ours[-1], states[-1])
+
+    # (b) and (c) as one batch each: sequence k of the batch is cut k's prefix or remainder
+    bounds = args["cu_seqlens"].tolist()
+    prefix_rows = [torch.arange(bounds[i], bounds[i] + p) for i, p, _ in flat]
+    rest_rows = [torch.arange(bounds[i] + p, bounds[i + 1]) for i, p, _ in flat]
+    prefixes = states.clone()
+    prefixes[6:6 + len(flat)] = states[[slots[i] for i, _, _ in flat]]  # each cut's initial state
+    mamba2_prefill_ref(**rows_at(x, torch.cat(prefix_rows)), ssm_states=prefixes,
+                       **batch_args([len(r) for r in prefix_rows], [s for _, _, s in flat],
+                                    [has_init[i] for i, _, _ in flat]))
+    torch.testing.assert_close(ref[6:6 + len(flat)], prefixes[6:6 + len(flat)], **TOL)
+
+    rest = ours.clone()
+    y_rest = mamba2_prefill(**rows_at(x, torch.cat(rest_rows)), ssm_states=rest, chunk_size=chunk_size,
+                            **batch_args([len(r) for r in rest_rows], [s for _, _, s in flat], [True] * len(flat)))
+    torch.testing.assert_close(y_rest, y_uncut[torch.cat(rest_rows).to(DEVICE)], **TOL)
+    torch.testing.assert_close(rest[[s for _, _, s in flat]], uncut[[slots[i] for i, _, _ in flat]], **TOL)
+
+
+def test_prefill_snapshots_dt_limit_and_bf16_pool():
+    """The cut's update uses the same processed dt (clamped here on both sides); a bf16 pool gets
+    the snapshot rounded once, like the final state."""
+    lens, cuts = [40, 21], [[5, 16, 39], [21]]
+    x = ssd_inputs(sum(lens), 2, 1, 16, 16, seed=22)
+    snap, flat = snapshot_args(cuts, first_slot=2)
+    states = pool(2 + len(flat), 2, 16, 16)
+    check(x, lens, [1, 0], [True, False], states, 16, dt_limit=(0.3, 0.9), **snap)
+    args = batch_args(lens, [1, 0], [True, False])
+    ours, ref = states.bfloat16(), states.bfloat16()
+    mamba2_prefill(**x, **args, ssm_states=ours, chunk_size=16, dt_limit=(0.3, 0.9), **snap)
+    mamba2_prefill_ref(**x, **args, ssm_states=ref, dt_limit=(0.3, 0.9), **snap)
+    torch.testing.assert_close(ours.float(), ref.float(), atol=1e-2, rtol=1e-2)  # one bf16 rounding apart
+
+
+def test_prefill_snapshot_ref_rejects_bad_rows():
+    """The reference checks what the kernel trusts: cuts strictly ascending, first, within the sequence."""
+    x = ssd_inputs(10, 1, 1, 16, 16)
+    args = batch_args([10], [0], [False])
+    for row in ([4, 3], [3, 3], [-1, 3], [11], [0]):
+        snap = dict(snap_pos=torch.tensor([row], dtype=torch.int32, device=DEVICE),
+                    snap_slots=torch.ones(1, len(row), dtype=torch.int32, device=DEVICE))
+        with pytest.raises(AssertionError, match="snap_pos row 0"):
+            mamba2_prefill_ref(**x, **args, ssm_states=pool(2, 1, 16, 16), **snap)
+
+
 SSD_SM90 = r'''
 from triton_kernels import ssd_chunk, ssd_chunk_parts as parts
 
 def types(dtype):
     t = dict(x=dtype, B=dtype, C=dtype, z=dtype, h=dtype, y=dtype, dt="*fp32", dA_cum="*fp32", dt_out="*fp32",
              A_log="*fp32", D="*fp32", dt_bias="*fp32", ssm_states="*fp32", cu_seqlens="*i32", state_slots="*i32",
-             has_initial_state="*i1", dt_lo="fp32", dt_hi="fp32")
+             has_initial_state="*i1", snap_pos="*i32", snap_slots="*i32", dt_lo="fp32", dt_hi="fp32")
     return t, dict(t, dt=dtype)  # the dt kernel reads the model's dt
 
 def build(tag, dtype, H, G, P, N, chunk_size, num_tokens, num_seqs, prec):
+    torch_dtype = torch.float32 if dtype == "*fp32" else torch.bfloat16
     kernel_types, dt_types = types(dtype)
     tile = ssd_chunk.tile_tokens(chunk_size, N)
     launch = ssd_chunk.default_launch(num_tokens, num_seqs, H, G, P, N, tile, torch.device("cpu"))  # 132 SMs
@@ -231,9 +332,12 @@ def build(tag, dtype, H, G, P, N, chunk_size, num_tokens, num_seqs, prec):
     BP, BN = max(16, triton.next_power_of_2(P)), max(16, triton.next_power_of_2(N))
     output_bp = min(BP, 64 if N <= 128 else 32)  # as the launcher picks it
     out[f"{tag} dt"] = compile_sm90(parts._ssd_dt_kernel, dt_types, dict(H=H, BT=tile, BH=16, BLOCK_N=64), 4, 1)
-    out[f"{tag} state {launch}"] = compile_sm90(
-        parts._ssd_chunk_state_kernel, kernel_types,
-        dict(**dims, BP=min(launch.state_block_p, BP), BN=BN, PREC=prec), launch.state_warps, launch.state_stages)
+    for has_snap in (False, True):
+        out[f"{tag} state snap={has_snap} {launch}"] = compile_sm90(
+            parts._ssd_chunk_state_kernel, kernel_types,
+            dict(**dims, BP=min(launch.state_block_p, BP), BN=BN, BC=4 if has_snap else 1, HAS_SNAP=has_snap,
+                 PREC=prec),
+            *ssd_chunk.state_warps_stages(launch, torch_dtype, has_snap))
     for has_z in (False, True):
         out[f"{tag} output z={has_z} {launch}"] = compile_sm90(
             parts._ssd_chunk_output_kernel, kernel_types,
@@ -253,9 +357,10 @@ print(json.dumps(out))
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernel tests run the compiled kernels")
 def test_kernels_compile_for_hopper_without_spills():
     """The SSD kernels build for sm_90a (Triton's CUDA backend and its ptxas run on CPU) with the launch
-    configs the launcher picks at the benchmark shapes, in bf16 and float32, without register spills:
-    this catches what only the compiler sees (the interpreter runs the logic)."""
+    configs the launcher picks at the benchmark shapes, in bf16 and float32, the state kernel with and
+    without snapshots, without register spills: this catches what only the compiler sees (the
+    interpreter runs the logic)."""
     results = compile_sm90_in_subprocess(SSD_SM90)
     spilling = {name: r for name, r in results.items() if r[1] > 0}
     assert not spilling, f"(registers, spilled bytes) of configs that spill: {spilling}"
-    assert len(results) == 24 and all(regs <= 255 for regs, _ in results.values())
+    assert len(results) == 30 and all(regs <= 255 for regs, _ in results.values())
