@@ -51,11 +51,14 @@ CASES = {
     "prefill 8k": (ForwardMode.EXTEND, 1, 0, 8192),
     "extend 8x256 after 1k": (ForwardMode.EXTEND, 8, 1024, 256),
 }
+CUT_EVERY = {"prefill 2k with 8 cuts": 256}  # name: tokens between snapshot cuts (recurrent state copies)
+CASES["prefill 2k with 8 cuts"] = CASES["prefill 2k"]
 
 
-def make_items(runner: ModelRunner, mode: ForwardMode, n: int, cached: int, new: int, scale: float) -> list:
+def make_items(runner: ModelRunner, mode: ForwardMode, n: int, cached: int, new: int, scale: float,
+               cut_every: int = 0) -> list:
     """n requests holding slots and pages for cached + new tokens; their KV and state are whatever
-    the pools hold (timing only)."""
+    the pools hold (timing only). cut_every > 0: a snapshot cut every that many new tokens."""
     cached, new = int(cached * scale), max(1, int(new * scale)) if mode is ForwardMode.EXTEND else 1
     vocab = runner.config.vocab_size
     items = []
@@ -65,13 +68,17 @@ def make_items(runner: ModelRunner, mode: ForwardMode, n: int, cached: int, new:
         req = Req(rid=f"r{i}", prompt_ids=[(7 * i + j) % (vocab - 1) + 1 for j in range(cached + new)],
                   params=SamplingParams(temperature=0, max_new_tokens=16))
         req.slot = slot
-        items.append(BatchItem(req=req, start=cached, end=cached + new, sample=True))
+        points = range(cached + cut_every, cached + new + 1, cut_every) if cut_every else ()
+        cuts = [(p, runner.allocator.alloc_snapshot()) for p in points]
+        items.append(BatchItem(req=req, start=cached, end=cached + new, sample=True, snapshots=cuts))
     return items
 
 
 def release(runner: ModelRunner, items: list) -> None:
     for it in items:
         runner.allocator.free_slot(it.req.slot)
+        for _, index in it.snapshots:
+            runner.allocator.free_snapshot(index)
 
 
 def time_steps(runner, mode, items, steps: int, sync) -> float:
@@ -150,7 +157,7 @@ def main() -> None:
     config = ModelConfig.from_hf(a.config)
     context = min(int(8192 * max(a.scale, 1 / 8)) + 64, config.context_length)
     args = ServerArgs(model_path=a.config, load_format="dummy", skip_tokenizer_init=True, random_seed=0,
-                      context_length=context, max_running_requests=33, disable_radix_cache=True, device=a.device,
+                      context_length=context, max_running_requests=33, disable_radix_cache=False, device=a.device,
                       dtype=a.dtype, log_level="warning").resolved()
     runner = ModelRunner(args, config)
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
@@ -162,7 +169,7 @@ def main() -> None:
         if int(cached * a.scale) + max(1, int(new * a.scale)) > runner.context_length:
             print(f"{name}: skipped, longer than the model's context ({runner.context_length})")
             continue
-        items = make_items(runner, mode, n, cached, new, a.scale)
+        items = make_items(runner, mode, n, cached, new, a.scale, int(CUT_EVERY.get(name, 0) * a.scale))
         row = {}
         for label, (decode, extend) in graphs.items():
             if label == "on" and decode is None:

@@ -3,7 +3,9 @@
 - `StepPlan`: one model step as the scheduler decides it: rows (one run of new tokens per request),
   slots, snapshot cuts, logit rows and typed references to tokens the previous step sampled.
 - `ForwardBatch`: the same step as device tensors, built once per step by the step-input builder
-  (runner/step_inputs.py) and read by every layer.
+  (runner/step_inputs.py) and read by every layer. Snapshot cuts travel as device tensors too: the
+  recurrent prefill kernels write the state at each cut themselves, so a cut costs its bytes and no
+  host work, and a step with cuts replays a graph like any other.
 Tokens per row are free-form: a decode step is a plan of one token per row, a prefill chunk or a
 verify step of k + 1 tokens is the same plan with longer rows.
 """
@@ -14,6 +16,8 @@ import enum
 from dataclasses import dataclass
 
 import torch
+
+MAX_CUTS = 16  # snapshot cuts a row may carry in one step (the kernels' cut arrays are [rows, MAX_CUTS])
 
 
 class ForwardMode(enum.Enum):
@@ -26,9 +30,9 @@ class StepPlan:
     """tokens[i]: the new tokens of row i, which start at position prefix_lens[i] of the request in
     state slot slots[i]. prev_rows[i] = j >= 0: row i's first token is the one the previous step
     sampled in its row j, still on the device (overlapped decode); tokens[i][0] is then a placeholder.
-    snapshots[i]: (position strictly inside row i's run, snapshot index) pairs: the recurrent state
-    there is copied into that snapshot during the step. logit_rows: packed token rows that get
-    logits (None: every row)."""
+    snapshots[i]: (p, snapshot index) pairs with prefix_lens[i] < p <= prefix_lens[i] + len(tokens[i]):
+    the recurrent state after the request's first p tokens is copied into that snapshot during the
+    step (at most MAX_CUTS a row). logit_rows: packed token rows that get logits (None: every row)."""
 
     mode: ForwardMode
     tokens: list[list[int]]
@@ -56,20 +60,6 @@ class StepPlan:
 
 
 @dataclass
-class RecurrentRound:
-    """One pass of the recurrent layers over some requests' next segment (see ForwardBatch.recurrent).
-    rows: [T'] packed-token rows of the segments; cu_seqlens [B'+1]; state_slots / has_initial_state
-    [B']; after the pass, each layer's state at snap_src is copied to snap_dst (snapshot indices)."""
-
-    rows: torch.Tensor
-    cu_seqlens: torch.Tensor
-    state_slots: torch.Tensor
-    has_initial_state: torch.Tensor
-    snap_src: torch.Tensor
-    snap_dst: torch.Tensor
-
-
-@dataclass
 class ForwardBatch:
     """pools are the engine's KVPool / StatePool (None when the model has no such layer)."""
 
@@ -84,7 +74,10 @@ class ForwardBatch:
     has_initial_state: torch.Tensor  # [B] bool, request continues from state in its slot
     kv_pool: object | None
     state_pool: object | None
-    rounds: list[RecurrentRound] | None = None  # prefill with snapshots inside runs; None = one pass
+    # snapshot cuts (extend steps): snap_pos [B, C] int32, tokens into row b's run after which the recurrent
+    # state is copied into state-pool row snap_slots [B, C] int32; -1 = no cut (sorted, valid entries first)
+    snap_pos: torch.Tensor | None = None
+    snap_slots: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -98,19 +91,9 @@ class ForwardBatch:
     def is_decode(self) -> bool:
         return self.mode is ForwardMode.DECODE
 
-    def recurrent(self, state_index: int, core, *rows: torch.Tensor) -> torch.Tensor:
+    def recurrent(self, core, *rows: torch.Tensor) -> torch.Tensor:
         """Run a recurrent layer's prefill core over the batch: core(cu_seqlens, state_slots,
-        has_initial_state, *rows) -> [T, ...], rows being [T, ...] per-token inputs. With snapshots
-        inside the runs, the runs are cut there and the core runs once per round of segments, the
-        state of state layer `state_index` copied to each snapshot index as its segment ends."""
-        if not self.rounds:
-            return core(self.cu_seqlens, self.state_slots, self.has_initial_state, *rows)
-        out = None
-        for r in self.rounds:
-            y = core(r.cu_seqlens, r.state_slots, r.has_initial_state, *(t.index_select(0, r.rows) for t in rows))
-            if out is None:
-                out = y.new_empty((self.num_tokens, *y.shape[1:]))
-            out.index_copy_(0, r.rows, y)
-            if r.snap_dst.numel():
-                self.state_pool.copy_layer(state_index, r.snap_src, r.snap_dst)
-        return out
+        has_initial_state, cuts, *rows) -> [T, ...], rows being [T, ...] per-token inputs and cuts the
+        keyword arguments (snap_pos, snap_slots) that make its kernels write the snapshots (empty without)."""
+        cuts = {} if self.snap_pos is None else {"snap_pos": self.snap_pos, "snap_slots": self.snap_slots}
+        return core(self.cu_seqlens, self.state_slots, self.has_initial_state, cuts, *rows)

@@ -71,13 +71,17 @@ class Engine:
                 raise
         else:
             self.runner = ModelRunner(args, self.model_config)
-        self.scheduler = Scheduler(self.runner, chunked_prefill_size=args.chunked_prefill_size,
+        # memory/ built the pools from the plan the runner profiled; the scheduler and the prefix cache get
+        # them from here
+        self.pools = self.runner.pools
+        self.scheduler = Scheduler(self.runner, allocator=self.pools.allocator,
+                                   chunked_prefill_size=args.chunked_prefill_size,
                                    stop_string_checker=StopStringChecker(self.tokenizer) if self.tokenizer else None,
                                    overlap=not args.disable_overlap_schedule,
                                    grammars=grammar_cache(args.grammar_backend, self.tokenizer,
                                                           self.model_config.vocab_size,
                                                           tuple(self.model_config.eos_token_ids)),
-                                   sharing=prefix_sharing_for(self.runner, disable=args.disable_radix_cache,
+                                   sharing=prefix_sharing_for(self.pools, disable=args.disable_radix_cache,
                                                               snapshot_interval=args.snapshot_interval,
                                                               policy=args.schedule_policy))
         self.loop = EngineLoop(self.scheduler)

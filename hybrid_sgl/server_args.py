@@ -261,7 +261,7 @@ def _check_tensor_parallel(model_path: str, size: int, device: str, expert_paral
     import torch
 
     from hybrid_sgl.config import ModelConfig
-    from hybrid_sgl.runner.tp_workers import check_tensor_parallel
+    from hybrid_sgl.models.registry import check_tensor_parallel
 
     if device == "cuda" and torch.cuda.device_count() < size:
         raise ValueError(f"--tp-size {size} needs {size} GPUs; this machine has {torch.cuda.device_count()}: "

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hybrid_sgl.config import ModelConfig
-from hybrid_sgl.models.composed_config import parse_config
+from hybrid_sgl.config.composed import parse_config
 from hybrid_sgl.testing.tiny_composed import tiny_config
 
 REAL_SHAPE = Path(__file__).resolve().parents[1] / "configs" / "hybrid-sgl-8b"
@@ -62,7 +62,7 @@ def test_real_shape_config_counts_the_same_parameters_in_reference_and_server():
     import sys
 
     sys.modules.setdefault("fla", None)
-    from hybrid_sgl.models.base import Backends
+    from hybrid_sgl.layers.backends import resolve_backends
     from hybrid_sgl.models.registry import model_class
     from hybrid_sgl.reference import HybridSGLReference
 
@@ -73,7 +73,8 @@ def test_real_shape_config_counts_the_same_parameters_in_reference_and_server():
     assert c.recurrent_state_shapes() == ((1, 3 * (8192 + 2 * 8 * 128)), (128 * 64 * 128,))
     with torch.device("meta"):
         reference = HybridSGLReference(json.loads((REAL_SHAPE / "config.json").read_text()))
-        served = model_class(c)(c, Backends(None, None, None, None), 4096)
+        backends = resolve_backends(c, "cpu", attention="torch", linear_attention="torch", moe="torch")
+        served = model_class(c)(c, backends, 4096)
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert count(reference) == count(served)
     assert 8.5e9 < count(served) < 9e9

@@ -8,7 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybrid_sgl.config import FFNS, MIXERS
+from hybrid_sgl.config import FFNS, MIXERS, ModelConfig
+from hybrid_sgl.layers.backends import DenseOps, resolve_backends
+from hybrid_sgl.models.registry import model_class
 from hybrid_sgl.reference import load_reference
 from hybrid_sgl.scheduler.request import Req
 from hybrid_sgl.scheduler.scheduler import Scheduler
@@ -84,6 +86,48 @@ def test_preempted_requests_resume_and_match_reference(composed):
     run_and_check(composed, s, {0: reqs})
     assert s.num_preemptions > 0
     assert s.allocator.num_free_pages == s.allocator.num_pages
+
+
+def _kernel_choices(composed: str, **flags) -> dict[str, str]:
+    """Module name -> the backend of every kernel bundle it holds ("torch" or "triton"), for the composed
+    model built on the meta device with its backends resolved for CUDA from `flags`."""
+    config = ModelConfig.from_hf(composed)
+    backends = resolve_backends(config, "cuda", **{"attention": "torch", "linear_attention": "torch", "moe": "torch",
+                                                  **flags})
+    with torch.device("meta"):
+        model = model_class(config)(config, backends, 64)
+    choices = {}
+    for name, module in model.named_modules():
+        ops = vars(module).get("ops")
+        if isinstance(ops, DenseOps):
+            choices[name] = ops.name
+        elif ops is not None:  # a mixer's or MoE block's bundle and the dense ops it hands its parts
+            choices[name] = f"{ops.name}/{ops.dense.name}"
+    return choices
+
+
+def test_every_kernel_choice_follows_the_flags(composed):
+    """Resolved for CUDA: with every flag torch, no module holds a Triton function; --attention-backend
+    triton alone moves the attention mixers (projections, q/k norm and rotary, output gate included) to
+    Triton, and with them the parts no flag names (layer norms, dense MLPs, the final norm)."""
+    assert set(_kernel_choices(composed).values()) == {"torch", "torch/torch"}
+    plan = ModelConfig.from_hf(composed).layer_plan
+
+    def expected(name: str) -> str:
+        if name == "norm":
+            return "triton"
+        _, i, part, *rest = name.split(".")
+        mixer, ffn = plan[int(i)]
+        if part in ("input_norm", "post_norm"):
+            return "triton"
+        if part == "ffn":
+            return "triton" if ffn == "mlp" else "torch"
+        return "triton" if mixer == "full_attention" or rest[:1] == ["self_attn"] else "torch"
+
+    choices = _kernel_choices(composed, attention="triton")
+    assert "triton" in {expected(name) for name in choices} and "torch" in {expected(name) for name in choices}
+    for name, backend in choices.items():
+        assert set(backend.split("/")) == {expected(name)}, name
 
 
 def test_triton_kernels_on_packed_states_match_reference(composed):

@@ -4,9 +4,10 @@ two pinned host buffers alternate."""
 
 import dataclasses
 
+import pytest
 import torch
 
-from hybrid_sgl.batch import ForwardMode, StepPlan
+from hybrid_sgl.batch import MAX_CUTS, ForwardMode, StepPlan
 from hybrid_sgl.memory.allocator import Allocator
 from hybrid_sgl.runner.step_inputs import StepInputs
 
@@ -111,3 +112,33 @@ def test_steps_fill_the_two_host_buffers_in_turn():
     inputs.fill(StepPlan(mode=ForwardMode.DECODE, tokens=[[8]], prefix_lens=[4], slots=slots[3:]), 1, 1)
     assert torch.equal(inputs.host[1 - inputs.turn], first)  # the first step's buffer, untouched
     assert inputs.batch(ForwardMode.DECODE, 1, 1).input_ids.tolist() == [8]
+
+
+def test_snapshot_cuts_travel_as_device_arrays():
+    """Cuts become run-relative token counts and state-pool rows, sorted per row, -1 elsewhere; a padded
+    shape carries the same cuts in its first rows."""
+    alloc = Allocator(num_slots=6, num_pages=40, page_size=4, max_pages_per_request=10, device="cpu")
+    slots = _requests(alloc, [20, 12])
+    plan = StepPlan(mode=ForwardMode.EXTEND, tokens=[list(range(12)), list(range(12))], prefix_lens=[8, 0],
+                    slots=slots, snapshots=[[(20, 9), (12, 8)], [(5, 7)]])
+    inputs = StepInputs(max_tokens=64, max_rows=9, page_table=alloc.page_table, page_size=alloc.page_size,
+                        pad_slot=alloc.pad_slot, kv_pool=None, state_pool=object(), device=torch.device("cpu"))
+    for shape in ((24, 2), (32, 4)):
+        inputs.fill(plan, *shape)
+        fb = inputs.batch(ForwardMode.EXTEND, *shape)
+        assert fb.snap_pos.shape == fb.snap_slots.shape == (shape[1], MAX_CUTS)
+        assert fb.snap_pos[0, :3].tolist() == [4, 12, -1] and fb.snap_slots[0, :3].tolist() == [8, 9, -1]
+        assert fb.snap_pos[1, :2].tolist() == [5, -1] and fb.snap_slots[1, :2].tolist() == [7, -1]
+        assert (fb.snap_pos[2:] == -1).all() and (fb.snap_slots[2:] == -1).all()
+    decode = StepPlan(mode=ForwardMode.DECODE, tokens=[[1], [2]], prefix_lens=[19, 11], slots=slots)
+    assert inputs.eager_batch(decode).snap_pos is None  # decode steps never cut
+
+
+def test_snapshot_cut_outside_its_run_is_refused():
+    alloc = Allocator(num_slots=2, num_pages=10, page_size=4, max_pages_per_request=5, device="cpu")
+    slots = _requests(alloc, [8])
+    inputs = _inputs(alloc)
+    bad = StepPlan(mode=ForwardMode.EXTEND, tokens=[[1, 2, 3, 4]], prefix_lens=[4], slots=slots,
+                   snapshots=[[(4, 3)]])  # the state after 4 tokens is the slot's own: not inside this run
+    with pytest.raises(AssertionError, match="outside row 0's run"):
+        inputs.fill(bad)

@@ -41,7 +41,8 @@ def hf_logprobs(path: str, ids: list[int]) -> torch.Tensor:
 def make_scheduler(path: str, **server_args) -> Scheduler:
     args = ServerArgs(model_path=path, **{"device": "cpu", "dtype": "float32", **server_args}).resolved()
     runner = ModelRunner(args, ModelConfig.from_hf(path))
-    return Scheduler(runner, chunked_prefill_size=args.chunked_prefill_size, overlap=not args.disable_overlap_schedule)
+    return Scheduler(runner, allocator=runner.allocator, chunked_prefill_size=args.chunked_prefill_size,
+                     overlap=not args.disable_overlap_schedule)
 
 
 def full_request(rid: str, prompt: list[int], vocab: int, max_new: int = 6) -> Req:

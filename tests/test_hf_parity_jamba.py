@@ -35,7 +35,7 @@ def test_layer_plan_follows_periods_and_offsets(tiny_checkpoint):
 
 
 def test_bad_offset_is_rejected():
-    from hybrid_sgl.models.jamba import parse_config
+    from hybrid_sgl.config.jamba import parse_config
 
     hf = dict(model_type="jamba", num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=2)
     with pytest.raises(ValueError, match="attn_layer_offset=2"):

@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from hybrid_sgl import Engine
-from hybrid_sgl.config import ModelConfig
-from hybrid_sgl.models import falcon_h1, nemotron_h
+from hybrid_sgl.config import ModelConfig, falcon_h1, nemotron_h
 from tests.test_hf_parity import (
     TOL,
     check_variant_matches_hf,

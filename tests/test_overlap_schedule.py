@@ -118,8 +118,9 @@ def test_overlap_goes_on_when_cached_prefixes_fill_the_pool(tiny_checkpoint):
         args = ServerArgs(model_path=path, device="cpu", dtype="float32", page_size=16,
                           max_total_tokens=20 * 16).resolved()
         runner = ModelRunner(args, ModelConfig.from_hf(path))
-        return Scheduler(runner, chunked_prefill_size=-1, overlap=True, sharing=prefix_sharing_for(
-            runner, disable=False, snapshot_interval=None, policy=args.schedule_policy))
+        sharing = prefix_sharing_for(runner.pools, disable=False, snapshot_interval=None, policy=args.schedule_policy)
+        return Scheduler(runner, allocator=runner.pools.allocator, chunked_prefill_size=-1, overlap=True,
+                         sharing=sharing)
 
     def batch(seed: int) -> list[Req]:
         params = SamplingParams(max_new_tokens=34, temperature=0, ignore_eos=True)

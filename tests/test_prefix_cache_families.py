@@ -66,10 +66,10 @@ def run_both(path: str, **server_args) -> tuple[dict, dict]:
     args = ServerArgs(model_path=path, **{"device": "cpu", "dtype": "float32", "page_size": PAGE,
                                           "max_running_requests": 8, **server_args}).resolved()
     runner = ModelRunner(args, ModelConfig.from_hf(path))
-    plain = _scenario(Scheduler(runner, chunked_prefill_size=64))
+    plain = _scenario(Scheduler(runner, allocator=runner.allocator, chunked_prefill_size=64))
     cache = PrefixCache(allocator=runner.allocator, state_pool=runner.state_pool, kv_pool=runner.kv_pool)
     sharing = PrefixSharing(cache, snapshot_interval=INTERVAL, min_branch_tokens=MIN_BRANCH)
-    s = Scheduler(runner, chunked_prefill_size=64, sharing=sharing, overlap=True)
+    s = Scheduler(runner, allocator=runner.allocator, chunked_prefill_size=64, sharing=sharing, overlap=True)
     cached = _scenario(s)
     assert s.flush_cache()
     s.check_integrity()

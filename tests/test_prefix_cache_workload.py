@@ -80,7 +80,7 @@ class RecordingRunner:
 
     can_overlap = staticmethod(ModelRunner.can_overlap)
 
-    def launch_decode(self, items, prev=None, prev_rows=None):
+    def launch_decode(self, items, prev=None, prev_rows=None, sample=True):
         prev_rows = prev_rows or [-1] * len(items)
         tokens = [self.rng.randrange(VOCAB) for _ in items]
         for it, j in zip(items, prev_rows):
@@ -101,12 +101,13 @@ def make(overlap=False, stateful=True, **kw):
     runner = RecordingRunner(**kw, stateful=stateful)
     cache = PrefixCache(allocator=runner.allocator, state_pool=runner.state_pool, kv_pool=runner.kv_pool)
     sharing = PrefixSharing(cache, snapshot_interval=12, min_branch_tokens=4)
-    return runner, Scheduler(runner, chunked_prefill_size=16, overlap=overlap, sharing=sharing)
+    return runner, Scheduler(runner, allocator=runner.allocator, chunked_prefill_size=16, overlap=overlap,
+                             sharing=sharing)
 
 
 def check(s: Scheduler) -> None:
     s.check_integrity()
-    slots = [r.slot for r in s.running] + ([r.slot for r in s._pending.deferred] if s._pending else [])
+    slots = [r.slot for r in s.running + s.pipeline.holders()]
     assert None not in slots and len(set(slots)) == len(slots)
     assert all(r.slot is None and r.cache_node is None for r in s.waiting)
 

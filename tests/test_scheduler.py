@@ -29,6 +29,7 @@ class FakeRunner:
         self.chunk = chunk
         self.rng = random.Random(seed)
         self.batches = []
+        self.late_samples = 0  # decode steps sampled after their launch
 
     def run(self, mode, items):
         slots = [it.req.slot for it in items]
@@ -47,8 +48,11 @@ class FakeRunner:
 
     can_overlap = staticmethod(ModelRunner.can_overlap)
 
-    def launch_decode(self, items, prev=None, prev_rows=None):
-        """Overlapped decode: item i continues from prev's row prev_rows[i] (one token not applied yet)."""
+    def launch_decode(self, items, prev=None, prev_rows=None, sample=True):
+        """Overlapped decode: item i continues from prev's row prev_rows[i] (one token not applied yet). A
+        batch samples at launch unless it has a grammar and launches behind a step not read yet."""
+        assert sample == (prev is None or all(it.req.grammar is None for it in items)), "the sampling rule"
+        self.late_samples += not sample
         prev_rows = prev_rows or [-1] * len(items)
         slots = [it.req.slot for it in items]
         assert len(set(slots)) == len(slots) and None not in slots
@@ -64,6 +68,11 @@ class FakeRunner:
         return SimpleNamespace(items=items, deferred=[],
                                results=lambda: [ItemResult(next_token=t) for t in tokens])
 
+    def sample_pending(self, pending):
+        """A step launched unsampled: the step before it must have been applied by now."""
+        for it in pending.items:
+            assert it.req.status is not ReqStatus.RUNNING or it.req.num_computed == it.start, it.req.rid
+
 
 def run_until_idle(s: Scheduler, check, max_steps: int) -> None:
     """Step until nothing is left to do, checking the pools after each step."""
@@ -78,7 +87,7 @@ def run_until_idle(s: Scheduler, check, max_steps: int) -> None:
 def check(s: Scheduler):
     s.allocator.check_integrity()
     running_slots = [r.slot for r in s.running]
-    held = [r.slot for r in s._pending.deferred] if s._pending is not None else []  # finished, step in flight
+    held = [r.slot for r in s.pipeline.holders()]  # finished, their slots in the step in flight
     assert None not in running_slots + held and len(set(running_slots + held)) == len(running_slots + held)
     assert s.allocator.num_free_slots == s.allocator.num_slots - len(running_slots) - len(held)
     assert all(r.slot is None and r.status is ReqStatus.WAITING for r in s.waiting)
@@ -95,7 +104,7 @@ events = st.lists(st.one_of(
 @given(events, st.integers(0, 10_000), st.sampled_from([3, 8, 64]), st.booleans())
 def test_random_workloads_keep_pools_consistent(sequence, seed, chunk, overlap):
     runner = FakeRunner(num_slots=3, num_pages=14, page_size=4, context_length=48, chunk=chunk, seed=seed)
-    s = Scheduler(runner, chunked_prefill_size=chunk, overlap=overlap)
+    s = Scheduler(runner, allocator=runner.allocator, chunked_prefill_size=chunk, overlap=overlap)
     reqs: list[Req] = []
     for kind, a, b in sequence:
         if kind == "arrive":
@@ -126,7 +135,7 @@ def test_memory_pressure_preempts_newest_and_recomputes():
     """Pages for 2 full requests only: the third must wait or be preempted, and all finish."""
     runner = FakeRunner(num_slots=3, num_pages=8, page_size=4, context_length=16, chunk=64, seed=1)
     runner.config.eos_token_ids = ()
-    s = Scheduler(runner, chunked_prefill_size=64)
+    s = Scheduler(runner, allocator=runner.allocator, chunked_prefill_size=64)
     reqs = [Req(rid=f"r{i}", prompt_ids=[1] * 6, params=SamplingParams(max_new_tokens=10)) for i in range(3)]
     for r in reqs:
         s.add(r)
@@ -142,7 +151,7 @@ def test_long_prefill_interleaves_with_decode():
     """While a long prompt is chunked, decoding requests get a step between its chunks."""
     runner = FakeRunner(num_slots=2, num_pages=64, page_size=4, context_length=200, chunk=8, seed=0)
     runner.config.eos_token_ids = ()
-    s = Scheduler(runner, chunked_prefill_size=8)
+    s = Scheduler(runner, allocator=runner.allocator, chunked_prefill_size=8)
     s.add(Req(rid="short", prompt_ids=[1] * 3, params=SamplingParams(max_new_tokens=30)))
     s.step()  # prefill of the short request
     s.add(Req(rid="long", prompt_ids=[1] * 64, params=SamplingParams(max_new_tokens=1)))
@@ -157,7 +166,7 @@ def test_long_prefill_interleaves_with_decode():
 
 def test_requests_that_can_never_fit_are_rejected_with_the_cause():
     runner = FakeRunner(num_slots=2, num_pages=8, page_size=4, context_length=32, chunk=8, seed=0)
-    s = Scheduler(runner, chunked_prefill_size=8)
+    s = Scheduler(runner, allocator=runner.allocator, chunked_prefill_size=8)
     for prompt, max_new, cause in [([1] * 32, 1, "context length"), ([1] * 20, 20, "exceeds the context"),
                                    ([], 1, "empty"), ([1, 99], 1, "outside the vocabulary")]:
         try:
@@ -172,7 +181,7 @@ def test_requests_that_can_never_fit_are_rejected_with_the_cause():
 def test_overlapped_decode_chains_steps_and_frees_everything():
     runner = FakeRunner(num_slots=3, num_pages=30, page_size=4, context_length=40, chunk=64, seed=3)
     runner.config.eos_token_ids = ()
-    s = Scheduler(runner, chunked_prefill_size=64, overlap=True)
+    s = Scheduler(runner, allocator=runner.allocator, chunked_prefill_size=64, overlap=True)
     reqs = [Req(rid=f"r{i}", prompt_ids=[1] * (3 + i), params=SamplingParams(max_new_tokens=8 + 3 * i))
             for i in range(3)]
     for r in reqs:
@@ -191,15 +200,15 @@ def test_a_failed_overlapped_step_leaks_nothing():
     class FailingRunner(FakeRunner):
         launches = 0
 
-        def launch_decode(self, items, prev=None, prev_rows=None):
+        def launch_decode(self, items, prev=None, prev_rows=None, sample=True):
             self.launches += 1
             if self.launches == 6:
                 raise RuntimeError("device error")
-            return super().launch_decode(items, prev, prev_rows)
+            return super().launch_decode(items, prev, prev_rows, sample)
 
     runner = FailingRunner(num_slots=3, num_pages=30, page_size=4, context_length=40, chunk=64, seed=5)
     runner.config.eos_token_ids = (3, 7, 11)  # frequent stops: slots held for the step in flight
-    s = Scheduler(runner, chunked_prefill_size=64, overlap=True)
+    s = Scheduler(runner, allocator=runner.allocator, chunked_prefill_size=64, overlap=True)
     reqs = [Req(rid=f"r{i}", prompt_ids=[1] * (2 + i), params=SamplingParams(max_new_tokens=20)) for i in range(3)]
     for r in reqs:
         s.add(r)
@@ -215,3 +224,25 @@ def test_a_failed_overlapped_step_leaks_nothing():
         check(s)
     assert failed and all(r.finished for r in reqs)
     assert s.allocator.num_free_pages == s.allocator.num_pages and s.allocator.num_free_slots == 3
+
+
+def test_overlapped_steps_with_a_grammar_sample_once_the_step_before_is_applied():
+    """A grammar's mask needs the token of the step in flight, so a follow-up step with a constrained
+    request runs its forward at launch and samples after the host has applied that step."""
+    class AnyToken:  # a matcher that allows every token and never ends
+        def accept(self, token):
+            return True
+
+        def is_terminated(self):
+            return False
+
+    runner = FakeRunner(num_slots=3, num_pages=30, page_size=4, context_length=40, chunk=64, seed=4)
+    runner.config.eos_token_ids = ()
+    s = Scheduler(runner, allocator=runner.allocator, chunked_prefill_size=64, overlap=True)
+    reqs = [Req(rid="free", prompt_ids=[1] * 3, params=SamplingParams(max_new_tokens=9)),
+            Req(rid="json", prompt_ids=[1] * 4, params=SamplingParams(max_new_tokens=9), grammar=AnyToken())]
+    for r in reqs:
+        s.add(r)
+    run_until_idle(s, check, 200)
+    assert s.num_overlapped_steps > 3 and runner.late_samples == s.num_overlapped_steps
+    assert [len(r.output_ids) for r in reqs] == [9, 9]

@@ -22,12 +22,11 @@ import triton.language as tl
 from triton_kernels.arrival_counters import arrival_counters, parts_scratch
 from triton_kernels.fastest import fastest, graph_time
 from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8, f16_rows
-from triton_kernels.norms import silu_and_mul
+from triton_kernels.norms import silu_and_mul, silu_and_mul_ref
 
-# The GEMMs of more rows quantize activations too (fp8_gemm.py). At 17-64 rows this kernel is slower
-# than bf16 cuBLAS on the H200 (0.47-0.75x) and the e4m3 x e4m3 GEMMs are faster on most shapes, but
-# quantizing the activations of batched short prefills costs the default model its greedy agreement
-# (tests/test_fp8_default_model.py), which the issue asks for first.
+# Rows past which the GEMMs quantize activations too (fp8_gemm.py). From 17 rows on those e4m3 x e4m3 GEMMs
+# are faster on most shapes, but quantizing the activations of batched short prefills costs the default model
+# its greedy agreement with the unquantized one (tests/test_fp8_default_model.py), which comes first.
 WEIGHT_ONLY_MAX_ROWS = 64
 
 
@@ -48,10 +47,10 @@ def _gemv_kernel(x, w, s, b, y, M, N, K, stride_xm, stride_wn, stride_sn, stride
     """M <= ROWS (1 or 2): BLOCK_N output columns of every row, on the CUDA cores. Each step reads a
     [BLOCK_N, BLOCK_K] weight tile (K contiguous), widens it to float32 and adds its products with x,
     scaled per 128-wide block, into an element-wise accumulator that is summed once after the K loop
-    (as the MoE expert GEMVs do, moe_gemv.py): summing every step ran the loop at 45-50 % of copy
-    bandwidth on the H200, against 72 % (79-85 % with 3-6 stages, 2026-12-02 (h)). STAGES steps of loads
-    are in flight at once. The program's BLOCK_N columns (dividing 128) share one 128-row scale block, so x
-    is scaled per K block and each weight takes one multiply-add.
+    (as the MoE expert GEMVs do, moe_gemv.py): a reduction in every step would hold up the loads, which
+    set this kernel's time. STAGES steps of loads are in flight at once. The program's BLOCK_N columns
+    (dividing 128) share one 128-row scale block, so x is scaled per K block and each weight takes one
+    multiply-add.
 
     GATED (a gated MLP's gate_up, N = I a multiple of 128): w holds 2N rows [gate; up], the program also sums
     the up rows N + o_n, and y [M, N] gets silu(gate) * up, rounded as silu_and_mul rounds the plain result."""
@@ -161,11 +160,8 @@ def gemv_configs_that_fit(configs: list[triton.Config], named_args: dict, **kwar
     return [c for c in configs if parts * c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"] <= 128 * 32 * c.num_warps]
 
 
-# The GEMV's loads are latency-bound: at one row on the H200's 9B shapes, 2 -> 3 stages of loads in flight took
-# gate_up / down from 0.0315 / 0.0184 to 0.0279 / 0.0140 ms, and loads straight to registers (STAGES=1) were
-# 1.2-1.9x slower (bench/results/2026-12-02h/call1). With 4-6 stages (call2) the best time per shape fell by 0-6 %
-# at one and two rows. Each config below came first at some shape in call1 or call2, or within 2 % of first.
-# Gone: the 32-wide and 8-warp ones (never first at one row) and four deeper ones never first in call2.
+# The GEMV's loads are latency-bound, so two to six stages of them stay in flight (loads straight to registers
+# are far slower). Each config below is the fastest, or within 2 % of it, at some served shape of one or two rows.
 _gemv_tuned = triton.autotune(
     configs=[triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "STAGES": st}, num_warps=w)
              for bn, bk, w, st in [(8, 512, 4, 2), (8, 512, 4, 3), (16, 256, 4, 3), (16, 512, 4, 2),
@@ -204,6 +200,13 @@ def _check(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor
     assert weight_scale_inv.dtype == torch.float32 and (bias is None or bias.shape == (n,))
 
 
+def fp8_weight_only_gated_gemm_ref(*, x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
+                                   bias: torch.Tensor | None = None) -> torch.Tensor:
+    """silu(gate) * up of fp8_weight_only_gemm_ref's result: weight [2I, K] with rows [gate; up] -> [M, I]."""
+    gate_up = fp8_weight_only_gemm_ref(x=x, weight=weight, weight_scale_inv=weight_scale_inv, bias=bias)
+    return silu_and_mul_ref(gate_up=gate_up)
+
+
 def fp8_weight_only_gated_gemm(*, x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
                                bias: torch.Tensor | None = None) -> torch.Tensor:
     """silu_and_mul of fp8_weight_only_gemm's result: a gated MLP's gate_up (weight [2I, K], rows [gate; up]) ->
@@ -231,7 +234,7 @@ def dense_few_rows_gemm(*, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     """F.linear for 16-bit weights and up to DENSE_MAX_ROWS rows on the same tensor-core kernel,
     unscaled: x [M, K], weight [N, K] in x's dtype (float32 too: full-precision dots), bias [N] or None
     -> [M, N]. Its column tiles and K splits are tuned per shape, so it can stream a narrow weight (few
-    output columns, long K) where cuBLAS's choice of tiles leaves SMs idle; layers/linear.py uses
+    output columns, long K) where cuBLAS's choice of tiles leaves SMs idle; dense_linear.py serves
     whichever of the two timed faster."""
     m, k = x.shape
     n = weight.shape[0]
@@ -279,8 +282,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tenso
             _gemv_kernel[(triton.cdiv(n, 16),)](*args, BLOCK_N=16, BLOCK_K=256, STAGES=1, **flags)
         return
     bucket = max(16, triton.next_power_of_2(m))  # 16, 32 or 64: one row tile reads the weight once
-    # fp16 operands pay a per-tile scaling of x that grows with its rows: measured faster at 16 rows,
-    # slower at 64 (bench/fp8_decode_variants.py)
+    # fp16 operands pay a per-tile scaling of x that grows with its rows: it pays off at 16 rows, not at 64
     f16 = x.dtype == torch.bfloat16 and bucket == 16 if f16_operands is None else f16_operands
     f16 = f16 and weight_scale_inv is not None  # (16-bit weights multiply as they are)
     flags = dict(HAS_BIAS=bias is not None, EXACT_DOT=x.dtype == torch.float32, F16_OPERANDS=f16, M_BUCKET=bucket,

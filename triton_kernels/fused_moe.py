@@ -221,8 +221,8 @@ def _combine_kernel(rows, shared, shared_gate, out, stride_shared, stride_gate, 
     """out[t] = sum_j rows[t * TOP_K + j] (+ sigmoid(shared_gate[t]) * shared[t]): sums in float32,
     rounded to the model dtype where the eager model rounds (the experts' sum, the gate, the gated
     shared output, the total), so bf16 results follow HF's. Launched with enable_fp_fusion=False: a
-    fused multiply-add of the gate and the shared output into the sum skips the product's rounding
-    (bench/combine_probe.py measured 1 ulp in 12.5 % of the gated elements on the H200)."""
+    fused multiply-add of the gate and the shared output into the sum skips the product's rounding,
+    one ulp off in many of the gated elements."""
     dtype = out.dtype.element_ty
     t = tl.program_id(0).to(tl.int64)
     o_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -256,12 +256,7 @@ def _combine(out_rows: torch.Tensor, t: int, k: int, shared: torch.Tensor | None
 
 
 UNSORTED_MAX_ROWS = 32
-GEMV_MAX_ROWS = 64  # past this the tensor-core kernels serve (35B-A3B's 9 slots: bf16 GEMVs lost at T = 8)
-# 16-bit experts choose between the two paths too (35B-A3B bf16 batch-1 decode 349 -> 364 tok/s on the H200,
-# bench/results/2026-12-02f). It was off while bench/moe_kernels.py faulted (illegal address) as fastest.py timed
-# the bf16 paths, in three calls; since fastest.graph_time synchronizes before timing on its own stream (2efcd6a)
-# the same bench ran clean in two fresh processes (2026-12-02f call1)
-GEMV_16BIT = True
+GEMV_MAX_ROWS = 64  # past this the tensor-core kernels serve: their row blocks read each expert's weight once
 
 
 def _gemm_configs(num_rows: int, num_experts: int, dtype: torch.dtype, device: torch.device) -> tuple[dict, dict]:
@@ -303,8 +298,8 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     num_stages); explicit ones take the sorted path unless `unsorted` says otherwise (None: unsorted up
     to UNSORTED_MAX_ROWS assignments with the default configs). path: "gemv" runs the few-token expert
     GEMVs (moe_gemv.py; up to GEMV_MAX_ROWS assignments, nothing else varied), "dot" the tensor-core
-    kernels above; None: on CUDA up to GEMV_MAX_ROWS assignments of FP8 experts (or any, GEMV_16BIT),
-    whichever of the two timed faster at this shape (fastest.py), else "dot"."""
+    kernels above; None: on CUDA up to GEMV_MAX_ROWS assignments (FP8 or 16-bit experts), whichever of
+    the two timed faster at this shape (fastest.py), else "dot"."""
     if activation not in ("silu", "relu2"):
         raise ValueError(f"unsupported MoE activation {activation!r}; expected 'silu' or 'relu2'")
     gated = activation == "silu"
@@ -331,7 +326,7 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     if rows == 0:  # no tokens
         return torch.zeros_like(x)
     defaults = up_config is None and down_config is None and unsorted is None
-    if path is None and defaults and (fp8 or GEMV_16BIT) and rows <= GEMV_MAX_ROWS and x.is_cuda:
+    if path is None and defaults and rows <= GEMV_MAX_ROWS and x.is_cuda:
         path = _few_rows_path(x, w13, w2, topk_weights, topk_ids, activation, shared, shared_gate, partial,
                               w13_scale, w2_scale)
     if path == "gemv":

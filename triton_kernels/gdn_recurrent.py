@@ -135,8 +135,8 @@ def _decode_config(batch: int, HV: int, K: int, V: int, whole_heads: bool = Fals
 
 
 # Fewer (request, head) rows than this take the fused norm at the unfused kernel's tiles ([K, 16], one warp),
-# the head's last program normalizing it: on the H200 at 32 heads, batch 1: 4.45 against 4.99 us for whole
-# heads; batch 8: 9.43 against 8.69 (bench/results/2026-12-02e/call1/gdn_decode_norm.md)
+# the head's last program normalizing it: at small batches the many narrow programs beat whole heads per
+# program, at larger ones whole heads win
 NORM_BY_LAST_PROGRAM_MAX_ROWS = 128
 
 

@@ -1,9 +1,6 @@
 """The fused MoE for a few tokens as expert GEMVs on the CUDA cores: out[t] = sum_j w[t, j] * y_{e(t, j)}(x[t])
 (+ the shared expert), the contract of fused_moe.py. Its dispatcher runs this for FP8 and 16-bit experts
-(fused_moe.GEMV_16BIT) where it timed faster than the tensor-core kernels at the shape (fastest.py). On the
-H200 at the 35B-A3B shape it is the faster for FP8 experts up to T = 8 and for bf16 at T = 1 to 4
-(bench/results/2026-12-02e/call1/moe_down_variants.md; in decode warm-ups the bf16 choice at T = 4 has
-gone either way, the two within a few per cent).
+where it timed faster than the tensor-core kernels at the shape (fastest.py), as it does at a few tokens.
 
 With few tokens (decode at small batch) each (token, slot) assignment a = t * k + j has an expert of its
 own, so each is one matrix-vector product per GEMM. The tensor-core kernels pad that row to 16 and walk
@@ -128,12 +125,11 @@ def _configs(shapes: list[tuple[int, int, int, int]]) -> list[triton.Config]:
     return [triton.Config({"BLOCK_N": bn, "G": bk // 128, "STAGES": st}, num_warps=w) for bn, bk, w, st in shapes]
 
 
-# Up: K = H is long (2048 at the Qwen3.5 / Qwen3-Next MoE shapes), each program reads gate and up rows:
-# the four configs that came first in one H200 sweep of eight (bf16, float32 and FP8 at T = 1, bf16 at
-# T = 2; 8-warp configs were the slowest in every case: bench/results/2026-12-02c/call3/moe_gemv_check.log).
+# Up: K = H is long (2048 at the Qwen3.5 / Qwen3-Next MoE shapes), each program reads gate and up rows; the
+# configs are those that come first at some dtype and T on the H200 (8-warp ones never do).
 # Down: a program per (token, column block) streams every slot's rows, so the column blocks are narrow
-# (H / BLOCK_N programs per token) and the loop long (TOPK * I / (G * 128) steps); the tuned choice won
-# at every T of bench/results/2026-12-02e/call1/moe_down_variants.md, where no single config did.
+# (H / BLOCK_N programs per token) and the loop long (TOPK * I / (G * 128) steps); no single config is the
+# fastest at every T, so the autotuner picks per shape.
 _up_tuned = triton.autotune(
     configs=_configs([(4, 512, 4, 2), (8, 256, 4, 3), (8, 512, 4, 3), (16, 256, 4, 3)]),
     key=["H", "I", "ROWS_BUCKET", "TOPK", "GATED", "FP8_W"], do_bench=graph_time)(_up_gemv_kernel)

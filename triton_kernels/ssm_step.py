@@ -160,18 +160,18 @@ def _mamba1_decode_kernel(
 
 
 def _mamba2_decode_config(batch: int, H: int, P: int, N: int) -> tuple[int, int]:
-    """(BP, num_warps): one warp on a [BP, N] tile of 32 state values per thread. In the H200 sweep at
-    H = 128, P = 64, N = 128 (BP = 8) this was the best or within 2 % of it at every batch from 1 to
-    256; wider tiles on more warps were no faster, and narrow ones lost up to 6 % from B = 64 on."""
+    """(BP, num_warps): one warp on a [BP, N] tile of 32 state values per thread, the fastest tile (or
+    within 2 % of it) at every batch on the H200 at H = 128, P = 64, N = 128: wider tiles on more warps
+    are no faster, and narrower ones fall behind at large batches."""
     del batch, H
     BP = max(1, 1024 // triton.next_power_of_2(N))
     return min(BP, triton.next_power_of_2(P)), 1
 
 
 def _mamba1_decode_config(batch: int, DM: int, N: int) -> tuple[int, int]:
-    """(BD, num_warps), from the H200 sweeps at DM = 8192, N = 16: up to 8 requests the step is
-    latency-bound and wants many one-warp programs ([16, N] tiles, 8 values per thread); then [64, N]
-    tiles on 4 warps were the fastest up to 64 requests, and [128, N] tiles on 4 warps at 256."""
+    """(BD, num_warps), for DM = 8192, N = 16 on the H200: up to 8 requests the step is latency-bound
+    and wants many one-warp programs ([16, N] tiles, 8 values per thread); up to 64 requests [64, N]
+    tiles on 4 warps are the fastest, beyond that [128, N] tiles on 4 warps."""
     BN = triton.next_power_of_2(N)
     BD, num_warps = (256, 1) if batch * DM <= 8 * 8192 else (1024, 4) if batch * DM <= 64 * 8192 else (2048, 4)
     return max(1, min(BD // BN, triton.next_power_of_2(DM))), num_warps

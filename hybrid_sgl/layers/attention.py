@@ -17,7 +17,6 @@ from hybrid_sgl.layers.backends import AttentionOps
 from hybrid_sgl.layers.linear import Block, ColumnParallelLinear, RowParallelLinear
 from hybrid_sgl.layers.norm import RMSNorm
 from hybrid_sgl.layers.rotary import RotaryEmbedding
-from triton_kernels.attention_prep import qk_norm_rope, sigmoid_gate_mul, sigmoid_gate_mul_ref
 
 
 class GatedAttention(nn.Module):
@@ -27,6 +26,7 @@ class GatedAttention(nn.Module):
         self.spec = spec
         self.kv_index = kv_index  # which KV-pool layer is ours
         self.ops = ops
+        self.dense = dense = ops.dense
         self.rotary = rotary
         q_split, kv_split = attention_splits(spec, current_tp().size)
         self.num_heads, self.num_kv_heads = q_split.local, kv_split.local  # this rank's
@@ -36,10 +36,10 @@ class GatedAttention(nn.Module):
         self.scale = d**-0.5 if spec.scale is None else spec.scale
         blocks = [Block("q_proj", d * (2 if spec.output_gate else 1), q_split), Block("k_proj", d, kv_split),
                   Block("v_proj", d, kv_split)]
-        self.qkv_proj = ColumnParallelLinear(hidden_size, blocks, bias=spec.bias)
-        self.o_proj = RowParallelLinear(Block("o_proj", d, q_split), hidden_size, bias=spec.bias)
-        self.q_norm = RMSNorm(d, eps, norm_offset) if spec.qk_norm else None
-        self.k_norm = RMSNorm(d, eps, norm_offset) if spec.qk_norm else None
+        self.qkv_proj = ColumnParallelLinear(hidden_size, blocks, bias=spec.bias, ops=dense)
+        self.o_proj = RowParallelLinear(Block("o_proj", d, q_split), hidden_size, bias=spec.bias, ops=dense)
+        self.q_norm = RMSNorm(d, eps, norm_offset, ops=dense) if spec.qk_norm else None
+        self.k_norm = RMSNorm(d, eps, norm_offset, ops=dense) if spec.qk_norm else None
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
@@ -62,15 +62,15 @@ class GatedAttention(nn.Module):
             o = self.ops.extend(q=q, k_cache=k_cache, v_cache=v_cache, block_table=fb.block_table,
                                 cu_seqlens_q=fb.cu_seqlens, seq_lens=fb.seq_lens, scale=self.scale)
         if gate is not None:
-            o = sigmoid_gate_mul(o=o, gate=gate) if x.is_cuda else sigmoid_gate_mul_ref(o=o, gate=gate)
+            o = self.dense.sigmoid_gate_mul(o=o, gate=gate)
         return self.o_proj(o.reshape(t, hq * d))
 
     def _position_and_norm(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
         """q: [T, Hq, D], k: [T, Hkv, D] -> normed (if qk_norm) and rotated (if rotary) q, k."""
-        if self.q_norm is not None and self.rotary is not None and q.is_cuda:  # one fused kernel
-            return qk_norm_rope(q=q, k=k, q_weight=self.q_norm.weight, k_weight=self.k_norm.weight,
-                                cos_sin=self.rotary.cos_sin, positions=positions, eps=self.q_norm.eps,
-                                offset=self.q_norm.offset, rotary_dim=self.rotary.rotary_dim)
+        if self.q_norm is not None and self.rotary is not None:  # one pass
+            return self.dense.qk_norm_rope(q=q, k=k, q_weight=self.q_norm.weight, k_weight=self.k_norm.weight,
+                                           cos_sin=self.rotary.cos_sin, positions=positions, eps=self.q_norm.eps,
+                                           offset=self.q_norm.offset, rotary_dim=self.rotary.rotary_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None:

@@ -1,9 +1,11 @@
 """The pre-norm hybrid block shared by most families: norm -> mixer -> add -> norm -> ffn.
 
 Residual adds are fused into the next RMSNorm: a layer returns its FFN output as the delta for
-the next layer (or the final norm) to add. An FFN with `add_norm_forward` (the sparse MoE) takes
-the add and its pre-norm into its own first kernel. `residual_multiplier` scales both branch outputs
-before they are added (Granite); `offset` = 1.0 for zero-centered norm weights (Qwen3-Next)."""
+the next layer (or the final norm) to add. The FFN takes the add and its pre-norm through
+`FFN.add_norm_forward`, which the sparse MoE overrides to run them in its router's first kernel.
+`residual_multiplier` scales both branch outputs before they are added (Granite); `offset` = 1.0 for
+zero-centered norm weights (Qwen3-Next). A composed hybrid's layer may lack its mixer or its FFN (None:
+that half and its norm are absent)."""
 
 from dataclasses import dataclass
 
@@ -11,6 +13,7 @@ import torch
 from torch import nn
 
 from hybrid_sgl.batch import ForwardBatch
+from hybrid_sgl.layers.backends import DenseOps
 from hybrid_sgl.layers.norm import RMSNorm
 
 
@@ -24,42 +27,52 @@ class LayerWeightNames:
     post_norm: tuple[str, ...] = ("post_attention_layernorm",)
 
 
+class FFN(nn.Module):
+    """The FFN half of a DecoderLayer: forward(h) on the normed stream, [T, H] -> [T, H]."""
+
+    def add_norm_forward(self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (the mixer's delta), residual: [T, H] -> (forward(norm(x + residual)), x + residual)."""
+        h, residual = norm.add(x, residual)
+        return self(h), residual
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, mixer: nn.Module, ffn: nn.Module, hidden_size: int, eps: float, offset: float = 0.0,
-                 residual_multiplier: float = 1.0):
+    def __init__(self, mixer: nn.Module | None, ffn: FFN | None, hidden_size: int, eps: float, offset: float = 0.0,
+                 residual_multiplier: float = 1.0, *, ops: DenseOps):
+        """ops: the layer norms' kernels (Backends.dense)."""
         super().__init__()
-        self.input_norm = RMSNorm(hidden_size, eps, offset)
+        self.input_norm = RMSNorm(hidden_size, eps, offset, ops=ops) if mixer is not None else None
         self.mixer = mixer
-        self.post_norm = RMSNorm(hidden_size, eps, offset)
+        self.post_norm = RMSNorm(hidden_size, eps, offset, ops=ops) if ffn is not None else None
         self.ffn = ffn
         self.residual_multiplier = residual_multiplier
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, fb: ForwardBatch):
         """x: this layer's input delta [T, H]; residual: the stream before it (None at layer 0).
-        Returns (scaled ffn output, residual stream)."""
-        if residual is None:
-            h, residual = self.input_norm(x), x
-        else:
-            h, residual = self.input_norm.add(x, residual)
-        delta = self._scaled(self.mixer(h, fb))
-        if hasattr(self.ffn, "add_norm_forward"):  # the FFN takes its pre-norm in its own first kernel
-            out, residual = self.ffn.add_norm_forward(delta, residual, self.post_norm)
-        else:
-            h, residual = self.post_norm.add(delta, residual)
-            out = self.ffn(h)
-        return self._scaled(out), residual
+        Returns (this layer's scaled output delta, residual stream)."""
+        if self.mixer is not None:
+            h, residual = (self.input_norm(x), x) if residual is None else self.input_norm.add(x, residual)
+            x = self._scaled(self.mixer(h, fb))
+        if self.ffn is not None:
+            if residual is None:  # a first layer without a mixer
+                x, residual = self.ffn(self.post_norm(x)), x
+            else:
+                x, residual = self.ffn.add_norm_forward(x, residual, self.post_norm)
+            x = self._scaled(x)
+        return x, residual
 
     def _scaled(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.residual_multiplier if self.residual_multiplier != 1.0 else x
 
     def load_weight(self, part: str, rest: str, tensor: torch.Tensor, names: LayerWeightNames) -> None:
-        if part in names.mixer:
+        if part in names.mixer and self.mixer is not None:
             self.mixer.load_weight(rest, tensor)
-        elif part in names.ffn:
+        elif part in names.ffn and self.ffn is not None:
             self.ffn.load_weight(rest, tensor)
-        elif rest == "weight" and part == names.input_norm:
+        elif rest == "weight" and part == names.input_norm and self.input_norm is not None:
             self.input_norm.weight.data.copy_(tensor)
-        elif rest == "weight" and part in names.post_norm:
+        elif rest == "weight" and part in names.post_norm and self.post_norm is not None:
             self.post_norm.weight.data.copy_(tensor)
         else:
             raise KeyError(f"{part}.{rest}")

@@ -37,14 +37,14 @@ class GatedDeltaNet(nn.Module):
         self.splits = [s.conv_dim, s.value_dim, s.num_v_heads, s.num_v_heads]  # qkv, z, b, a
         self.conv_blocks = [Block("q", s.head_k_dim, k_split), Block("k", s.head_k_dim, k_split),
                             Block("v", s.head_v_dim, v_split)]
-        self.in_proj = ColumnParallelLinear(hidden_size, [*self.conv_blocks, Block("z", s.head_v_dim, v_split),
-                                                          Block("b", 1, v_split), Block("a", 1, v_split)])
+        blocks = [*self.conv_blocks, Block("z", s.head_v_dim, v_split), Block("b", 1, v_split), Block("a", 1, v_split)]
+        self.in_proj = ColumnParallelLinear(hidden_size, blocks, ops=ops.dense)
         self.head_block = Block("heads", 1, v_split)  # A_log, dt_bias
         self.conv_weight = nn.Parameter(torch.empty(s.conv_dim, s.conv_kernel))
         self.A_log = nn.Parameter(torch.empty(s.num_v_heads, dtype=torch.float32))
         self.dt_bias = nn.Parameter(torch.ones(s.num_v_heads, dtype=torch.float32))
-        self.norm = GatedRMSNorm(s.head_v_dim, eps)
-        self.out_proj = RowParallelLinear(Block("out_proj", s.head_v_dim, v_split), hidden_size)
+        self.norm = GatedRMSNorm(s.head_v_dim, eps, ops=ops.dense)
+        self.out_proj = RowParallelLinear(Block("out_proj", s.head_v_dim, v_split), hidden_size, ops=ops.dense)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
@@ -61,16 +61,16 @@ class GatedDeltaNet(nn.Module):
                                     z=z, norm_weight=self.norm.weight, norm_eps=self.norm.eps)  # normed in the kernel
             return self.out_proj(o.view(t, s.value_dim))
 
-        def core(cu_seqlens, state_slots, has_initial_state, qkv, a, b):
+        def core(cu_seqlens, state_slots, has_initial_state, cuts, qkv, a, b):
             qkv = self.ops.conv_prefill(x=qkv, weight=self.conv_weight, bias=None, conv_states=conv_states,
                                         cu_seqlens=cu_seqlens, state_slots=state_slots,
-                                        has_initial_state=has_initial_state)
+                                        has_initial_state=has_initial_state, **cuts)
             q, k, v = self._heads(qkv)
             return self.ops.gdn_prefill(q=q, k=k, v=v, a=a, b=b, A_log=self.A_log, dt_bias=self.dt_bias,
                                         ssm_states=ssm_states, state_slots=state_slots, cu_seqlens=cu_seqlens,
-                                        has_initial_state=has_initial_state)
+                                        has_initial_state=has_initial_state, **cuts)
 
-        o = fb.recurrent(self.state_index, core, qkv, a, b)
+        o = fb.recurrent(core, qkv, a, b)
         o = self.norm(o, z)  # [T, Hv, V]
         return self.out_proj(o.view(t, s.value_dim))
 

@@ -13,12 +13,12 @@ order. `load(block, tensor)` takes the block's full checkpoint tensor and copies
 
 At tp size 1 every block is whole and these are plain nn.Linear / nn.Embedding.
 
-At decode sizes a 16-bit linear runs cuBLAS or our few-rows kernel, whichever timed faster for its
-shape (`dense_linear`).
-
-Column and row linears may hold FP8 weights (layers/quantization.py): `to_fp8()` after loading makes
-the weight e4m3 [out, in] with `weight_scale_inv` [ceil(out/128), ceil(in/128)], and the layer's
-matmul becomes the block-scaled FP8 GEMM. The families never see the difference.
+Column and row linears run the matmuls of the DenseOps they are built with (layers/backends.py); on
+CUDA a 16-bit linear at decode sizes runs cuBLAS or our few-rows kernel, whichever timed faster for
+its shape (triton_kernels/dense_linear.py). They may hold FP8 weights (layers/quantization.py:
+QuantizableLinear): `to_fp8()` after loading makes the weight e4m3 [out, in] with `weight_scale_inv`
+[ceil(out/128), ceil(in/128)], and the layer's matmul becomes the block-scaled FP8 GEMM. The
+families never see the difference.
 """
 
 from __future__ import annotations
@@ -27,16 +27,15 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-import triton
 from torch import nn
 
 from hybrid_sgl.distributed import current_tp
 from hybrid_sgl.distributed.sharding import HeadSplit, replicated, vocab_split
-from hybrid_sgl.layers.quantization import came_from_fp8, fp8_gated_linear, fp8_linear
-from triton_kernels.fastest import chosen, fastest
-from triton_kernels.fp8_quant import quantize_fp8
-from triton_kernels.fp8_weight_only import DENSE_MAX_ROWS, dense_few_rows_gemm
-from triton_kernels.norms import silu_and_mul, silu_and_mul_ref
+from hybrid_sgl.layers.backends import DenseOps
+from hybrid_sgl.layers.quantization import QuantizableLinear
+
+# the 16-bit matmul a CUDA linear layer runs, under the name tests/gpu/test_dense_linear_cuda.py imports
+from triton_kernels.dense_linear import dense_linear, dense_linear_choice  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -63,81 +62,11 @@ def whole(name: str, rows: int, size: int) -> Block:
     return Block(name, rows, replicated(size))
 
 
-def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear (x [..., K], weight [N, K] -> [..., N]). At decode sizes on CUDA (up to DENSE_MAX_ROWS rows,
-    16-bit) it runs whichever of cuBLAS and our tensor-core kernel ran the shape faster (by 5 %), timed
-    once per row bucket (the next power of two) at the bucket's rows (triton_kernels/fastest.py): the
-    decode graphs' warm-ups time every bucket, so a short prefill later finds its answer instead of
-    stalling. cuBLAS streams some narrow weights (few columns, long K) at a third of the bandwidth."""
-    rows = x.reshape(-1, x.shape[-1])
-    if not (x.is_cuda and 0 < rows.shape[0] <= DENSE_MAX_ROWS and x.dtype in (torch.bfloat16, torch.float16)
-            and weight.dtype == x.dtype and _ours_is_faster(rows, weight, bias)):
-        return F.linear(x, weight, bias)
-    return dense_few_rows_gemm(x=rows, weight=weight, bias=bias).view(*x.shape[:-1], weight.shape[0])
-
-
-def dense_linear_choice(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str | None:
-    """"cublas" or "ours" once dense_linear has timed x's shape and row bucket, else None."""
-    return chosen(_choice_key(x.reshape(-1, x.shape[-1]), weight, bias))
-
-
-def _choice_key(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
-    return ("dense_linear", *weight.shape, triton.next_power_of_2(rows.shape[0]), rows.dtype, rows.device,
-            bias is not None)
-
-
-def _ours_is_faster(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    def runs() -> dict:  # on random rows of the bucket's count
-        x = torch.randn(triton.next_power_of_2(rows.shape[0]), rows.shape[1], dtype=rows.dtype, device=rows.device)
-        return {"cublas": lambda: F.linear(x, weight, bias),
-                "ours": lambda: dense_few_rows_gemm(x=x, weight=weight, bias=bias)}
-
-    return fastest(_choice_key(rows, weight, bias), runs, margin=0.95) == "ours"
-
-
-class QuantizableLinear(nn.Linear):
-    """nn.Linear whose weight may turn FP8 after loading. `loaded_fp8`: one entry per weight piece
-    loaded, True where it came dequantized from an FP8 checkpoint tensor."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool):
-        super().__init__(in_features, out_features, bias=bias)
-        self.register_buffer("weight_scale_inv", None)  # [ceil(out/128), ceil(in/128)] float32 once FP8
-        self.loaded_fp8: list[bool] = []
-
-    def note_loaded(self, tensor: torch.Tensor, kind: str) -> None:
-        if kind == "weight":
-            self.loaded_fp8.append(came_from_fp8(tensor))
-
-    def to_fp8(self) -> None:
-        """Quantize the loaded weight in 128 x 128 blocks of this rank's rows and columns."""
-        weight, scale = quantize_fp8(self.weight.data)
-        self.weight = nn.Parameter(weight, requires_grad=False)
-        self.weight_scale_inv = scale
-
-    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if self.weight_scale_inv is None:
-            return dense_linear(x, self.weight, bias)
-        return fp8_linear(x, self.weight, self.weight_scale_inv, bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.matmul(x, self.bias)
-
-    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
-        """silu(gate) * up of this layer's output, whose rows are [gate; up] (a gated MLP's gate_up): x [T, in] ->
-        [T, out / 2]. FP8 decode runs it as one GEMV with the activation in its epilogue."""
-        if self.weight_scale_inv is not None:
-            y = fp8_gated_linear(x, self.weight, self.weight_scale_inv, self.bias)
-            if y is not None:
-                return y
-        gate_up = self(x)
-        return silu_and_mul(gate_up=gate_up) if x.is_cuda else silu_and_mul_ref(gate_up=gate_up)
-
-
 class ColumnParallelLinear(QuantizableLinear):
     """x [T, in] -> [T, sum of the blocks' local rows]."""
 
-    def __init__(self, in_features: int, blocks: list[Block], bias: bool = False):
-        super().__init__(in_features, sum(b.local_rows for b in blocks), bias=bias)
+    def __init__(self, in_features: int, blocks: list[Block], bias: bool = False, *, ops: DenseOps):
+        super().__init__(in_features, sum(b.local_rows for b in blocks), bias, ops)
         self.tp = current_tp()
         self.blocks, offset = {}, 0
         for b in blocks:
@@ -154,10 +83,10 @@ class ColumnParallelLinear(QuantizableLinear):
 class RowParallelLinear(QuantizableLinear):
     """x [T, local input columns] -> [T, out], summed over the ranks."""
 
-    def __init__(self, block: Block, out_features: int, bias: bool = False, reduce: bool = True):
+    def __init__(self, block: Block, out_features: int, bias: bool = False, reduce: bool = True, *, ops: DenseOps):
         """reduce=False: return this rank's partial sum (the caller sums it with others in one all-reduce;
         a bias is then added by rank 0 only)."""
-        super().__init__(block.local_rows, out_features, bias=bias)
+        super().__init__(block.local_rows, out_features, bias, ops)
         self.tp = current_tp()
         self.block = block
         self.reduce = reduce

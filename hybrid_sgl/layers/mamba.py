@@ -38,19 +38,20 @@ class MambaMixer(nn.Module):
         self.state_index = state_index  # which state-pool layer is ours
         self.ops = ops
         i, n, r = split.local, spec.state_size, spec.dt_rank
+        dense = ops.dense
         self.in_proj = ColumnParallelLinear(hidden_size, [Block("x", 1, split), Block("z", 1, split)],
-                                            bias=spec.proj_bias)  # [x | z]
+                                            bias=spec.proj_bias, ops=dense)  # [x | z]
         self.conv_weight = nn.Parameter(torch.empty(i, spec.conv_kernel))
         self.conv_bias = nn.Parameter(torch.empty(i)) if spec.conv_bias else None
-        self.x_proj = RowParallelLinear(Block("x_proj", 1, split), r + 2 * n)  # [dt | B | C]
-        self.dt_proj = ColumnParallelLinear(r, [Block("dt_proj", 1, split)])
+        self.x_proj = RowParallelLinear(Block("x_proj", 1, split), r + 2 * n, ops=dense)  # [dt | B | C]
+        self.dt_proj = ColumnParallelLinear(r, [Block("dt_proj", 1, split)], ops=dense)
         self.dt_bias = nn.Parameter(torch.empty(i, dtype=torch.float32))
         self.A_log = nn.Parameter(torch.empty(i, n, dtype=torch.float32))
         self.D = nn.Parameter(torch.ones(i, dtype=torch.float32))
-        self.dt_norm = RMSNorm(r, eps) if spec.inner_norms else None
-        self.b_norm = RMSNorm(n, eps) if spec.inner_norms else None
-        self.c_norm = RMSNorm(n, eps) if spec.inner_norms else None
-        self.out_proj = RowParallelLinear(Block("out_proj", 1, split), hidden_size, bias=spec.proj_bias)
+        self.dt_norm = RMSNorm(r, eps, ops=dense) if spec.inner_norms else None
+        self.b_norm = RMSNorm(n, eps, ops=dense) if spec.inner_norms else None
+        self.c_norm = RMSNorm(n, eps, ops=dense) if spec.inner_norms else None
+        self.out_proj = RowParallelLinear(Block("out_proj", 1, split), hidden_size, bias=spec.proj_bias, ops=dense)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]."""
@@ -62,15 +63,15 @@ class MambaMixer(nn.Module):
             y = self.ops.mamba1_decode(**self._scan_inputs(xs, z), ssm_states=ssm_states, state_slots=fb.state_slots,
                                        pad_slot=fb.state_pool.pad_slot)
         else:
-            def core(cu_seqlens, state_slots, has_initial_state, xs, z):
+            def core(cu_seqlens, state_slots, has_initial_state, cuts, xs, z):
                 xs = self.ops.conv_prefill(x=xs, weight=self.conv_weight, bias=self.conv_bias, conv_states=conv_states,
                                            cu_seqlens=cu_seqlens, state_slots=state_slots,
-                                           has_initial_state=has_initial_state)
+                                           has_initial_state=has_initial_state, **cuts)
                 return self.ops.mamba1_prefill(**self._scan_inputs(xs, z), ssm_states=ssm_states,
                                                state_slots=state_slots, cu_seqlens=cu_seqlens,
-                                               has_initial_state=has_initial_state)
+                                               has_initial_state=has_initial_state, **cuts)
 
-            y = fb.recurrent(self.state_index, core, xs, z)
+            y = fb.recurrent(core, xs, z)
         return self.out_proj(y)  # y: [T, I]
 
     def _scan_inputs(self, xs: torch.Tensor, z: torch.Tensor) -> dict:

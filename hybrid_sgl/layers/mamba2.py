@@ -45,7 +45,7 @@ class Mamba2Mixer(nn.Module):
         self.conv_blocks = [Block("x", s.head_dim, heads), Block("B", s.state_size, groups),
                             Block("C", s.state_size, groups)]
         self.in_proj = ColumnParallelLinear(hidden_size, [Block("z", s.head_dim, heads), *self.conv_blocks,
-                                                          Block("dt", 1, heads)], bias=s.proj_bias)
+                                                          Block("dt", 1, heads)], bias=s.proj_bias, ops=ops.dense)
         self.head_block, self.channel_block = Block("heads", 1, heads), Block("channels", s.head_dim, heads)
         self.conv_weight = nn.Parameter(torch.empty(s.conv_dim, s.conv_kernel))
         self.conv_bias = nn.Parameter(torch.empty(s.conv_dim)) if s.conv_bias else None
@@ -53,7 +53,8 @@ class Mamba2Mixer(nn.Module):
         self.D = nn.Parameter(torch.ones(s.num_heads, dtype=torch.float32))
         self.dt_bias = nn.Parameter(torch.ones(s.num_heads, dtype=torch.float32))
         self.norm_weight = nn.Parameter(torch.ones(s.intermediate_size)) if s.gated_norm else None
-        self.out_proj = RowParallelLinear(Block("out_proj", s.head_dim, heads), hidden_size, bias=s.out_bias)
+        self.out_proj = RowParallelLinear(Block("out_proj", s.head_dim, heads), hidden_size, bias=s.out_bias,
+                                          ops=ops.dense)
         self.in_proj_scale = in_proj_scale
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
@@ -68,15 +69,15 @@ class Mamba2Mixer(nn.Module):
             y = self.ops.mamba2_decode(**self._scan_inputs(xbc, dt, zh), ssm_states=ssm_states,
                                        state_slots=fb.state_slots, pad_slot=fb.state_pool.pad_slot)
         else:
-            def core(cu_seqlens, state_slots, has_initial_state, xbc, dt, *zh):
+            def core(cu_seqlens, state_slots, has_initial_state, cuts, xbc, dt, *zh):
                 xbc = self.ops.conv_prefill(x=xbc, weight=self.conv_weight, bias=self.conv_bias,
                                             conv_states=conv_states, cu_seqlens=cu_seqlens, state_slots=state_slots,
-                                            has_initial_state=has_initial_state)
+                                            has_initial_state=has_initial_state, **cuts)
                 return self.ops.mamba2_prefill(**self._scan_inputs(xbc, dt, zh[0] if zh else None),
                                                ssm_states=ssm_states, state_slots=state_slots, cu_seqlens=cu_seqlens,
-                                               has_initial_state=has_initial_state, chunk_size=s.chunk_size)
+                                               has_initial_state=has_initial_state, chunk_size=s.chunk_size, **cuts)
 
-            y = fb.recurrent(self.state_index, core, xbc, dt, *([] if zh is None else [zh]))
+            y = fb.recurrent(core, xbc, dt, *([] if zh is None else [zh]))
         y = y.view(t, s.intermediate_size)
         if s.gated_norm:
             y = self._gated_norm(y, z)

@@ -24,14 +24,16 @@ from hybrid_sgl.config import MoESpec
 from hybrid_sgl.distributed import current_tp
 from hybrid_sgl.distributed.sharding import split_heads
 from hybrid_sgl.layers.backends import MoEOps
+from hybrid_sgl.layers.decoder_layer import FFN
 from hybrid_sgl.layers.linear import Block, whole
 from hybrid_sgl.layers.mlp import GatedMLP
+from hybrid_sgl.layers.quantization import QuantizableExperts, fp8_experts
 
 _EXPERT = re.compile(r"experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
 _SHARED = re.compile(r"shared_expert\.(gate_proj|up_proj|down_proj)\.weight")
 
 
-class SparseMoE(nn.Module):
+class SparseMoE(FFN, QuantizableExperts):
     def __init__(self, *, spec: MoESpec, hidden_size: int, ops: MoEOps):
         super().__init__()
         self.spec = spec
@@ -49,7 +51,7 @@ class SparseMoE(nn.Module):
         # the shared expert as expert num_local of the stack (its rows split over ranks as the experts' are)
         self.stacked_shared = bool(shared_size) and shared_size == spec.intermediate_size \
             and not self.tp.expert_parallel
-        self.shared = GatedMLP(hidden_size, shared_size, reduce=False) \
+        self.shared = GatedMLP(hidden_size, shared_size, reduce=False, ops=ops.dense) \
             if shared_size and not self.stacked_shared else None
         self.has_shared_gate = bool(shared_size) and spec.shared_expert_gate
         e += self.stacked_shared
@@ -61,7 +63,9 @@ class SparseMoE(nn.Module):
         self.register_buffer("w13_scale_inv", None)  # FP8 experts' block scales (layers/quantization.py)
         self.register_buffer("w2_scale_inv", None)
 
-    fp8_expert_weights = ("w13", "w2")
+    def experts_to_fp8(self) -> None:
+        self.w13, self.w13_scale_inv = fp8_experts(self.w13)
+        self.w2, self.w2_scale_inv = fp8_experts(self.w2)
 
     def _route_args(self) -> dict:
         return dict(weight=self.router, top_k=self.spec.top_k, renormalize=self.spec.norm_topk_prob,

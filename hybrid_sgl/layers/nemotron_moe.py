@@ -19,12 +19,13 @@ from hybrid_sgl.distributed import current_tp
 from hybrid_sgl.distributed.sharding import split_heads
 from hybrid_sgl.layers.backends import MoEOps
 from hybrid_sgl.layers.linear import Block
+from hybrid_sgl.layers.quantization import QuantizableExperts, fp8_experts
 from hybrid_sgl.layers.relu2_mlp import Relu2MLP
 
 _EXPERT = re.compile(r"experts\.(\d+)\.(up_proj|down_proj)\.weight")
 
 
-class NemotronMoE(nn.Module):
+class NemotronMoE(nn.Module, QuantizableExperts):
     def __init__(self, *, spec: MoESpec, hidden_size: int, latent_size: int | None, bias: bool, ops: MoEOps):
         super().__init__()
         if spec.num_experts % spec.n_group or spec.num_experts // spec.n_group < 2:
@@ -43,9 +44,11 @@ class NemotronMoE(nn.Module):
         self.to_latent = nn.Linear(hidden_size, latent_size, bias=bias) if latent_size else None
         self.from_latent = nn.Linear(latent_size, hidden_size, bias=bias) if latent_size else None
         shared = spec.shared_expert_intermediate_size
-        self.shared = Relu2MLP(hidden_size, shared, bias) if shared else None
+        self.shared = Relu2MLP(hidden_size, shared, bias, ops=ops.dense) if shared else None
 
-    fp8_expert_weights = ("w_up", "w_down")
+    def experts_to_fp8(self) -> None:
+        self.w_up, self.w_up_scale_inv = fp8_experts(self.w_up)
+        self.w_down, self.w_down_scale_inv = fp8_experts(self.w_down)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [T, H] -> (weights [T, k] float32, expert ids [T, k])."""

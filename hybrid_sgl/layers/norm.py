@@ -1,40 +1,40 @@
-"""RMSNorm modules (weights as in the checkpoint). On CUDA the fused Triton kernels run; on CPU
-the torch references (triton_kernels.norms)."""
+"""RMSNorm modules (weights as in the checkpoint), running the kernels of the DenseOps they are built
+with (layers/backends.py)."""
 
 import torch
 from torch import nn
 
-from triton_kernels import norms
+from hybrid_sgl.layers.backends import DenseOps
 
 
 class RMSNorm(nn.Module):
     """x: [..., N] -> [..., N]. offset=1.0 for zero-centered weights (y = x/rms * (1 + w))."""
 
-    def __init__(self, size: int, eps: float, offset: float = 0.0):
+    def __init__(self, size: int, eps: float, offset: float = 0.0, *, ops: DenseOps):
         super().__init__()
         self.weight = nn.Parameter(torch.full((size,), 1.0 - offset))
         self.eps = eps
         self.offset = offset
+        self.ops = ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        fn = norms.rmsnorm if x.is_cuda else norms.rmsnorm_ref
-        return fn(x=x.reshape(-1, shape[-1]), weight=self.weight, eps=self.eps, offset=self.offset).view(shape)
+        return self.ops.rmsnorm(x=x.reshape(-1, shape[-1]), weight=self.weight, eps=self.eps,
+                                offset=self.offset).view(shape)
 
     def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x, residual: [T, N]. Returns (norm(x + residual), x + residual) in one pass."""
-        fn = norms.add_rmsnorm if x.is_cuda else norms.add_rmsnorm_ref
-        return fn(x=x, residual=residual, weight=self.weight, eps=self.eps, offset=self.offset)
+        return self.ops.add_rmsnorm(x=x, residual=residual, weight=self.weight, eps=self.eps, offset=self.offset)
 
 
 class GatedRMSNorm(nn.Module):
     """Per-head norm of the GDN output, gated by silu(z). x, z: [T, N] -> [T, N]."""
 
-    def __init__(self, size: int, eps: float):
+    def __init__(self, size: int, eps: float, *, ops: DenseOps):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.ops = ops
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        fn = norms.gated_rmsnorm if x.is_cuda else norms.gated_rmsnorm_ref
-        return fn(x=x, z=z, weight=self.weight, eps=self.eps)
+        return self.ops.gated_rmsnorm(x=x, z=z, weight=self.weight, eps=self.eps)

@@ -1,5 +1,5 @@
 """FP8 weights: which checkpoints and flags are supported, how an FP8 checkpoint's tensors reach the
-linear layers, and the GEMM a quantized linear layer calls.
+linear layers, the linear layer whose weight may turn FP8 (`QuantizableLinear`) and the GEMMs it calls.
 
 Supported: the published block layout (DeepSeek-V3, Qwen3 FP8): `quantization_config` with
 quant_method "fp8", fmt "e4m3", weight_block_size [128, 128], activation_scheme "dynamic"; each
@@ -20,6 +20,7 @@ the checkpoint's e4m3 values; elsewhere it re-rounds once in e4m3.
 
 from __future__ import annotations
 
+import abc
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,14 +28,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from triton_kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref
-from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8, quantize_fp8_stacked
-from triton_kernels.fp8_weight_only import (
-    WEIGHT_ONLY_MAX_ROWS,
-    fp8_weight_only_gated_gemm,
-    fp8_weight_only_gemm,
-    fp8_weight_only_gemm_ref,
-)
+from hybrid_sgl.layers.backends import DenseOps
+from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8, quantize_fp8, quantize_fp8_stacked
+from triton_kernels.fp8_weight_only import WEIGHT_ONLY_MAX_ROWS
 
 logger = logging.getLogger(__name__)
 SUPPORTED = ("quant_method 'fp8', fmt 'e4m3', weight_block_size [128, 128], activation_scheme 'dynamic'")
@@ -132,11 +128,61 @@ def _dequantized(name: str, weight: torch.Tensor, scale: torch.Tensor) -> Dequan
     return dequantize_fp8(weight, scale.float()).as_subclass(DequantizedFp8)
 
 
+class QuantizableLinear(nn.Linear):
+    """nn.Linear whose weight may turn FP8 after loading, its matmuls those of `ops`. `loaded_fp8`: one entry
+    per weight piece loaded, True where it came dequantized from an FP8 checkpoint tensor."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, ops: DenseOps):
+        super().__init__(in_features, out_features, bias=bias)
+        self.register_buffer("weight_scale_inv", None)  # [ceil(out/128), ceil(in/128)] float32 once FP8
+        self.loaded_fp8: list[bool] = []
+        self.ops = ops
+
+    def note_loaded(self, tensor: torch.Tensor, kind: str) -> None:
+        if kind == "weight":
+            self.loaded_fp8.append(came_from_fp8(tensor))
+
+    def to_fp8(self) -> None:
+        """Quantize the loaded weight in 128 x 128 blocks of this rank's rows and columns."""
+        weight, scale = quantize_fp8(self.weight.data)
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.weight_scale_inv = scale
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.weight_scale_inv is None:
+            return self.ops.linear(x, self.weight, bias)
+        return fp8_linear(x, self.weight, self.weight_scale_inv, bias, self.ops)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul(x, self.bias)
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of this layer's output, whose rows are [gate; up] (a gated MLP's gate_up): x [T, in] ->
+        [T, out / 2]. FP8 decode runs it as one GEMV with the activation in its epilogue."""
+        if self.weight_scale_inv is not None:
+            return fp8_gated_linear(x, self.weight, self.weight_scale_inv, self.bias, self.ops)
+        return self.ops.silu_and_mul(gate_up=self(x))
+
+
+class QuantizableExperts(abc.ABC):
+    """An MoE block whose stacked expert weights can turn FP8 (--enable-fp8-experts)."""
+
+    @abc.abstractmethod
+    def experts_to_fp8(self) -> None:
+        """Replace each stacked expert weight [E, N, K] by its e4m3 blocks (`fp8_experts`) and set the block
+        scales beside it."""
+
+
+def fp8_experts(weight: torch.Tensor) -> tuple[nn.Parameter, torch.Tensor]:
+    """Stacked expert weights [E, N, K] -> (e4m3 weights, float32 scales [E, ceil(N/128), ceil(K/128)]),
+    128 x 128 blocks per expert."""
+    weight, scale = quantize_fp8_stacked(weight.data)
+    return nn.Parameter(weight, requires_grad=False), scale
+
+
 def quantize_linears(model: nn.Module, only_fp8_loaded: bool) -> int:
     """Turn the model's linear layers to FP8: those whose weight came all from FP8 checkpoint tensors
     (only_fp8_loaded), or every one (online quantization, dummy weights); returns how many were turned."""
-    from hybrid_sgl.layers.linear import QuantizableLinear
-
     turned = mixed = 0
     for layer in model.modules():
         if not isinstance(layer, QuantizableLinear):
@@ -154,40 +200,33 @@ def quantize_linears(model: nn.Module, only_fp8_loaded: bool) -> int:
 
 
 def quantize_experts(model: nn.Module) -> int:
-    """Turn every MoE block's stacked expert weights (the names in its `fp8_expert_weights`) into e4m3
-    with 128 x 128 block scales per expert, beside them as `NAME_scale_inv`; returns how many blocks
-    were turned. As for linear layers, blocks that line up with a checkpoint's give back its e4m3 values."""
-    blocks = [block for block in model.modules() if hasattr(block, "fp8_expert_weights")]
+    """Turn every MoE block's stacked expert weights into e4m3 with 128 x 128 block scales per expert;
+    returns how many blocks were turned. As for linear layers, blocks that line up with a checkpoint's give
+    back its e4m3 values."""
+    blocks = [block for block in model.modules() if isinstance(block, QuantizableExperts)]
     for block in blocks:
-        for name in block.fp8_expert_weights:
-            weight, scale = quantize_fp8_stacked(getattr(block, name).data)
-            setattr(block, name, nn.Parameter(weight, requires_grad=False))
-            setattr(block, f"{name}_scale_inv", scale)
+        block.experts_to_fp8()
     return len(blocks)
 
 
-def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
-               bias: torch.Tensor | None) -> torch.Tensor:
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor, bias: torch.Tensor | None,
+               ops: DenseOps) -> torch.Tensor:
     """x [..., K] -> [..., N]. Up to WEIGHT_ONLY_MAX_ROWS rows (decode) only the weight is FP8: the
     layer's time is its weight read, and unquantized activations keep greedy decoding close to the
     unquantized model. More rows (prefill) quantize activations too and multiply on the FP8 tensor
-    cores. The Triton or cuBLAS kernels on CUDA, their references elsewhere."""
+    cores."""
     rows = x.reshape(-1, x.shape[-1])
-    if rows.shape[0] <= WEIGHT_ONLY_MAX_ROWS:
-        op = fp8_weight_only_gemm if x.is_cuda else fp8_weight_only_gemm_ref
-    else:
-        op = fp8_gemm if x.is_cuda else fp8_gemm_ref
+    op = ops.fp8_weight_only_gemm if rows.shape[0] <= WEIGHT_ONLY_MAX_ROWS else ops.fp8_gemm
     y = op(x=rows, weight=weight, weight_scale_inv=weight_scale_inv, bias=bias)
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
-def fp8_gated_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
-                     bias: torch.Tensor | None) -> torch.Tensor | None:
-    """silu(gate) * up of a gated MLP's FP8 gate_up (weight [2I, K], rows [gate; up]): x [..., K] -> [..., I], where
-    the decode GEMV can take the activation as its epilogue (CUDA, up to WEIGHT_ONLY_MAX_ROWS rows); None elsewhere
-    (the caller runs fp8_linear, then the activation)."""
+def fp8_gated_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor, bias: torch.Tensor | None,
+                     ops: DenseOps) -> torch.Tensor:
+    """silu(gate) * up of a gated MLP's FP8 gate_up (weight [2I, K], rows [gate; up]): x [..., K] -> [..., I].
+    Up to WEIGHT_ONLY_MAX_ROWS rows the weight-only GEMV can take the activation as its epilogue."""
     rows = x.reshape(-1, x.shape[-1])
-    if not (x.is_cuda and rows.shape[0] <= WEIGHT_ONLY_MAX_ROWS):
-        return None
-    y = fp8_weight_only_gated_gemm(x=rows, weight=weight, weight_scale_inv=weight_scale_inv, bias=bias)
+    if rows.shape[0] > WEIGHT_ONLY_MAX_ROWS:
+        return ops.silu_and_mul(gate_up=fp8_linear(x, weight, weight_scale_inv, bias, ops))
+    y = ops.fp8_weight_only_gated_gemm(x=rows, weight=weight, weight_scale_inv=weight_scale_inv, bias=bias)
     return y.view(*x.shape[:-1], weight.shape[0] // 2)

@@ -8,21 +8,21 @@ from torch import nn
 
 from hybrid_sgl.distributed import current_tp
 from hybrid_sgl.distributed.sharding import split_heads
+from hybrid_sgl.layers.backends import DenseOps
 from hybrid_sgl.layers.linear import Block, ColumnParallelLinear, RowParallelLinear
-from triton_kernels.norms import relu2, relu2_ref
 
 
 class Relu2MLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, *, ops: DenseOps):
         super().__init__()
         split = split_heads(intermediate_size, current_tp().size, "intermediate_size")
-        self.up_proj = ColumnParallelLinear(hidden_size, [Block("up_proj", 1, split)], bias=bias)
-        self.down_proj = RowParallelLinear(Block("down_proj", 1, split), hidden_size, bias=bias)
+        self.up_proj = ColumnParallelLinear(hidden_size, [Block("up_proj", 1, split)], bias=bias, ops=ops)
+        self.down_proj = RowParallelLinear(Block("down_proj", 1, split), hidden_size, bias=bias, ops=ops)
+        self.ops = ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
-        up = self.up_proj(x)
-        return self.down_proj(relu2(x=up) if up.is_cuda else relu2_ref(x=up))
+        return self.down_proj(self.ops.relu2(x=self.up_proj(x)))
 
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:
         """Checkpoint names: up_proj.{weight,bias}, down_proj.{weight,bias}."""

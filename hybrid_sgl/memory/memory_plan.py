@@ -109,6 +109,16 @@ def plan_memory(*, config: ModelConfig, state: StateShapes | None, kv_dtype: tor
                       num_snapshots=snapshots)
 
 
+def pool_budget_bytes(*, device: torch.device, mem_fraction_static: float, activation_bytes: int = 0) -> int:
+    """What the pools may take. On CUDA: the memory free after the weights, less the
+    (1 - mem_fraction_static) share of the device kept in reserve and the profiled activations; on
+    CPU: mem_fraction_static of the available RAM."""
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return int(free - total * (1 - mem_fraction_static) - activation_bytes)
+    return int(available_ram_bytes() * mem_fraction_static)
+
+
 def available_ram_bytes() -> int:
     with open("/proc/meminfo") as f:
         for line in f:

@@ -9,36 +9,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from hybrid_sgl.batch import ForwardBatch
 from hybrid_sgl.config import ModelConfig
-from hybrid_sgl.layers.backends import AttentionOps, LinearAttnOps, MoEOps, SSMOps
+from hybrid_sgl.layers.backends import Backends
 from hybrid_sgl.layers.linear import ParallelLMHead, VocabParallelEmbedding
 
 _LAYER = re.compile(r"layers\.(\d+)\.(\w+)\.(.+)")
-
-
-@dataclass(frozen=True)
-class Backends:
-    """Kernel bundles; a bundle the model does not use may be None."""
-
-    attention: AttentionOps | None
-    linear_attention: LinearAttnOps | None
-    moe: MoEOps | None
-    ssm: SSMOps | None = None
-
-    def of_mixer(self, mixer: str) -> str:
-        """Backend name(s) serving a layer-plan mixer kind, for the start-up report."""
-        names = {"full_attention": self.attention, "linear_attention": self.linear_attention,
-                 "mamba2": self.ssm, "mamba": self.ssm}
-        if mixer == "attention_mamba2":
-            return f"{self.attention.name}+{self.ssm.name}"
-        ops = names.get(mixer)
-        return ops.name if ops is not None else "-"
 
 
 class HybridCausalLM(nn.Module):
@@ -88,8 +68,9 @@ class HybridCausalLM(nn.Module):
     def dispatch_plan(self) -> list[str]:
         """One line per layer: index, mixer, ffn, backend."""
         lines = []
+        ffn_backends = {"moe": self.backends.moe, "mlp": self.backends.dense}
         for i, (mixer, ffn) in enumerate(self.config.layer_plan):
-            ffn_backend = self.backends.moe.name if ffn == "moe" else ("torch" if ffn == "mlp" else "-")
+            ffn_backend = ffn_backends[ffn].name if ffn in ffn_backends else "-"
             lines.append(f"layer {i:3d}: {mixer:<16} [{self.backends.of_mixer(mixer)}]  ffn {ffn:<4} [{ffn_backend}]")
         return lines
 

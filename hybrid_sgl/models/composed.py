@@ -1,4 +1,4 @@
-"""HybridSGLForCausalLM: a composed hybrid (config: `hybrid_sgl.models.composed_config`). Each layer
+"""HybridSGLForCausalLM: a composed hybrid (config: `hybrid_sgl.config.composed`). Each layer
 is norm -> mixer -> add, then norm -> FFN -> add; a layer whose mixer or FFN is "none" lacks that half.
 
 Checkpoint weight names (stable; `hybrid_sgl.reference` writes them). H hidden, V vocab. The layer
@@ -39,9 +39,13 @@ import torch
 from torch import nn
 
 from hybrid_sgl.batch import ForwardBatch
+from hybrid_sgl.config import KV_MIXERS, STATE_MIXERS
+from hybrid_sgl.config.composed import ComposedConfig
 from hybrid_sgl.distributed import current_tp
 from hybrid_sgl.distributed.sharding import local_config
 from hybrid_sgl.layers.attention import GatedAttention
+from hybrid_sgl.layers.backends import DenseOps
+from hybrid_sgl.layers.decoder_layer import FFN, DecoderLayer, LayerWeightNames
 from hybrid_sgl.layers.gdn import GatedDeltaNet
 from hybrid_sgl.layers.mamba import MambaMixer
 from hybrid_sgl.layers.mamba2 import Mamba2Mixer
@@ -51,18 +55,17 @@ from hybrid_sgl.layers.norm import RMSNorm
 from hybrid_sgl.layers.rotary import RotaryEmbedding
 from hybrid_sgl.memory.state_pool import StatePool
 from hybrid_sgl.models.base import Backends, HybridCausalLM
-from hybrid_sgl.models.composed_config import ComposedConfig
 
 
 class PackedStates:
-    """The state pool as a composed model's mixers read it. The pool's slots are packed (conv
-    [S+1, 1, Cmax], ssm [S+1, Nmax] per state layer); `layer(i)` returns state layer i's
-    (conv [S+1, W-1, C], ssm [S+1, *shape]) in its own kind's shape, as views into the slots (the
-    kernels take any slot stride, contiguous within a slot). Everything else is the pool's own
-    (pad_slot, whole-row copies such as snapshots, which copy the padding too)."""
+    """The state pool as a composed model's mixers read it: `layer(i)` and `pad_slot`. The pool's slots
+    are packed (conv [S+1, 1, Cmax], ssm [S+1, Nmax] per state layer); `layer(i)` returns state layer i's
+    (conv [S+1, W-1, C], ssm [S+1, *shape]) in its own kind's shape, as views into the slots (the kernels
+    take any slot stride, contiguous within a slot). It keeps no reference to the pool object, which the
+    model's table of PackedStates holds weakly."""
 
     def __init__(self, pool: StatePool, shapes: list[tuple[tuple[int, int], tuple[int, ...]]]):
-        self._pool = weakref.proxy(pool)  # the model keys PackedStates by pool, weakly
+        self.pad_slot = pool.pad_slot
         self._layers = []
         for index, (conv_shape, ssm_shape) in enumerate(shapes):
             conv, ssm = pool.layer(index)
@@ -73,11 +76,6 @@ class PackedStates:
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self._layers[index]
-
-    def __getattr__(self, name: str):
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._pool, name)
 
 
 class ParallelMixer(nn.Module):
@@ -92,55 +90,44 @@ class ParallelMixer(nn.Module):
         """x: [T, H] -> [T, H]."""
         return self.self_attn(x, fb) + self.mamba(x, fb)
 
-
-# mixer kind -> checkpoint part name of its module
-_MIXER_PART = {"full_attention": "self_attn", "linear_attention": "linear_attn", "mamba2": "mamba", "mamba": "mamba"}
-
-
-class ComposedLayer(nn.Module):
-    def __init__(self, mixer_kind: str, mixer: nn.Module | None, ffn: nn.Module | None, hidden_size: int, eps: float):
-        super().__init__()
-        self.mixer_kind = mixer_kind
-        self.input_norm = RMSNorm(hidden_size, eps, 1.0) if mixer is not None else None
-        self.mixer = mixer
-        self.post_norm = RMSNorm(hidden_size, eps, 1.0) if ffn is not None else None
-        self.ffn = ffn
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, fb: ForwardBatch):
-        """x: the previous layer's output delta [T, H]; residual: the stream before it (None at layer 0).
-        Returns (this layer's last output delta, residual stream)."""
-        if self.mixer is not None:
-            h, residual = _add_norm(self.input_norm, x, residual)
-            x = self.mixer(h, fb)
-        if self.ffn is not None:
-            h, residual = _add_norm(self.post_norm, x, residual)
-            x = self.ffn(h)
-        return x, residual
-
-    def load_weight(self, part: str, rest: str, tensor: torch.Tensor) -> None:
-        if part == "input_layernorm" and rest == "weight" and self.input_norm is not None:
-            self.input_norm.weight.data.copy_(tensor)
-        elif part == "post_attention_layernorm" and rest == "weight" and self.post_norm is not None:
-            self.post_norm.weight.data.copy_(tensor)
-        elif part == "mlp" and self.ffn is not None:
-            self.ffn.load_weight(rest, tensor)
-        elif self.mixer_kind == "attention_mamba2" and part in ("self_attn", "mamba"):
-            getattr(self.mixer, part).load_weight(rest, tensor)
-        elif part == _MIXER_PART.get(self.mixer_kind):
-            self.mixer.load_weight(rest, tensor)
+    def load_weight(self, name: str, tensor: torch.Tensor) -> None:
+        """Checkpoint names: self_attn.* (GatedAttention's) and mamba.* (Mamba2Mixer's)."""
+        part, _, rest = name.partition(".")
+        if part == "self_attn":
+            self.self_attn.load_weight(rest, tensor)
+        elif part == "mamba":
+            self.mamba.load_weight(rest, tensor)
         else:
-            raise KeyError(f"{part}.{rest}")
+            raise KeyError(name)
 
 
-def _add_norm(norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None):
-    return (norm(x), x) if residual is None else norm.add(x, residual)
+# mixer kind -> checkpoint part names of its module(s)
+_MIXER_PARTS = {"full_attention": ("self_attn",), "linear_attention": ("linear_attn",), "mamba2": ("mamba",),
+                "mamba": ("mamba",), "attention_mamba2": ("self_attn", "mamba"), "none": ()}
+
+
+class ComposedLayer(DecoderLayer):
+    """A DecoderLayer with zero-centered norms whose mixer or FFN may be absent ("none"), and the checkpoint
+    part names of its kinds."""
+
+    def __init__(self, mixer_kind: str, mixer: nn.Module | None, ffn: FFN | None, hidden_size: int, eps: float, *,
+                 ops: DenseOps):
+        super().__init__(mixer, ffn, hidden_size, eps, 1.0, ops=ops)
+        self.names = LayerWeightNames(mixer=_MIXER_PARTS[mixer_kind], ffn=("mlp",) if ffn is not None else ())
+
+    def load_part(self, part: str, rest: str, tensor: torch.Tensor) -> None:
+        if isinstance(self.mixer, ParallelMixer) and part in self.names.mixer:
+            self.mixer.load_weight(f"{part}.{rest}", tensor)
+        else:
+            self.load_weight(part, rest, tensor, self.names)
 
 
 class HybridSGLForCausalLM(HybridCausalLM):
     tensor_parallel = True
+
     def __init__(self, config: ComposedConfig, backends: Backends, max_positions: int):
-        c = config
-        super().__init__(config, backends, RMSNorm(c.hidden_size, c.rms_norm_eps, 1.0))
+        c, dense = config, backends.dense
+        super().__init__(config, backends, RMSNorm(c.hidden_size, c.rms_norm_eps, 1.0, ops=dense))
         a = c.attention
         self.rotary = None
         if c.kv_layers and a.rotary_dim:
@@ -152,19 +139,19 @@ class HybridSGLForCausalLM(HybridCausalLM):
         kv_index, state_index = 0, 0
         for mixer_kind, ffn_kind in c.layer_plan:
             mixer = self._mixer(mixer_kind, kv_index, state_index)
-            kv_index += mixer_kind in ("full_attention", "attention_mamba2")
-            state_index += mixer_kind in ("linear_attention", "mamba2", "mamba", "attention_mamba2")
+            kv_index += mixer_kind in KV_MIXERS
+            state_index += mixer_kind in STATE_MIXERS
             ffn = None
             if ffn_kind == "moe":
                 ffn = SparseMoE(spec=c.moe, hidden_size=c.hidden_size, ops=backends.moe)
             elif ffn_kind == "mlp":
-                ffn = GatedMLP(c.hidden_size, c.intermediate_size)
-            self.layers.append(ComposedLayer(mixer_kind, mixer, ffn, c.hidden_size, c.rms_norm_eps))
+                ffn = GatedMLP(c.hidden_size, c.intermediate_size, ops=dense)
+            self.layers.append(ComposedLayer(mixer_kind, mixer, ffn, c.hidden_size, c.rms_norm_eps, ops=dense))
 
     def _mixer(self, kind: str, kv_index: int, state_index: int) -> nn.Module | None:
         c, b = self.config, self.backends
         common = dict(hidden_size=c.hidden_size, eps=c.rms_norm_eps)
-        if kind in ("full_attention", "attention_mamba2"):
+        if kind in KV_MIXERS:
             attn = GatedAttention(spec=c.attention, norm_offset=1.0, kv_index=kv_index, rotary=self.rotary,
                                   ops=b.attention, **common)
             if kind == "full_attention":
@@ -192,4 +179,4 @@ class HybridSGLForCausalLM(HybridCausalLM):
         return self._packed[pool]
 
     def load_layer_weight(self, layer: ComposedLayer, part: str, rest: str, tensor: torch.Tensor) -> None:
-        layer.load_weight(part, rest, tensor)
+        layer.load_part(part, rest, tensor)

@@ -1,5 +1,5 @@
 """Qwen3-Next, Qwen3.5 and Qwen3.5-MoE text models: Gated DeltaNet and gated full attention
-layers (by layer plan), dense MLP or sparse MoE, zero-centered RMSNorm."""
+layers (by layer plan), dense MLP or sparse MoE, zero-centered RMSNorm. Config: hybrid_sgl/config/qwen3_next.py."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ class Qwen3NextForCausalLM(HybridCausalLM):
 
     def __init__(self, config: ModelConfig, backends: Backends, max_positions: int):
         c = config
-        super().__init__(config, backends, RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_offset))
+        dense = backends.dense
+        super().__init__(config, backends, RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_offset, ops=dense))
         rotary = RotaryEmbedding(head_dim=c.attention.head_dim, rotary_dim=c.attention.rotary_dim,
                                  base=c.attention.rope_theta, max_positions=max_positions)
         kv_index, state_index = 0, 0
@@ -42,8 +43,8 @@ class Qwen3NextForCausalLM(HybridCausalLM):
             if ffn_kind == "moe":
                 ffn = SparseMoE(spec=c.moe, hidden_size=c.hidden_size, ops=backends.moe)
             else:
-                ffn = GatedMLP(c.hidden_size, c.intermediate_size)
-            self.layers.append(DecoderLayer(mixer, ffn, c.hidden_size, c.rms_norm_eps, c.norm_offset))
+                ffn = GatedMLP(c.hidden_size, c.intermediate_size, ops=dense)
+            self.layers.append(DecoderLayer(mixer, ffn, c.hidden_size, c.rms_norm_eps, c.norm_offset, ops=dense))
 
     def load_layer_weight(self, layer: DecoderLayer, part: str, rest: str, tensor: torch.Tensor) -> None:
         layer.load_weight(part, rest, tensor, _NAMES)

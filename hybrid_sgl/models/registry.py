@@ -1,8 +1,10 @@
-"""HF architecture name -> model class (imported lazily)."""
+"""HF architecture name -> model class (imported lazily, so that start-up checks stay light), and the
+check that a model splits over --tp-size ranks."""
 
 import importlib
 
 from hybrid_sgl.config import ModelConfig
+from hybrid_sgl.distributed.sharding import local_config
 
 _QWEN3_GDN = "hybrid_sgl.models.qwen3_next:Qwen3NextForCausalLM"
 MODEL_CLASSES = {
@@ -27,3 +29,20 @@ def model_class(config: ModelConfig):
                          f"{', '.join(sorted(MODEL_CLASSES))}")
     module, _, name = target.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def check_tensor_parallel(config: ModelConfig, size: int, expert_parallel: bool = False) -> None:
+    """Refuse, before any process starts, a model or head counts that --tp-size cannot split (and, with
+    --ep-size, a model whose routed experts cannot be dealt out whole to the ranks)."""
+    model_class(config).check_tensor_parallel(config, size)
+    local_config(config, size)
+    if expert_parallel:
+        moe = config.moe
+        if moe is None:
+            raise ValueError(f"--ep-size {size}: {config.architecture} has no MoE layers; use --ep-size 1")
+        if moe.scoring != "softmax":
+            raise ValueError(f"--ep-size {size}: expert parallelism is built for softmax-routed MoE blocks "
+                             f"(Qwen3.5-MoE, Qwen3-Next, Granite, Jamba), not {config.architecture}'s; use --ep-size 1")
+        if moe.num_experts % size:
+            raise ValueError(f"--ep-size {size}: num_experts {moe.num_experts} is not a multiple of {size}; "
+                             "use --ep-size 1 (the experts' intermediate size splits instead)")

@@ -1,5 +1,5 @@
 """HF transformers' own modules for each layer kind of a composed hybrid, built from the kind's config
-section (field names as in `hybrid_sgl.models.composed_config`) through the family's own config class,
+section (field names as in `hybrid_sgl.config.composed`) through the family's own config class,
 so that HF, not our parser, interprets every field:
 
     full_attention    Qwen3_5Attention + Qwen3_5TextRotaryEmbedding   (Qwen3_5TextConfig)
@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from hybrid_sgl.models.composed_config import section
+from hybrid_sgl.config.composed import section
 
 
 def hf_modules() -> SimpleNamespace:

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybrid_sgl.models.composed_config import ARCHITECTURE, MODEL_TYPE, layer_plan
+from hybrid_sgl.config import KV_MIXERS
+from hybrid_sgl.config.composed import ARCHITECTURE, MODEL_TYPE, layer_plan
 from hybrid_sgl.reference.blocks import Blocks
 
 
@@ -27,7 +28,7 @@ class ReferenceLayer(nn.Module):
     def __init__(self, blocks: Blocks, mixer: str, ffn: str):
         super().__init__()
         self.input_layernorm = blocks.norm() if mixer != "none" else None
-        self.self_attn = blocks.attention() if mixer in ("full_attention", "attention_mamba2") else None
+        self.self_attn = blocks.attention() if mixer in KV_MIXERS else None
         self.linear_attn = blocks.gdn() if mixer == "linear_attention" else None
         self.mamba = None
         if mixer in ("mamba2", "attention_mamba2"):
@@ -62,7 +63,7 @@ class ReferenceBackbone(nn.Module):
         self.embed_tokens = nn.Embedding(config["vocab_size"], config["hidden_size"])
         self.layers = nn.ModuleList(ReferenceLayer(blocks, mixer, ffn) for mixer, ffn in plan)
         self.norm = blocks.norm()
-        has_attention = any(m in ("full_attention", "attention_mamba2") for m, _ in plan)
+        has_attention = any(m in KV_MIXERS for m, _ in plan)
         self.rotary_emb = blocks.rotary() if has_attention else None
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

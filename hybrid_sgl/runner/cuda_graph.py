@@ -9,8 +9,9 @@ index, paged attention by cu_seqlens / block tables), so the whole step is captu
 attention kernels included, and not only the pieces between them.
 
 A plan runs in the smallest captured shape that holds it; the step-input builder (step_inputs.py)
-pads the rest with pad-slot rows that touch no request's state or KV. Steps the graphs do not take
-(too large, snapshot cuts inside runs, tensor parallelism) run eagerly through the same builder.
+pads the rest with pad-slot rows that touch no request's state or KV. Snapshot cuts are device inputs
+of the recurrent kernels like the rest, so a step with cuts replays its shape's graph too. Steps the
+graphs do not take (too large, tensor parallelism) run eagerly through the same builder.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class StepGraphs:
     def shape_for(self, plan: StepPlan) -> tuple[int, int] | None:
         """The smallest shape that holds the plan (extend shapes keep a pad row), or None."""
         t, b = plan.num_tokens, plan.num_rows
-        if plan.mode is not self.mode or plan.has_snapshots:
+        if plan.mode is not self.mode:
             return None
         pad_row = 1 if self.mode is ForwardMode.EXTEND else 0
         fits = [(T, B) for T, B in self.shapes if t <= T and b + pad_row <= B]

@@ -1,4 +1,5 @@
-"""ModelRunner: owns the model, the pools and the allocator; runs one scheduled batch per call.
+"""ModelRunner: owns the model and runs one scheduled batch per call on the pools that memory/
+builds from the memory plan it profiles (memory/pools.py).
 
 run(mode, items) turns the batch into a StepPlan, runs it (replaying a CUDA graph of its shape
 when one is captured, else eagerly through the same step-input builder), computes logits only for the rows
@@ -22,11 +23,12 @@ from hybrid_sgl.config import ModelConfig
 from hybrid_sgl.constrained.bitmask import MaskBuffer
 from hybrid_sgl.distributed import SINGLE, TPGroup, building_with
 from hybrid_sgl.distributed.sharding import local_config
-from hybrid_sgl.layers.backends import resolve_backend
+from hybrid_sgl.layers.backends import resolve_backends
 from hybrid_sgl.layers.quantization import fp8_config
 from hybrid_sgl.memory.allocator import Allocator
 from hybrid_sgl.memory.kv_pool import KVPool
-from hybrid_sgl.memory.memory_plan import MemoryPlan, StateShapes, available_ram_bytes, plan_memory
+from hybrid_sgl.memory.memory_plan import MemoryPlan, StateShapes, plan_memory, pool_budget_bytes
+from hybrid_sgl.memory.pools import KVShapes, build_pools
 from hybrid_sgl.memory.state_pool import StatePool
 from hybrid_sgl.models.base import Backends
 from hybrid_sgl.models.loader import build_model
@@ -90,7 +92,7 @@ class ModelRunner:
         ranks (rank 0 only); pool_classes: the (state, KV) pool classes (rank 0 records its copies)."""
         self.args = args
         self.config = config
-        self.tp, self.broadcast, self.pool_classes = tp, broadcast, pool_classes
+        self.tp, self.broadcast = tp, broadcast
         self.local_config = local_config(config, tp.size)  # this rank's heads: what its pools hold
         self.device = torch.device(args.device)
         self.dtype = self._resolve_dtype(args.dtype, config)
@@ -107,14 +109,16 @@ class ModelRunner:
                                      model_path=args.model_path, seed=args.random_seed,
                                      quantization=fp8_config(config.quantization_config, args.quantization,
                                                               args.enable_fp8_experts))
-        self.state_shapes = self._state_shapes()
+        self.state_shapes, self.kv_shapes = self._state_shapes(), self._kv_shapes()
         self.plan = self._plan_memory()
         if tp.size > 1:
             p = self.plan
             tp.check_same("the memory plan (slots, pages, snapshots, context length)",
                           (p.max_running_requests, p.num_pages, p.num_snapshots, p.context_length))
         self.context_length = self.plan.context_length  # one request alone always fits
-        self.state_pool, self.kv_pool, self.allocator = self._make_pools(self.plan)
+        self.pools = build_pools(self.plan, state=self.state_shapes, kv=self.kv_shapes, device=self.device,
+                                 classes=pool_classes)
+        self.state_pool, self.kv_pool, self.allocator = self.pools
         self.inputs = self._step_inputs(self.allocator, self.kv_pool, self.state_pool, self._max_step_tokens(),
                                         self.plan.max_running_requests + 1)
         self.graphs, self.extend_graphs = self._capture_graphs(backends)
@@ -132,18 +136,8 @@ class ModelRunner:
     # ---- setup -----------------------------------------------------------------------------------
     def _resolve_backends(self, args: ServerArgs, config: ModelConfig) -> Backends:
         """Only the bundles the layer plan uses (an unused backend need not exist here)."""
-        mixers = {m for m, _ in config.layer_plan}
-        device = self.device.type
-
-        def need(kind: str, requested: str, used: bool):
-            return resolve_backend(kind, requested, device) if used else None
-
-        return Backends(
-            attention=need("attention", args.attention_backend, bool(config.kv_layers)),
-            linear_attention=need("linear_attention", args.linear_attn_backend, "linear_attention" in mixers),
-            ssm=need("ssm", args.linear_attn_backend, bool(mixers & {"mamba2", "mamba", "attention_mamba2"})),
-            moe=need("moe", args.moe_runner_backend, any(f == "moe" for _, f in config.layer_plan)),
-        )
+        return resolve_backends(config, self.device.type, attention=args.attention_backend,
+                                linear_attention=args.linear_attn_backend, moe=args.moe_runner_backend)
 
     @staticmethod
     def _resolve_dtype(name: str, config: ModelConfig) -> torch.dtype:
@@ -159,19 +153,28 @@ class ModelRunner:
         return StateShapes(num_layers=len(self.config.state_layers), conv_shape=conv_shape, conv_dtype=self.dtype,
                            ssm_shape=ssm_shape, ssm_dtype=DTYPES[self.args.mamba_ssm_dtype])
 
+    def _kv_shapes(self) -> KVShapes | None:
+        if not self.config.kv_layers:
+            return None
+        attn = self.local_config.attention
+        return KVShapes(num_layers=len(self.config.kv_layers), num_kv_heads=attn.num_kv_heads,
+                        head_dim=attn.head_dim, dtype=self.dtype)
+
     def _budget_bytes(self) -> int:
-        frac = self.args.mem_fraction_static
-        if self.device.type == "cuda":
-            peak = self._profile_step_bytes(self._max_step_tokens())
-            graph_tokens = self._extend_graph_tokens()
-            graph_pool = self._profile_step_bytes(graph_tokens) if graph_tokens else 0  # held by the extend graphs
-            free, total = torch.cuda.mem_get_info(self.device)
-            logger.info("profiled warm-up step: %.2f GiB of activations (+ %.2f GiB for the extend graphs)",
-                        peak / 2**30, graph_pool / 2**30)
-            budget = int(free - total * (1 - frac) - peak - graph_pool)
-        else:
-            budget = int(available_ram_bytes() * frac)
+        activations = self._activation_bytes() if self.device.type == "cuda" else 0
+        budget = pool_budget_bytes(device=self.device, mem_fraction_static=self.args.mem_fraction_static,
+                                   activation_bytes=activations)
         return budget if self.tp.size == 1 else self.tp.min_int(budget)  # every rank plans the same pools
+
+    def _activation_bytes(self) -> int:
+        """What the pools must leave free on CUDA: the largest extend step's activations, plus the memory
+        the extend graphs keep."""
+        peak = self._profile_step_bytes(self._max_step_tokens())
+        graph_tokens = self._extend_graph_tokens()
+        graph_pool = self._profile_step_bytes(graph_tokens) if graph_tokens else 0
+        logger.info("profiled warm-up step: %.2f GiB of activations (+ %.2f GiB for the extend graphs)",
+                    peak / 2**30, graph_pool / 2**30)
+        return peak + graph_pool
 
     def _max_step_tokens(self) -> int:
         """Most tokens one extend step computes (the scheduler's chunk)."""
@@ -197,7 +200,8 @@ class ModelRunner:
         plan = MemoryPlan(budget_bytes=0, state_bytes_per_request=0, kv_bytes_per_token=0, max_running_requests=1,
                           page_size=self.args.page_size, num_pages=-(-tokens // self.args.page_size),
                           context_length=tokens)
-        state_pool, kv_pool, allocator = self._make_pools(plan, context_length=tokens)
+        state_pool, kv_pool, allocator = build_pools(plan, state=self.state_shapes, kv=self.kv_shapes,
+                                                     device=self.device)
         slot = allocator.alloc_slot()
         allocator.grow(slot, tokens)
         ids = torch.randint(0, self.config.vocab_size, (tokens,)).tolist()
@@ -223,26 +227,6 @@ class ModelRunner:
                            prefix_cache=not self.args.disable_radix_cache,
                            mamba_full_memory_ratio=self.args.mamba_full_memory_ratio,
                            max_mamba_cache_size=self.args.max_mamba_cache_size)
-
-    def _make_pools(self, plan: MemoryPlan, context_length: int | None = None):
-        s, attn = self.state_shapes, self.local_config.attention
-        state_cls, kv_cls = self.pool_classes if context_length is None else (StatePool, KVPool)
-        state_pool = None
-        if s is not None:
-            state_pool = state_cls(num_layers=s.num_layers, num_slots=plan.max_running_requests,
-                                   conv_shape=s.conv_shape, conv_dtype=s.conv_dtype, ssm_shape=s.ssm_shape,
-                                   ssm_dtype=s.ssm_dtype, device=self.device, num_snapshots=plan.num_snapshots)
-        n_attn = len(self.config.kv_layers)
-        kv_pool = None
-        if n_attn:
-            kv_pool = kv_cls(num_layers=n_attn, num_pages=plan.num_pages, page_size=plan.page_size,
-                             num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim, dtype=self.dtype,
-                             device=self.device)
-        allocator = Allocator(num_slots=plan.max_running_requests, num_pages=plan.num_pages,
-                              page_size=plan.page_size,
-                              max_pages_per_request=-(-(context_length or self.context_length) // plan.page_size),
-                              device=self.device, num_snapshots=plan.num_snapshots)
-        return state_pool, kv_pool, allocator
 
     def _graphs_possible(self) -> bool:
         """CUDA graphs need CUDA, a kernel on every path that can be captured (no host syncs: the Triton /
@@ -300,15 +284,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def launch_decode(self, items: list[BatchItem], prev: PendingDecode | None = None,
-                      prev_rows: list[int] | None = None) -> PendingDecode:
-        """Launch a decode step and its sampling without waiting for them. prev_rows[i] >= 0: item i's
-        input token is the one `prev` sampled in that row (still on the device).
-
-        Constrained requests: a grammar's mask for this step needs the token `prev` sampled, which
-        the host has not read yet. So a batch with a grammar launched behind `prev` runs its forward
-        only; the scheduler reads `prev`, advances the matchers, then calls sample_pending. The
-        device computes this step's forward while the host reads `prev` and fills the masks; only
-        the sampling waits for them. (Decode graphs end at the logits, so masking stays outside.)"""
+                      prev_rows: list[int] | None = None, sample: bool = True) -> PendingDecode:
+        """Launch a decode step without waiting for it. prev_rows[i] >= 0: item i's input token is the
+        one `prev` sampled in that row (still on the device). sample: also launch its sampling; else
+        the caller samples it later with sample_pending (when it decides so: scheduler/overlap.py).
+        Decode graphs end at the logits, so sampling and its masks stay outside them."""
         prev_rows = prev_rows or [-1] * len(items)
         tokens = [[0] if j >= 0 else it.req.token_slice(it.start, it.end) for it, j in zip(items, prev_rows)]
         plan = StepPlan(mode=ForwardMode.DECODE, tokens=tokens,
@@ -321,7 +301,7 @@ class ModelRunner:
         else:
             logits = self.forward_step(plan, prev_ids=prev_ids)
         pending = PendingDecode(items=items, next_ids=None, host_ids=None, done=None, logits=logits)
-        if prev is None or all(it.req.grammar is None for it in items):
+        if sample:
             self.sample_pending(pending)
         return pending
 

@@ -38,15 +38,14 @@ from triton_kernels.top_p import top_p_bound, top_p_race
 
 CANDIDATES = 1024  # the torch path: tokens searched for a top_p boundary before a row falls back to the full sort
 # kernels: batches of at least this many sampled rows find the candidates through the row statistics' group
-# maxima (triton_kernels/sampling.py: top_logits) instead of torch.topk over the vocabulary. Measured on the
-# H200 (9B, top_p 0.9 + top_k 50, decode tok/s against torch.topk's, two runs): +1.5 / +1.9 % at batch 64,
-# +0.4 / +0.4 % at 32, -0.5 / -1 % at 1
+# maxima (triton_kernels/sampling.py: top_logits) instead of torch.topk over the vocabulary. The group maxima
+# come with the statistics' read of the row, which pays for itself once many rows share it; for a few rows
+# torch.topk is as fast
 GROUP_CANDIDATES_MIN_ROWS = 32
 # kernels: a top_p row without top_k keeps the first of its race's this many best-scoring tokens that top-p keeps
-# (triton_kernels/top_p.py: top_p_race), and is searched (top_p_bound) only where none of them is (each is kept
-# with probability about top_p). On the H200 (9B vocabulary, top_p 0.9, batch 1 / 64) it took 0.16 / 0.36-0.41 ms
-# per step, where the 128 largest logits as candidates and the search past them took 0.52-0.62 / 0.83-1.06, and
-# reading those rows back to sort them 1.27-1.58 / 1.68-2.55 (bench/results/2026-12-02f/call1)
+# (triton_kernels/top_p.py: top_p_race). Each is kept with probability about top_p, so it is rare that none is,
+# and only then is the row searched (top_p_bound) and drawn again. A handful of race tokens keeps the common
+# case to one pass over the row, with no candidate list to sort and nothing read back to the host
 TOP_P_RACE_CANDIDATES = 8
 
 

@@ -8,6 +8,9 @@ host sync, so a captured graph can hold the derivation and replay it for the nex
 shape. Layout for a shape of T tokens and B rows (padded shapes included):
 
     ids [T] | positions [T] | prev_row [T] | row [T] | slots [B] | prefix_lens [B] | cu_seqlens [B + 1]
+    | snap_pos [B * C] | snap_slots [B * C]
+
+with C = MAX_CUTS snapshot cuts a row (run-relative token counts and state-pool rows, -1 for none).
 
 Padding (a plan smaller than its shape): the pad tokens belong to pad rows, pad token k to row
 B_plan + min(k, pad rows - 1), each with the pad slot, prefix 0 and no KV store, so they touch no
@@ -19,13 +22,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hybrid_sgl.batch import ForwardBatch, ForwardMode, RecurrentRound, StepPlan
+from hybrid_sgl.batch import MAX_CUTS, ForwardBatch, ForwardMode, StepPlan
 
 NUM_BUILDS = [0]  # host builds so far (tests count them per step)
 
 
 def layout_size(num_tokens: int, num_rows: int) -> int:
-    return 4 * num_tokens + 3 * num_rows + 1
+    return 4 * num_tokens + (3 + 2 * MAX_CUTS) * num_rows + 1
 
 
 class StepInputs:
@@ -60,7 +63,7 @@ class StepInputs:
         self.turn ^= 1
         h = self.host_view[self.turn]
         ids, pos, prev, row = h[:T], h[T:2 * T], h[2 * T:3 * T], h[3 * T:4 * T]
-        slots, prefix, cu = h[4 * T:4 * T + B], h[4 * T + B:4 * T + 2 * B], h[4 * T + 2 * B:4 * T + 3 * B + 1]
+        slots, prefix, cu, snap_pos, snap_slots = _split_rows(h, T, B)
         lens = np.fromiter((len(r) for r in plan.tokens), dtype=np.int64, count=b)
         if b < B:
             lens = np.concatenate([lens, _pad_lens(T - t, B - b)])
@@ -78,6 +81,15 @@ class StepInputs:
         if plan.prev_rows is not None:
             firsts = cu[:b][np.asarray(plan.prev_rows) >= 0]
             prev[firsts] = [j for j in plan.prev_rows if j >= 0]
+        snap_pos[:] = -1
+        snap_slots[:] = -1
+        if plan.snapshots:
+            for i, cuts in enumerate(plan.snapshots):
+                assert len(cuts) <= MAX_CUTS, f"row {i} has {len(cuts)} snapshot cuts; at most {MAX_CUTS} fit"
+                for c, (p, index) in enumerate(sorted(cuts)):
+                    assert 0 < p - prefix[i] <= lens[i], f"snapshot position {p} is outside row {i}'s run"
+                    snap_pos[i * MAX_CUTS + c] = p - prefix[i]
+                    snap_slots[i * MAX_CUTS + c] = index
         n = layout_size(T, B)
         self.dev[:n].copy_(self.host[self.turn, :n], non_blocking=True)
         if prev_ids is not None:
@@ -101,7 +113,7 @@ class StepInputs:
         max_pages: block-table width (None: the page table's, as graphs need)."""
         T, B, d = num_tokens, num_rows, self.dev
         ids, positions, prev, row = d[:T], d[T:2 * T], d[2 * T:3 * T], d[3 * T:4 * T]
-        slots, prefix, cu = d[4 * T:4 * T + B], d[4 * T + B:4 * T + 2 * B], d[4 * T + 2 * B:4 * T + 3 * B + 1]
+        slots, prefix, cu, snap_pos, snap_slots = _split_rows(d, T, B)
         if with_prev:
             ids = torch.where(prev >= 0, self.prev_ids[prev.clamp(min=0)], ids)
         table = self.page_table if max_pages is None else self.page_table[:, :max_pages]
@@ -110,19 +122,27 @@ class StepInputs:
         real = (slots != self.pad_slot)[row]
         slot_mapping = torch.where(real, page * self.page_size + positions % self.page_size, -1)
         lens = cu[1:] - cu[:-1]
+        cuts = {}
+        if mode is ForwardMode.EXTEND and self.state_pool is not None:
+            cuts = dict(snap_pos=snap_pos.view(B, MAX_CUTS).int(), snap_slots=snap_slots.view(B, MAX_CUTS).int())
         return ForwardBatch(mode=mode, input_ids=ids, positions=positions, seq_lens=(prefix + lens).int(),
                             state_slots=slots.int(), block_table=block_table, slot_mapping=slot_mapping,
                             cu_seqlens=cu.int(), has_initial_state=prefix > 0, kv_pool=self.kv_pool,
-                            state_pool=self.state_pool)
+                            state_pool=self.state_pool, **cuts)
 
     def eager_batch(self, plan: StepPlan, prev_ids: torch.Tensor | None = None) -> ForwardBatch:
-        """fill + batch at the plan's own shape, with the snapshot rounds when the plan cuts inside runs."""
+        """fill + batch at the plan's own shape."""
         self.fill(plan, prev_ids=prev_ids)
-        fb = self.batch(plan.mode, plan.num_tokens, plan.num_rows, with_prev=plan.prev_rows is not None,
-                        max_pages=-(-plan.max_seq_len // self.page_size))
-        if plan.has_snapshots and self.state_pool is not None:
-            fb.rounds = recurrent_rounds(plan, self.device)
-        return fb
+        return self.batch(plan.mode, plan.num_tokens, plan.num_rows, with_prev=plan.prev_rows is not None,
+                          max_pages=-(-plan.max_seq_len // self.page_size))
+
+
+def _split_rows(buf, T: int, B: int):
+    """The per-row parts of a layout of (T, B): slots [B], prefix_lens [B], cu_seqlens [B + 1],
+    snap_pos [B * C], snap_slots [B * C]."""
+    o, C = 4 * T, MAX_CUTS
+    return (buf[o:o + B], buf[o + B:o + 2 * B], buf[o + 2 * B:o + 3 * B + 1], buf[o + 3 * B + 1:o + (3 + C) * B + 1],
+            buf[o + (3 + C) * B + 1:o + (3 + 2 * C) * B + 1])
 
 
 def _pad_lens(num_tokens: int, num_rows: int) -> np.ndarray:
@@ -140,38 +160,3 @@ def for_runner(runner, max_tokens: int, max_rows: int) -> StepInputs:
     return StepInputs(max_tokens=max_tokens, max_rows=max_rows, page_table=a.page_table, page_size=a.page_size,
                       pad_slot=a.pad_slot, kv_pool=runner.kv_pool, state_pool=runner.state_pool,
                       device=runner.device)
-
-
-def recurrent_rounds(plan: StepPlan, device: torch.device) -> list[RecurrentRound]:
-    """Cut each run at its snapshot positions; round r takes every run's r-th segment."""
-    cu = np.concatenate([[0], np.cumsum([len(r) for r in plan.tokens])]).tolist()
-    segments = []  # per run: [(first row, end row, snapshot index or None)]
-    for i, run in enumerate(plan.tokens):
-        cuts = sorted(plan.snapshots[i]) if plan.snapshots[i] else []
-        bounds, start = [], cu[i]
-        for pos, index in cuts:
-            r = cu[i] + pos - plan.prefix_lens[i]
-            assert cu[i] < r < cu[i] + len(run), f"snapshot position {pos} is not inside run {i}"
-            bounds.append((start, r, index))
-            start = r
-        bounds.append((start, cu[i] + len(run), None))
-        segments.append(bounds)
-    rounds = []
-    for r in range(max(len(b) for b in segments)):
-        rows, lens, round_slots, init, src, dst = [], [0], [], [], [], []
-        for i, bounds in enumerate(segments):
-            if r >= len(bounds):
-                continue
-            first, end, index = bounds[r]
-            rows.extend(range(first, end))
-            lens.append(lens[-1] + end - first)
-            round_slots.append(plan.slots[i])
-            init.append(r > 0 or plan.prefix_lens[i] > 0)
-            if index is not None:
-                src.append(plan.slots[i])
-                dst.append(index)
-        to = lambda values, dtype: torch.tensor(values, dtype=dtype).to(device, non_blocking=True)  # noqa: E731
-        rounds.append(RecurrentRound(rows=to(rows, torch.int64), cu_seqlens=to(lens, torch.int32),
-                                     state_slots=to(round_slots, torch.int32), has_initial_state=to(init, torch.bool),
-                                     snap_src=to(src, torch.int64), snap_dst=to(dst, torch.int64)))
-    return rounds

@@ -61,9 +61,11 @@ def _take(pool) -> list[tuple[int, int]]:
 
 def step_message(runner, plan: StepPlan, prev_ids) -> StepMessage:
     """The step rank 0's `runner` is about to run, for the other ranks."""
-    pages = -(-plan.max_seq_len // runner.allocator.page_size)
-    table = runner.allocator.page_table[torch.tensor(plan.slots, dtype=torch.long, device=runner.device), :pages]
-    return StepMessage(plan=plan, table_rows=table.tolist(), prev_ids=None if prev_ids is None else prev_ids.tolist(),
+    a = runner.allocator
+    pages = -(-plan.max_seq_len // a.page_size)
+    rows = [(a.slot_pages[slot] or [])[:pages] for slot in plan.slots]  # the host's copy: no device read
+    table = [r + [a.pad_page] * (pages - len(r)) for r in rows]
+    return StepMessage(plan=plan, table_rows=table, prev_ids=None if prev_ids is None else prev_ids.tolist(),
                        state_copies=_take(runner.state_pool), kv_copies=_take(runner.kv_pool))
 
 

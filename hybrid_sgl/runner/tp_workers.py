@@ -31,29 +31,10 @@ import torch
 
 from hybrid_sgl.config import ModelConfig
 from hybrid_sgl.distributed import TPGroup, destroy_tp, init_tp
-from hybrid_sgl.distributed.sharding import local_config
-from hybrid_sgl.models.registry import model_class
 from hybrid_sgl.runner.tp_step import RecordingKVPool, RecordingStatePool, replay
 from hybrid_sgl.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
-
-
-def check_tensor_parallel(config: ModelConfig, size: int, expert_parallel: bool = False) -> None:
-    """Refuse, before any process starts, a model or head counts that --tp-size cannot split (and, with
-    --ep-size, a model whose routed experts cannot be dealt out whole to the ranks)."""
-    model_class(config).check_tensor_parallel(config, size)
-    local_config(config, size)
-    if expert_parallel:
-        moe = config.moe
-        if moe is None:
-            raise ValueError(f"--ep-size {size}: {config.architecture} has no MoE layers; use --ep-size 1")
-        if moe.scoring != "softmax":
-            raise ValueError(f"--ep-size {size}: expert parallelism is built for softmax-routed MoE blocks "
-                             f"(Qwen3.5-MoE, Qwen3-Next, Granite, Jamba), not {config.architecture}'s; use --ep-size 1")
-        if moe.num_experts % size:
-            raise ValueError(f"--ep-size {size}: num_experts {moe.num_experts} is not a multiple of {size}; "
-                             "use --ep-size 1 (the experts' intermediate size splits instead)")
 
 
 class TPWorkers:

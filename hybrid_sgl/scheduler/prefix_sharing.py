@@ -12,6 +12,9 @@ ForwardBatch.recurrent) at:
   - every `snapshot_interval` tokens of a prompt, so that a prefix shared later still finds a
     snapshot at most one interval short of where the prompts part.
 A branch point is taken only when at least `min_branch_tokens` would be shared.
+
+PrefixSharing implements sharing.BasePrefixSharing; prefix_sharing_for gives it, or the null
+NoPrefixSharing under --disable-radix-cache.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from hybrid_sgl.memory.allocator import Allocator
+from hybrid_sgl.memory.pools import Pools
 from hybrid_sgl.memory.prefix_cache import Match, PrefixCache
 from hybrid_sgl.runner.model_runner import BatchItem
 from hybrid_sgl.scheduler.request import Req
+from hybrid_sgl.scheduler.sharing import BasePrefixSharing, NoPrefixSharing
 
 # Tokens between snapshots inside a prompt. Each cut inside a prefill step costs one more pass of the
 # recurrent layers' prefill kernels (about 8 ms of host time on the Qwen3.5-9B shape, H200): at 2048 a
@@ -33,7 +38,7 @@ LPM_MAX_WAITING = 128  # longest-prefix-first ordering costs a lookup per waitin
 PEERS_CHECKED = 64  # waiting requests compared with a prefilling one for branch points
 
 
-class PrefixSharing:
+class PrefixSharing(BasePrefixSharing):
     def __init__(self, cache: PrefixCache, *, snapshot_interval: int | None, min_branch_tokens: int,
                  policy: str = "lpm"):
         self.cache = cache
@@ -172,12 +177,21 @@ class PrefixSharing:
     def ensure_free_pages(self, n: int) -> bool:
         return self.allocator.num_free_pages >= n or self.cache.evict_pages(n)
 
+    # ---- the whole cache ----------------------------------------------------------------------------
+    def flush(self) -> None:
+        self.cache.flush()
+
+    def stats(self) -> dict:
+        return self.cache.stats()
+
     def check_integrity(self, holders: list[Req]) -> None:
-        """The cache's own invariants, and its root lock equals the requests that hold a node."""
+        """The cache's own invariants, its root lock equals the requests that hold a node, and the
+        allocator's invariants with the cache's page references and snapshot slots counted."""
         self.cache.check_integrity()
         locked = sum(1 for r in holders if r.cache_node is not None)
         assert self.cache.root.lock == locked, (
             f"prefix-cache root lock {self.cache.root.lock} but {locked} requests hold a node")
+        self.allocator.check_integrity(cache_pages=self.cache.held_pages(), cache_snapshots=self.cache.held_snapshots())
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -196,11 +210,12 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return lo
 
 
-def prefix_sharing_for(runner, *, disable: bool, snapshot_interval: int | None, policy: str) -> PrefixSharing | None:
-    """The prefix cache over runner's pools, or None when disabled."""
+def prefix_sharing_for(pools: Pools, *, disable: bool, snapshot_interval: int | None,
+                       policy: str) -> BasePrefixSharing:
+    """The prefix cache over `pools`, or NoPrefixSharing when it is disabled."""
     if disable:
-        return None
-    cache = PrefixCache(allocator=runner.allocator, state_pool=runner.state_pool, kv_pool=runner.kv_pool)
+        return NoPrefixSharing(pools.allocator)
+    cache = PrefixCache(allocator=pools.allocator, state_pool=pools.state_pool, kv_pool=pools.kv_pool)
     if snapshot_interval is not None and snapshot_interval < 1:
         raise ValueError(f"--snapshot-interval must be a positive number of tokens, got {snapshot_interval}")
     return PrefixSharing(cache, snapshot_interval=snapshot_interval or DEFAULT_SNAPSHOT_INTERVAL,

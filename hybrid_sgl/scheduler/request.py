@@ -54,7 +54,6 @@ class Req:
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     input_logprob_pos: int = 0  # next prompt position whose logprob is still to be computed
-    stop_checker: object | None = None  # callable(req) -> matched stop string or None
     # constrained decoding (params.grammar_key): its compile, then its matcher once compiled
     grammar_future: Future | None = None
     grammar: GrammarMatcher | None = None

@@ -6,17 +6,15 @@ requests are decoding, steps alternate so a long prompt delays them by at most o
 Pages are taken as tokens arrive; when they run out, the newest running request is preempted
 (slot and pages released, tokens kept) and recomputed later, so the oldest always progresses.
 
-Unless `disable_overlap_schedule` is set, a run of decode steps is pipelined: step N+1 is launched (its
-input tokens are step N's samples, still on the device) before the host reads step N's tokens,
-so the host's bookkeeping overlaps the device's work. A request that stops at step N (EOS, stop
-token or string, abort) wastes its row of step N+1, which is discarded; its slot is freed only
-after that step. Anything else (prompt work, new arrivals, memory pressure, logprobs) first
-waits for the step in flight and then runs synchronously.
+The scheduler decides what runs; its pipeline (pipeline.py) decides how a step runs: to its end,
+or with decode steps overlapped (overlap.py) unless `disable_overlap_schedule` is set. While a step
+is in flight, the next one is the decode batch `_follow_up` builds from it, or none. The prefix
+cache is reached through its sharing interface (sharing.py), whose null object stands in when the
+cache is off.
 
 A constrained request (regex, JSON schema, EBNF) waits in `compiling` (grammar_queue.py) until its
 grammar has compiled, then queues like any other. Each sampled token advances its matcher; the
-grammar's end finishes it with "stop". Overlapped steps with grammars sample late: see
-ModelRunner.launch_decode.
+grammar's end finishes it with "stop".
 """
 
 from __future__ import annotations
@@ -28,12 +26,14 @@ from collections.abc import Callable
 
 from hybrid_sgl.batch import ForwardMode
 from hybrid_sgl.constrained import GrammarCache
-from hybrid_sgl.constrained.stop_regex import find_stop_regex
 from hybrid_sgl.memory.allocator import Allocator
-from hybrid_sgl.runner.model_runner import BatchItem, ItemResult, ModelRunner, PendingDecode
+from hybrid_sgl.runner.model_runner import BatchItem, ModelRunner
 from hybrid_sgl.scheduler.grammar_queue import CompilingQueue
-from hybrid_sgl.scheduler.prefix_sharing import PrefixSharing
+from hybrid_sgl.scheduler.overlap import OverlapPipeline
+from hybrid_sgl.scheduler.pipeline import PlainPipeline, StepPipeline
 from hybrid_sgl.scheduler.request import Req, ReqStatus
+from hybrid_sgl.scheduler.results import ResultApplier
+from hybrid_sgl.scheduler.sharing import BasePrefixSharing, NoPrefixSharing
 
 logger = logging.getLogger(__name__)
 
@@ -43,27 +43,25 @@ class AdmissionError(ValueError):
 
 
 class Scheduler:
-    def __init__(self, runner: ModelRunner, *, chunked_prefill_size: int,
+    def __init__(self, runner: ModelRunner, *, allocator: Allocator, chunked_prefill_size: int,
                  stop_string_checker: Callable[[Req], str | None] | None = None, overlap: bool = False,
-                 grammars: GrammarCache | None = None, sharing: PrefixSharing | None = None):
+                 grammars: GrammarCache | None = None, sharing: BasePrefixSharing | None = None):
+        """allocator: the pools' (memory/pools.py); sharing: the prefix cache's use (NoPrefixSharing if not given)."""
         self.runner = runner
-        self.allocator: Allocator = runner.allocator
+        self.allocator = allocator
         self.context_length = runner.context_length
         self.vocab_size = runner.config.vocab_size
-        self.eos_ids = set(runner.config.eos_token_ids)
         self.chunk = chunked_prefill_size if chunked_prefill_size > 0 else self.context_length
-        self.stop_string_checker = stop_string_checker
+        self.results = ResultApplier(eos_ids=runner.config.eos_token_ids, context_length=self.context_length,
+                                     stop_string_checker=stop_string_checker)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.last_was_extend = False
         self.num_preemptions = 0
         self._arrivals = itertools.count()
-        self.overlap = overlap
-        self._pending: PendingDecode | None = None
-        self.num_overlapped_steps = 0
         self.grammars = grammars
-        self.sharing = sharing  # the prefix cache's use; None with --disable-radix-cache
-        self.computed_prompt_tokens = 0  # tokens run through extend steps (prompts and recomputes)
+        self.sharing = sharing if sharing is not None else NoPrefixSharing(allocator)
+        self.pipeline: StepPipeline = (OverlapPipeline if overlap else PlainPipeline)(runner, self)
         self.compiling = CompilingQueue(grammars)
 
     # ---- requests in / out -----------------------------------------------------------------------
@@ -103,7 +101,7 @@ class Scheduler:
             return req
         for req in list(self.waiting) + self.running:
             if req.rid == rid:
-                self._release(req, cache=False)  # its slot may be in the step in flight: cache nothing
+                self.release(req, cache=False)  # its slot may be in the step in flight: cache nothing
                 req.finish({"type": "abort", "message": "aborted", "status_code": None, "err_type": None})
                 return req
         return None
@@ -112,152 +110,78 @@ class Scheduler:
         """Empty the prefix cache; refused (False) while requests run or wait, as in SGLang."""
         if self.has_work:
             return False
-        if self.sharing is not None:
-            self.sharing.cache.flush()
+        self.sharing.flush()
         return True
 
     def cache_stats(self) -> dict:
         """Prefix-cache figures for /server_info and /metrics (zeros when it is off)."""
-        if self.sharing is None:
-            return {"cached_pages": 0, "evictable_pages": 0, "num_snapshots": 0, "snapshot_slots": 0,
-                    "cache_nodes": 0, "cache_hit_tokens": 0, "cache_lookup_tokens": 0,
-                    "computed_prompt_tokens": self.computed_prompt_tokens}
-        return {**self.sharing.cache.stats(), "computed_prompt_tokens": self.computed_prompt_tokens}
+        return {**self.sharing.stats(), "computed_prompt_tokens": self.pipeline.computed_prompt_tokens}
 
     def check_integrity(self) -> None:
         """The allocator's and the prefix cache's invariants, counting the cache's references."""
-        if self.sharing is None:
-            self.allocator.check_integrity()
-            return
-        holders = list(self.running) + (list(self._pending.deferred) if self._pending is not None else [])
-        self.sharing.check_integrity(holders)
-        cache = self.sharing.cache
-        self.allocator.check_integrity(cache_pages=cache.held_pages(), cache_snapshots=cache.held_snapshots())
+        self.sharing.check_integrity(self.running + self.pipeline.holders())
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self._pending or self.compiling)
+        return bool(self.waiting or self.running or self.pipeline.in_flight is not None or self.compiling)
+
+    @property
+    def num_overlapped_steps(self) -> int:
+        return self.pipeline.num_overlapped_steps
 
     # ---- one step --------------------------------------------------------------------------------
     def step(self) -> list[Req]:
         """Run one batch. Returns the requests that got a token or finished."""
         failed = []
         if self.compiling:
-            ready, failed = self.compiling.take_ready(idle=not (self.waiting or self.running or self._pending))
+            idle = not (self.waiting or self.running or self.pipeline.in_flight is not None)
+            ready, failed = self.compiling.take_ready(idle=idle)
             self.waiting.extend(ready)
         return failed + self._step()
 
     def _step(self) -> list[Req]:
-        if self._pending is not None:
-            return self._step_after_pending()
+        in_flight = self.pipeline.in_flight
+        if in_flight is not None:
+            return self.pipeline.advance(self._follow_up(in_flight))
         mode, items = self._schedule()
         if not items:
             return []
         self.last_was_extend = mode is ForwardMode.EXTEND
-        if self.overlap and mode is ForwardMode.DECODE and self.runner.can_overlap(items):
-            self._pending = self.runner.launch_decode(items)
-            return []
-        sharing = self.sharing if mode is ForwardMode.EXTEND else None
-        if sharing is not None:
-            sharing.plan_snapshots(items, self.waiting)
-        try:
-            results = self.runner.run(mode, items)
-        except BaseException:
-            if sharing is not None:
-                sharing.drop_snapshots(items)
-            raise
-        if mode is ForwardMode.EXTEND:
-            self.computed_prompt_tokens += sum(it.end - it.start for it in items)
-        changed = []
-        for item, result in zip(items, results):
-            if self._apply(item, result):
-                changed.append(item.req)
-        if sharing is not None:  # the snapshots taken inside the chunks go into the cache
-            for item in items:
-                sharing.snapshots_done(item)
-        for req in changed:
-            if req.finished:
-                self._release(req)
-        if sharing is not None:  # so do the chunks' prefixes and end states (a finished request's: above)
-            for item in items:
-                if item.req.status is ReqStatus.RUNNING:
-                    sharing.chunk_done(item.req)
-        return changed
-
-    # ---- overlapped decode -----------------------------------------------------------------------
-    def _step_after_pending(self) -> list[Req]:
-        """Launch the follow-up decode step if one can run blind, then read the step in flight."""
-        pending, follow, launched = self._pending, self._follow_up(self._pending), None
-        if follow is not None:
-            items, rows = follow
-            launched = self.runner.launch_decode(items, prev=pending, prev_rows=rows)
-            self.num_overlapped_steps += 1
-        self._pending = launched
-        changed = self._resolve(pending)
-        if launched is not None and any(it.req.grammar is not None for it in launched.items):
-            self.runner.sample_pending(launched)  # launched unsampled: its masks needed pending's tokens
-        return changed
+        return self.pipeline.run(mode, items)
 
     def drop_in_flight(self) -> None:
         """After a failed step: forget the step in flight and free the slots it was holding."""
-        if self._pending is not None:
-            for req in self._pending.deferred:
-                self._free_slot(req, None)
-            self._pending = None
+        self.pipeline.drop_in_flight()
 
-    def _follow_up(self, pending: PendingDecode) -> tuple[list[BatchItem], list[int]] | None:
-        """The next decode batch, built before `pending`'s tokens are known: its requests go on
-        unless they stop by length at `pending`. None when the next step needs the host's answer
-        first (prompt work or arrivals waiting, a decoding request outside `pending`, too few pages even after
-        evicting cached prefixes)."""
+    def _follow_up(self, in_flight: list[BatchItem]) -> tuple[list[BatchItem], list[int]] | None:
+        """The next decode batch, built before the tokens of the step in flight are known: its
+        requests go on unless they stop by length there. Returns the items and, for each, its row in
+        the step in flight. None when the next step needs those tokens first (prompt work or arrivals
+        waiting, a decoding request outside the step, too few pages even after evicting cached
+        prefixes)."""
         if self.waiting or any(r.status is ReqStatus.RUNNING and not r.is_decoding for r in self.running):
             return None
         items, rows, pages = [], [], 0
-        for j, it in enumerate(pending.items):
+        for j, it in enumerate(in_flight):
             req = it.req
             if req.status is not ReqStatus.RUNNING:
                 continue  # aborted while in flight
-            n_out = len(req.output_ids) + 1  # once pending's token is in
+            n_out = len(req.output_ids) + 1  # once the token in flight is in
             if n_out >= req.params.max_new_tokens or req.seq_len + 1 >= self.context_length:
                 continue
             items.append(BatchItem(req=req, start=it.end, end=it.end + 1, sample=True))
             rows.append(j)
             pages += self.allocator.extra_pages_needed(req.slot, it.end + 1)
-        in_flight = {id(it.req) for it in pending.items}
-        if not items or any(r.is_decoding and id(r) not in in_flight for r in self.running):
+        stepping = {id(it.req) for it in in_flight}
+        if not items or any(r.is_decoding and id(r) not in stepping for r in self.running):
             return None
         # unused cached prefixes may go now: no request in flight holds them, and the step in flight is
         # queued before any write into a page handed on here
-        if not self._ensure_free_pages(pages):
+        if not self.sharing.ensure_free_pages(pages):
             return None  # would need preemption: decide it with the tokens in hand
         for it in items:
             self.allocator.grow(it.req.slot, it.end)
         return items, rows
-
-    def _resolve(self, pending: PendingDecode) -> list[Req]:
-        """Wait for `pending`, apply its tokens; a request that finishes while it is also in the step
-        now in flight keeps its slot until that step is read."""
-        try:
-            results = pending.results()
-        except BaseException:  # the step is over all the same: the slots it held are free
-            for req in pending.deferred:
-                self._free_slot(req, None)
-            raise
-        for req in pending.deferred:  # this step fed their last token: the state is after all of fill_ids
-            self._free_slot(req, req.num_computed + 1)
-        changed = []
-        for item, result in zip(pending.items, results):
-            if item.req.status is ReqStatus.RUNNING and self._apply(item, result):
-                changed.append(item.req)
-        next_reqs = {id(it.req) for it in self._pending.items} if self._pending is not None else set()
-        for req in changed:
-            if req.finished:
-                if id(req) in next_reqs:
-                    self._release(req, free_slot=False)
-                    self._pending.deferred.append(req)
-                else:
-                    self._release(req)
-        return changed
 
     def _schedule(self) -> tuple[ForwardMode, list[BatchItem]]:
         decoding = any(r.is_decoding for r in self.running)
@@ -290,42 +214,31 @@ class Scheduler:
         starts from its longest cached prefix (or waits for a running request computing it)."""
         if budget == 0 or self.allocator.num_free_slots == 0 or not self.waiting:
             return  # nothing can be admitted: spare the lookups of the ordering
-        sharing = self.sharing
+        sharing, a = self.sharing, self.allocator
         prefilling = [r for r in self.running if not r.is_decoding]
-        for req in (sharing.order(self.waiting) if sharing is not None else list(self.waiting)):
-            if budget == 0 or self.allocator.num_free_slots == 0:
+        for req in sharing.order(self.waiting):
+            if budget == 0 or a.num_free_slots == 0:
                 break
-            match = sharing.lookup(req) if sharing is not None else None
-            start = match.pos if match is not None else 0
-            if sharing is not None:
-                if sharing.held_back(req, start, prefilling):
-                    continue
-                sharing.plan_branch(req, match)
+            match = sharing.lookup(req)
+            start = match.pos
+            if sharing.held_back(req, start, prefilling):
+                continue
+            sharing.plan_branch(req, match)
             end = start + min(req.seq_len - start, budget)
-            if sharing is not None:
-                sharing.lock(match)
+            sharing.lock(match)
             headroom = len(self.running)  # one page of growth per running request
-            if not self._ensure_free_pages(self.allocator.pages_for(end) - start // self.allocator.page_size
-                                           + headroom):
-                if sharing is not None:
-                    sharing.unlock(match)
+            if not sharing.ensure_free_pages(a.pages_for(end) - start // a.page_size + headroom):
+                sharing.unlock(match)
                 break
             self.waiting.remove(req)
-            req.slot = self.allocator.alloc_slot()
+            req.slot = a.alloc_slot()
             req.status = ReqStatus.RUNNING
-            if sharing is not None:
-                sharing.admit(req, match, req.slot)
-            self.allocator.grow(req.slot, end)
+            sharing.admit(req, match, req.slot)
+            a.grow(req.slot, end)
             self.running.append(req)
             prefilling.append(req)
             items.append(self._item(req, end - start))
             budget -= end - start
-
-    def _ensure_free_pages(self, n: int) -> bool:
-        """Whether n pages are free, after evicting unused cached prefixes if needed."""
-        if self.sharing is not None:
-            return self.sharing.ensure_free_pages(n)
-        return self.allocator.num_free_pages >= n
 
     def _schedule_decode(self) -> list[BatchItem]:
         items = []
@@ -346,7 +259,7 @@ class Scheduler:
         """Give req pages for num_tokens, preempting newer requests if needed. False (and req
         preempted itself if it is the newest) when that is impossible."""
         need = self.allocator.extra_pages_needed(req.slot, num_tokens)
-        while not self._ensure_free_pages(need):
+        while not self.sharing.ensure_free_pages(need):
             newer = [r for r in self.running if r.arrival > req.arrival]
             victim = max(newer, key=lambda r: r.arrival) if newer else req
             self._preempt(victim)
@@ -355,17 +268,16 @@ class Scheduler:
         self.allocator.grow(req.slot, num_tokens)
         return True
 
-    def _free_slot(self, req: Req, cached: int | None) -> None:
+    def free_slot(self, req: Req, cached: int | None) -> None:
         """Free req's slot; with `cached`, the slot's state is after fill_ids[:cached] and that prefix
         goes into the prefix cache first."""
-        if self.sharing is not None and cached is not None and req.slot is not None:
-            self.sharing.cache_sequence(req, cached)
+        self.sharing.cache_sequence(req, cached)
         self.allocator.free_slot(req.slot)
         req.slot = None
 
     def _preempt(self, req: Req) -> None:
         logger.debug("preempting %s at %d tokens", req.rid, req.seq_len)
-        self._release(req)
+        self.release(req)
         req.status = ReqStatus.WAITING
         req.num_computed = 0
         req.num_preemptions += 1
@@ -373,68 +285,13 @@ class Scheduler:
         self.waiting.append(req)
         self.waiting = deque(sorted(self.waiting, key=lambda r: r.arrival))
 
-    def _release(self, req: Req, free_slot: bool = True, cache: bool = True) -> None:
+    def release(self, req: Req, free_slot: bool = True, cache: bool = True) -> None:
         """Take req out of the queues. free_slot: give its slot and pages back now (else the caller
-        frees them later with _free_slot); cache: first put its computed tokens into the prefix cache."""
-        if self.sharing is not None:
-            self.sharing.drop_lock(req)
+        frees them later with free_slot); cache: first put its computed tokens into the prefix cache."""
+        self.sharing.drop_lock(req)
         if req.slot is not None and free_slot:
-            self._free_slot(req, req.num_computed if cache else None)
+            self.free_slot(req, req.num_computed if cache else None)
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-
-    # ---- results ---------------------------------------------------------------------------------
-    def _apply(self, item: BatchItem, result: ItemResult) -> bool:
-        req = item.req
-        req.num_computed = item.end
-        for pos, lp, top in result.input_logprobs:
-            req.input_token_logprobs.append((lp, req.prompt_ids[pos]))
-            req.input_top_logprobs.append(top)
-            req.input_logprob_pos = pos + 1
-        req.input_token_ids_logprobs += result.input_token_ids_logprobs
-        if result.next_token is None:
-            if item.end == req.seq_len and len(req.output_ids) >= req.params.max_new_tokens:
-                req.finish({"type": "length", "length": req.params.max_new_tokens})  # prefill only
-                return True
-            return False
-        token = result.next_token
-        req.output_ids.append(token)
-        if req.grammar is not None and not req.grammar.accept(token):
-            req.finish({"type": "abort", "message": f"the sampled token {token} does not fit the grammar "
-                        "(min_new_tokens may forbid the only tokens it allows)", "status_code": None,
-                        "err_type": None})
-            return True
-        if req.return_logprob:
-            req.output_token_logprobs.append((result.token_logprob, token))
-            req.output_top_logprobs.append(result.top_logprobs)
-            if req.token_ids_logprob:
-                req.output_token_ids_logprobs.append(result.token_ids_logprobs or [])
-        self._check_finished(req, token)
-        return True
-
-    def _check_finished(self, req: Req, token: int) -> None:
-        p = req.params
-        n_out = len(req.output_ids)
-        if req.grammar is not None and req.grammar.is_terminated():
-            req.finish({"type": "stop", "matched": token})
-            return
-        if n_out >= p.min_new_tokens:
-            if (token in self.eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
-                req.finish({"type": "stop", "matched": token})
-                return
-            if p.stop and self.stop_string_checker is not None:
-                matched = self.stop_string_checker(req)
-                if matched is not None:
-                    req.finish({"type": "stop", "matched": matched})
-                    return
-            if p.stop_regex and self.stop_string_checker is not None:
-                matched = find_stop_regex(self.stop_string_checker.tokenizer, req)
-                if matched is not None:
-                    req.finish({"type": "stop", "matched": matched})
-                    return
-        if n_out >= p.max_new_tokens:
-            req.finish({"type": "length", "length": p.max_new_tokens})
-        elif req.seq_len >= self.context_length:
-            req.finish({"type": "length", "length": n_out})

@@ -70,3 +70,33 @@ def test_decode_and_extend_steps_never_sync(tiny_checkpoint, family, graphs):
         torch.cuda.set_sync_debug_mode("default")
     assert logits.shape == (2, vocab) and decode_logits.shape == (3, vocab)
     assert torch.isfinite(logits).all() and torch.isfinite(decode_logits).all()
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h", "falcon_h1", "jamba"])
+def test_snapshot_cuts_inside_graphed_extend_steps(tiny_checkpoint, family):
+    """A step with snapshot cuts replays its shape's graph; each snapshot holds the state (conv and
+    recurrent) of a prefill of only the tokens before its cut, and the step itself is not changed by them."""
+    path = tiny_checkpoint(family)
+    s = make_scheduler(path, device="cuda", chunked_prefill_size=96, page_size=16, cuda_graph_max_tokens=96,
+                       **BACKENDS["triton"])
+    runner, a = s.runner, s.allocator
+    pool = runner.state_pool
+    slots = [a.alloc_slot() for _ in range(2)]
+    for slot in slots:
+        a.grow(slot, 96)
+    snaps = [a.alloc_snapshot() for _ in range(3)]
+    vocab = s.vocab_size
+    runs = [prompt_of(70, 3, vocab), prompt_of(21, 4, vocab)]
+    cut = StepPlan(mode=ForwardMode.EXTEND, tokens=runs, prefix_lens=[0, 0], slots=slots,
+                   snapshots=[[(33, snaps[0]), (64, snaps[1])], [(21, snaps[2])]], logit_rows=[69, 90])
+    assert runner.extend_graphs.shape_for(cut) is not None
+    logits = runner.forward_step(cut).clone()
+    got = [(pool.conv[:, i].clone(), pool.ssm[:, i].clone()) for i in snaps]
+    plain = StepPlan(mode=ForwardMode.EXTEND, tokens=runs, prefix_lens=[0, 0], slots=slots, logit_rows=[69, 90])
+    torch.testing.assert_close(runner.forward_step(plain), logits, atol=0, rtol=0)
+    for (row, p), (conv, ssm) in zip([(0, 33), (0, 64), (1, 21)], got):
+        alone = StepPlan(mode=ForwardMode.EXTEND, tokens=[runs[row][:p]], prefix_lens=[0], slots=[slots[0]],
+                         logit_rows=[])
+        runner.forward_step(alone)
+        torch.testing.assert_close(conv, pool.conv[:, slots[0]], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ssm, pool.ssm[:, slots[0]], atol=1e-4, rtol=1e-4)

@@ -4,6 +4,7 @@ modules (RMSNorm + RotaryEmbedding)."""
 import pytest
 import torch
 
+from hybrid_sgl.layers.backends import dense_ops
 from hybrid_sgl.layers.norm import RMSNorm
 from hybrid_sgl.layers.rotary import RotaryEmbedding
 from triton_kernels.attention_prep import qk_norm_rope, qk_norm_rope_ref, sigmoid_gate_mul, sigmoid_gate_mul_ref
@@ -24,7 +25,8 @@ def test_qk_norm_rope_matches_reference_and_modules(hq, hkv, d, rot):
     args = dict(q=q, k=k, q_weight=wq, k_weight=wk, cos_sin=rotary.cos_sin, positions=positions, eps=1e-6,
                 offset=1.0, rotary_dim=rot)
     ours, ref = qk_norm_rope(**args), qk_norm_rope_ref(**args)
-    qn, kn = RMSNorm(d, 1e-6, 1.0).to(DEVICE), RMSNorm(d, 1e-6, 1.0).to(DEVICE)
+    torch_ops = dense_ops("torch")
+    qn, kn = RMSNorm(d, 1e-6, 1.0, ops=torch_ops).to(DEVICE), RMSNorm(d, 1e-6, 1.0, ops=torch_ops).to(DEVICE)
     qn.weight.data.copy_(wq)
     kn.weight.data.copy_(wk)
     modules = rotary(positions, qn(q), kn(k))

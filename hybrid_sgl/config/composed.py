@@ -41,7 +41,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hybrid_sgl.config import (
+from hybrid_sgl.config.bamba import mamba2_spec
+from hybrid_sgl.config.model_config import (
     FFNS,
     MIXERS,
     AttentionSpec,
@@ -52,7 +53,6 @@ from hybrid_sgl.config import (
     checkpoint_fields,
     rope_params,
 )
-from hybrid_sgl.models.bamba import _mamba2_spec
 
 MODEL_TYPE = "hybrid_sgl"
 ARCHITECTURE = "HybridSGLForCausalLM"
@@ -149,7 +149,7 @@ def parse_config(hf: dict, gen_eos: list[int]) -> ComposedConfig:
         layer_plan=plan,
         attention=attention_spec(section(hf, "full_attention")) if "full_attention" in used else _NO_ATTENTION,
         gdn=gdn_spec(section(hf, "linear_attention")) if "linear_attention" in used else None,
-        mamba2=_mamba2_spec({**section(hf, "mamba2"), "hidden_size": hidden}) if "mamba2" in used else None,
+        mamba2=mamba2_spec({**section(hf, "mamba2"), "hidden_size": hidden}) if "mamba2" in used else None,
         mamba=mamba_spec(section(hf, "mamba"), hidden) if "mamba" in used else None,
         moe=moe_spec(section(hf, "moe")) if "moe" in used else None,
         weight_prefix="model.",

@@ -1,15 +1,16 @@
 """ModelConfig: one normalized, frozen view of any supported HF config, with its layer plan.
 
 `ModelConfig.from_hf(path)` reads `config.json` (and `generation_config.json` for EOS ids),
-picks the family parser by `model_type`, and returns the same fields whatever names the
+picks the family parser by `model_type` (CONFIG_PARSERS, filled by this package's __init__ with
+the parser of each family module beside this one), and returns the same fields whatever names the
 family uses. `layer_plan[i] = (mixer, ffn)` drives everything downstream; nothing inspects
-modules at run time.
+modules at run time. Which mixer kinds own a KV-pool layer or a state-pool layer is said once,
+here (KV_MIXERS, STATE_MIXERS).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import os
 from collections.abc import Callable
@@ -175,9 +176,6 @@ class ModelConfig:
     def num_layers(self) -> int:
         return len(self.layer_plan)
 
-    def layers_of(self, mixer: str) -> list[int]:
-        return [i for i, (m, _) in enumerate(self.layer_plan) if m == mixer]
-
     @property
     def kv_layers(self) -> list[int]:
         """Layers that own a KV-pool layer, in order."""
@@ -208,9 +206,6 @@ class ModelConfig:
             hf = json.load(f)
         model_type = hf.get("model_type", "")
         parser = CONFIG_PARSERS.get(model_type)
-        if isinstance(parser, str):  # "module:function", imported on first use
-            module, _, name = parser.partition(":")
-            parser = getattr(importlib.import_module(module), name)
         if parser is None:
             supported = ", ".join(sorted(CONFIG_PARSERS))
             arch = (hf.get("architectures") or ["?"])[0]
@@ -220,6 +215,10 @@ class ModelConfig:
         config = parser(hf, _generation_eos(path))
         quant = quantization_config_of(hf)
         return dataclasses.replace(config, quantization_config=quant) if quant else config
+
+
+# model_type -> parser(hf config dict, generation-config eos ids) -> ModelConfig
+CONFIG_PARSERS: dict[str, Callable[[dict, list[int]], ModelConfig]] = {}
 
 
 def quantization_config_of(hf: dict) -> dict | None:
@@ -273,90 +272,3 @@ def rope_params(text: dict) -> tuple[float, float]:
     theta = rope.get("rope_theta", text.get("rope_theta", 10000.0))
     partial = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 1.0))
     return float(theta), float(partial)
-
-
-def _parse_qwen3_gdn(hf: dict, gen_eos: list[int]) -> ModelConfig:
-    """Qwen3-Next, Qwen3.5 and Qwen3.5-MoE: GDN + gated attention, dense MLP or MoE."""
-    text = hf.get("text_config", hf)
-    nested = text is not hf
-    n_layers = text["num_hidden_layers"]
-    layer_types = text.get("layer_types") or [
-        "linear_attention" if (i + 1) % text.get("full_attention_interval", 4) else "full_attention"
-        for i in range(n_layers)
-    ]
-    num_experts = text.get("num_experts", 0) or 0
-    moe = None
-    if num_experts > 0:
-        moe = MoESpec(
-            num_experts=num_experts,
-            top_k=text["num_experts_per_tok"],
-            intermediate_size=text["moe_intermediate_size"],
-            norm_topk_prob=text.get("norm_topk_prob", True),
-            shared_expert_intermediate_size=text.get("shared_expert_intermediate_size", 0) or 0,
-            shared_expert_gate=True,
-        )
-    sparse_step = text.get("decoder_sparse_step", 1)
-    mlp_only = set(text.get("mlp_only_layers") or [])
-
-    def ffn_of(i: int) -> str:
-        is_moe = moe is not None and i not in mlp_only and (i + 1) % sparse_step == 0
-        return "moe" if is_moe else "mlp"
-
-    if text.get("hidden_act", "silu") not in ("silu", "swish"):
-        raise ValueError(f"hidden_act {text['hidden_act']!r} is not supported (supported: silu)")
-    head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
-    theta, partial = rope_params(text)
-    tie = hf.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
-    return ModelConfig(
-        architecture=(hf.get("architectures") or ["Qwen3NextForCausalLM"])[0],
-        model_type=hf["model_type"],
-        vocab_size=text["vocab_size"],
-        hidden_size=text["hidden_size"],
-        intermediate_size=text.get("intermediate_size", 0) or 0,
-        rms_norm_eps=text.get("rms_norm_eps", 1e-6),
-        norm_offset=1.0,
-        hidden_act=text.get("hidden_act", "silu"),
-        tie_word_embeddings=bool(tie),
-        context_length=text.get("max_position_embeddings", 32768),
-        dtype=str(text.get("dtype") or text.get("torch_dtype") or hf.get("dtype") or "bfloat16"),
-        layer_plan=tuple((layer_types[i], ffn_of(i)) for i in range(n_layers)),
-        eos_token_ids=tuple(dict.fromkeys(gen_eos + as_list(text.get("eos_token_id"))
-                                          + as_list(hf.get("eos_token_id")))),
-        attention=AttentionSpec(
-            num_heads=text["num_attention_heads"],
-            num_kv_heads=text["num_key_value_heads"],
-            head_dim=head_dim,
-            rotary_dim=int(head_dim * partial),
-            rope_theta=theta,
-            output_gate=True,
-            qk_norm=True,
-            bias=text.get("attention_bias", False),
-        ),
-        gdn=GDNSpec(
-            num_k_heads=text["linear_num_key_heads"],
-            num_v_heads=text["linear_num_value_heads"],
-            head_k_dim=text["linear_key_head_dim"],
-            head_v_dim=text["linear_value_head_dim"],
-            conv_kernel=text.get("linear_conv_kernel_dim", 4),
-        ),
-        moe=moe,
-        weight_prefix="model.language_model." if nested else "model.",
-        hf_text_config=text,
-    )
-
-
-# model_type -> parser(hf config dict, generation-config eos ids) -> ModelConfig; a string names
-# "module:function" in the family's model file.
-CONFIG_PARSERS: dict[str, Callable[[dict, list[int]], ModelConfig] | str] = {
-    "qwen3_next": _parse_qwen3_gdn,
-    "qwen3_5": _parse_qwen3_gdn,
-    "qwen3_5_text": _parse_qwen3_gdn,
-    "qwen3_5_moe": _parse_qwen3_gdn,
-    "qwen3_5_moe_text": _parse_qwen3_gdn,
-    "nemotron_h": "hybrid_sgl.models.nemotron_h:parse_config",
-    "falcon_h1": "hybrid_sgl.models.falcon_h1:parse_config",
-    "bamba": "hybrid_sgl.models.bamba:parse_config",
-    "granitemoehybrid": "hybrid_sgl.models.bamba:parse_config",
-    "jamba": "hybrid_sgl.models.jamba:parse_config",
-    "hybrid_sgl": "hybrid_sgl.models.composed_config:parse_config",
-}
