@@ -24,15 +24,15 @@ from triton_kernels.varlen import num_virtual_chunks
 CHUNK_SIZE = 64
 
 
-def _state_config(num_seqs: int, HV: int, V: int) -> tuple[int, int, int]:
+def _state_config(num_seqs: int, HV: int, V: int, cuts: bool = False) -> tuple[int, int, int]:
     """(BV, num_warps, num_stages) of the sequential state kernel, from the H200 sweeps: [K, 64] state
     blocks on 4 warps when the (sequence, head, V block) programs fill the GPU; else [K, 32] blocks
     with 3 stages of prefetch (one program per SM at 32 heads: the serial chain and the re-reads of
     w and k by every V block bound it, finer blocks only add re-reads). Chosen by hand, not
     autotuned: the kernel updates the state pool in place, so the autotuner's repeated runs would
-    corrupt it."""
+    corrupt it. With snapshot cuts the [K, 64] blocks take 8 warps: on 4 the cut branch spills (ptxas)."""
     if num_seqs * HV * triton.cdiv(V, 64) >= 256:
-        return min(64, max(16, triton.next_power_of_2(V))), 4, 2
+        return min(64, max(16, triton.next_power_of_2(V))), 8 if cuts else 4, 2
     return min(32, max(16, triton.next_power_of_2(V))), 4, 3
 
 
@@ -83,7 +83,7 @@ def _gdn_prefill_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, cu_seqlens, stat
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0), N,
         HK=HK, HV=HV, K=K, V=V, BT=BT, BK=BK, BLOCK_N=64, PREC=prec,
     )
-    BV_state, num_warps, num_stages = state_config or _state_config(N, HV, V)
+    BV_state, num_warps, num_stages = state_config or _state_config(N, HV, V, has_snap)
     _gdn_chunk_state_kernel[(triton.cdiv(V, BV_state), HV, N)](
         kn, w, u, g_cum, h, v_new, ssm_states, cu_seqlens, state_slots, has_initial_state,
         snap_pos if has_snap else state_slots, snap_slots if has_snap else state_slots,

@@ -75,7 +75,8 @@ def test_decode_and_extend_steps_never_sync(tiny_checkpoint, family, graphs):
 @pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h", "falcon_h1", "jamba"])
 def test_snapshot_cuts_inside_graphed_extend_steps(tiny_checkpoint, family):
     """A step with snapshot cuts replays its shape's graph; each snapshot holds the state (conv and
-    recurrent) of a prefill of only the tokens before its cut, and the step itself is not changed by them."""
+    recurrent) of a prefill of only the tokens before its cut, and the step itself is not changed by them
+    (beyond float32 rounding)."""
     path = tiny_checkpoint(family)
     s = make_scheduler(path, device="cuda", chunked_prefill_size=96, page_size=16, cuda_graph_max_tokens=96,
                        **BACKENDS["triton"])
@@ -93,7 +94,8 @@ def test_snapshot_cuts_inside_graphed_extend_steps(tiny_checkpoint, family):
     logits = runner.forward_step(cut).clone()
     got = [(pool.conv[:, i].clone(), pool.ssm[:, i].clone()) for i in snaps]
     plain = StepPlan(mode=ForwardMode.EXTEND, tokens=runs, prefix_lens=[0, 0], slots=slots, logit_rows=[69, 90])
-    torch.testing.assert_close(runner.forward_step(plain), logits, atol=0, rtol=0)
+    # the cut variant of a state kernel is another compiled program: float32 sums may reassociate (6e-7 seen)
+    torch.testing.assert_close(runner.forward_step(plain), logits, atol=1e-5, rtol=1e-5)
     for (row, p), (conv, ssm) in zip([(0, 33), (0, 64), (1, 21)], got):
         alone = StepPlan(mode=ForwardMode.EXTEND, tokens=[runs[row][:p]], prefix_lens=[0], slots=[slots[0]],
                          logit_rows=[])

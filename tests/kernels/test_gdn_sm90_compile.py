@@ -18,7 +18,8 @@ HK, HV, K, V, D = 16, 32, 128, 128, 8192
 BF16 = "*bf16"
 gdn = dict(q=BF16, k=BF16, v=BF16, a=BF16, b=BF16, A_log="*fp32", dt_bias="*fp32", ssm_states="*fp32",
            state_slots="*i32", cu_seqlens="*i32", has_initial_state="*i1", o=BF16, g_cum="*fp32", kn=BF16,
-           w=BF16, u=BF16, h=BF16, v_new=BF16, scale="fp32", z=BF16, norm_w=BF16, eps="fp32", arrivals="*i32")
+           w=BF16, u=BF16, h=BF16, v_new=BF16, scale="fp32", z=BF16, norm_w=BF16, eps="fp32", arrivals="*i32",
+           snap_pos="*i32", snap_slots="*i32")
 for batch in (1, 8, 64, 256):
     for norm in (False, True):
         BV, warps = gdn_recurrent._decode_config(batch, HV, K, V, whole_heads=norm)
@@ -31,9 +32,10 @@ for c in parts.INTRA_CONFIGS:
     out[f"intra BV{c.kwargs['BV']} w{c.num_warps} s{c.num_stages}"] = compile_sm90(parts._gdn_chunk_intra_kernel, gdn,
         dict(HK=HK, HV=HV, K=K, V=V, BT=64, BK=K, BLOCK_N=64, PREC="tf32", **c.kwargs), c.num_warps, c.num_stages)
 for num_seqs in (1, 8):
-    BV, warps, stages = gdn_chunk._state_config(num_seqs, HV, V)
-    out[f"state N{num_seqs}"] = compile_sm90(parts._gdn_chunk_state_kernel, gdn,
-        dict(HK=HK, HV=HV, K=K, V=V, BT=64, BK=64, BV=BV, PREC="tf32"), warps, stages)
+    for snap in (False, True):
+        BV, warps, stages = gdn_chunk._state_config(num_seqs, HV, V, snap)
+        out[f"state N{num_seqs}{' cuts' * snap}"] = compile_sm90(parts._gdn_chunk_state_kernel, gdn,
+            dict(HK=HK, HV=HV, K=K, V=V, BT=64, BK=64, BV=BV, PREC="tf32", HAS_SNAP=snap), warps, stages)
 for c in parts.OUTPUT_CONFIGS:
     out[f"output BV{c.kwargs['BV']} w{c.num_warps} s{c.num_stages}"] = compile_sm90(parts._gdn_chunk_output_kernel, gdn,
         dict(HK=HK, HV=HV, K=K, V=V, BT=64, BK=K, BLOCK_N=64, PREC="tf32", **c.kwargs), c.num_warps, c.num_stages)
@@ -41,13 +43,15 @@ f32 = {name: "*fp32" if t.startswith("*") and t != "*i32" and t != "*i1" else t 
 tiny = dict(HK=2, HV=4, K=16, V=16, BT=64, PREC="tf32x3")  # the tiny float32 models of the GPU model tests
 out["intra f32"] = compile_sm90(parts._gdn_chunk_intra_kernel, f32, dict(**tiny, BK=16, BV=64, BLOCK_N=64), 4, 1)
 BV, warps, stages = gdn_chunk._state_config(1, 4, 16)
-out["state f32"] = compile_sm90(parts._gdn_chunk_state_kernel, f32, dict(**tiny, BK=16, BV=BV), warps, stages)
+out["state f32"] = compile_sm90(parts._gdn_chunk_state_kernel, f32, dict(**tiny, BK=16, BV=BV, HAS_SNAP=True), warps,
+                               stages)
 out["output f32"] = compile_sm90(parts._gdn_chunk_output_kernel, f32, dict(**tiny, BK=16, BV=64, BLOCK_N=64), 4, 1)
 cv = dict(x=BF16, weight=BF16, bias=BF16, conv_states=BF16, cu_seqlens="*i32", state_slots="*i32",
-          has_initial_state="*i1", y=BF16)
+          has_initial_state="*i1", y=BF16, snap_pos="*i32", snap_slots="*i32")
 BT, BD, warps = conv._prefill_config()
-out["conv prefill"] = compile_sm90(conv._causal_conv1d_prefill_kernel, cv,
-    dict(D=D, W=4, BT=BT, BD=BD, BW=4, BLOCK_N=64, HAS_BIAS=False, USE_SILU=True), warps, 1)
+for snap in (False, True):
+    out[f"conv prefill{' cuts' * snap}"] = compile_sm90(conv._causal_conv1d_prefill_kernel, cv,
+        dict(D=D, W=4, BT=BT, BD=BD, BW=4, BLOCK_N=64, HAS_BIAS=False, USE_SILU=True, HAS_SNAP=snap), warps, 1)
 for batch in (1, 8, 64):
     BD, warps = conv._update_config(batch)
     out[f"conv update B{batch}"] = compile_sm90(conv._causal_conv1d_update_kernel, cv,
