@@ -28,7 +28,7 @@ from hybrid_sgl.runner.model_runner import ModelRunner
 from hybrid_sgl.runner.tp_workers import TPWorkers
 from hybrid_sgl.sampling_params import SamplingParams
 from hybrid_sgl.scheduler.engine_loop import EngineLoop, ReqUpdate
-from hybrid_sgl.scheduler.prefix_sharing import prefix_sharing_for
+from hybrid_sgl.scheduler.prefix_sharing import describe_placement, prefix_sharing_for
 from hybrid_sgl.scheduler.request import Req
 from hybrid_sgl.scheduler.scheduler import Scheduler
 from hybrid_sgl.server_args import ServerArgs
@@ -160,7 +160,9 @@ class Engine:
                 "state_bytes_per_request": plan.state_bytes_per_request,
                 "kv_bytes_per_token": plan.kv_bytes_per_token,
                 "max_snapshots": plan.num_snapshots,
-                "snapshot_bytes": plan.num_snapshots * plan.state_bytes_per_request}
+                "snapshot_bytes": plan.num_snapshots * plan.state_bytes_per_request,
+                "snapshot_placement": ("off" if self.server_args.disable_radix_cache or not plan.state_bytes_per_request
+                                       else describe_placement(self.server_args.snapshot_interval))}
 
     # ---- what the HTTP server reads: plain data, so that nothing outside needs the engine's parts ------
     def capacity(self) -> EngineCapacity:
@@ -182,8 +184,8 @@ class Engine:
             num_free_pages, num_pages, page_size
                                         KV pages (pages only the prefix cache holds count as used)
             num_preemptions             sequences retracted so far to free KV pages
-            cached_pages, evictable_pages, num_snapshots, snapshot_slots, cache_nodes,
-            cache_hit_tokens, cache_lookup_tokens
+            cached_pages, evictable_pages, num_snapshots, snapshot_slots, snapshot_bytes,
+            snapshots_taken, snapshots_hit, cache_nodes, cache_hit_tokens, cache_lookup_tokens
                                         the prefix cache (zeros when it is off)
             computed_prompt_tokens      prompt tokens run through extend steps so far
 

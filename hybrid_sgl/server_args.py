@@ -98,8 +98,8 @@ class ServerArgs:
     mamba_full_memory_ratio: float = _f(0.9, "Recurrent-state memory (running slots plus snapshots) over KV "
                                         "memory when sizing the snapshot pool by default.")
     snapshot_interval: int | None = _f(None, "Snapshot the recurrent state every this many tokens inside a prompt "
-                                       "(taken in the middle of prefill steps). Default 2048; smaller values let "
-                                       "shorter shared prefixes be reused sooner at some cost per prefill step.")
+                                       "(written by the prefill kernels). Default: at 64, 96, 128, 192, then "
+                                       "four a doubling (256, 320, 384, 448, 512, 640, ...).")
     schedule_policy: str = _f("lpm", "Order of waiting requests: lpm = longest cached prefix first (with the "
                               "prefix cache), fcfs = arrival order.", ["lpm", "fcfs"])
     # ---- structured outputs, tools, reasoning ----

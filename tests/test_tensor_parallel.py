@@ -18,9 +18,9 @@ from hybrid_sgl.server_args import ServerArgs
 from hybrid_sgl.testing.tiny_checkpoint import TINY_MOE
 from hybrid_sgl.testing.tiny_composed import make_composed_checkpoint
 
-# 8 pages of 16 tokens for 4 requests of ~70 tokens each: the batch preempts; chunks of 24 tokens
+# 7 pages of 16 tokens for 4 requests of ~70 tokens each: the batch preempts; chunks of 24 tokens
 ARGS = dict(device="cpu", dtype="float32", page_size=16, max_running_requests=4, chunked_prefill_size=24,
-            max_total_tokens=128, snapshot_interval=32, log_level="warning")
+            max_total_tokens=112, snapshot_interval=32, log_level="warning")
 TP4_GDN = dict(linear_num_key_heads=4, linear_num_value_heads=8)  # KV heads (2) replicate at tp 4
 
 

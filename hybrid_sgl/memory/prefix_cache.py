@@ -17,14 +17,20 @@ private copy of the tail page (it writes positions >= p into it), and a copy of 
 then computes from p. For a model without recurrent layers every page boundary is a free
 snapshot. Reference counts live in the allocator: the cache holds one per node page and one per
 tail page. A running request locks the path it reuses (`lock` counts on the node and all its
-ancestors); unlocked leaves and all snapshots are evicted least recently used first, and a
-node with no snapshot below it is useless for a hybrid model and goes at once.
+ancestors). Unlocked leaves are evicted least recently used first, and a node with no snapshot
+below it is useless for a hybrid model and goes at once.
+
+Snapshots are evicted by value (greedy-dual-size-frequency): every snapshot costs the same bytes
+(one state slot), and is worth the tokens it `saves` (its position less the deepest snapshot
+above it on its path, when it was taken) times how often it was used. Its `priority` is
+`inflation + uses * saves`, where `inflation` is the priority of the last snapshot evicted, so
+that one that stopped being used ages out however much it once saved. A new snapshot worth less
+than every snapshot held is not taken when the pool is full.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from hybrid_sgl.memory.allocator import Allocator, OutOfPages
@@ -40,6 +46,9 @@ class Snapshot:
     tail_page: int | None  # page with the tail's KV (None when tail is empty)
     node: Node | None = None  # the node it hangs on
     last_used: int = 0
+    saves: int = 0  # tokens it saves over the deepest snapshot above it on its path
+    uses: int = 1  # taken, plus restored
+    priority: float = 0.0  # inflation at its last use + uses * saves: the lowest is evicted first
 
 
 @dataclass(eq=False)
@@ -80,9 +89,12 @@ class PrefixCache:
         self.stateful = state_pool is not None
         self.root = Node(key=(), pages=[], start=0)
         self._clock = itertools.count(1)
-        self._lru: OrderedDict[Snapshot, None] = OrderedDict()  # every snapshot, least recently used first
+        self._snapshots: dict[Snapshot, None] = {}  # every snapshot held
+        self._inflation = 0.0  # priority of the last snapshot evicted
         self.hit_tokens = 0  # tokens restored from the cache, over all admissions
         self.lookup_tokens = 0  # prompt tokens looked up
+        self.snapshots_taken = 0
+        self.snapshots_hit = 0  # restores of a snapshot
 
     # ---- lookup ------------------------------------------------------------------------------------
     def match(self, tokens: list[int], limit: int) -> Match:
@@ -137,8 +149,10 @@ class PrefixCache:
             self.state_pool.copy_slot(m.snapshot.index, slot)
         now = next(self._clock)
         if m.snapshot is not None:
-            m.snapshot.last_used = now
-            self._lru.move_to_end(m.snapshot)
+            snap = m.snapshot
+            snap.last_used, snap.uses = now, snap.uses + 1
+            snap.priority = self._inflation + snap.uses * snap.saves
+            self.snapshots_hit += 1
         n = m.node
         while n is not None:
             n.last_used = now
@@ -170,7 +184,8 @@ class PrefixCache:
         self.lock(node)
         if (slot is not None or filled is not None) and self.stateful and len(tokens) > 0:
             tail = tuple(tokens[whole:])
-            self._add_snapshot(node, len(tokens), tail, pages[whole // ps] if tail else None, slot, filled)
+            saves = len(tokens) - self._deepest_snapshot_above(node, tokens)
+            self._add_snapshot(node, len(tokens), tail, pages[whole // ps] if tail else None, slot, filled, saves)
         elif filled is not None:
             self.allocator.free_snapshot(filled)
         if not keep:
@@ -217,31 +232,50 @@ class PrefixCache:
             snap.node = upper
         return upper
 
+    def _deepest_snapshot_above(self, node: Node, tokens: list[int]) -> int:
+        """Position of the deepest snapshot before len(tokens) on the path of `tokens` (which ends in
+        `node` or in its last partial page), 0 if none."""
+        pos, best = len(tokens), 0
+        n = node
+        while n is not None:
+            for s in n.snapshots:
+                floor = s.pos - len(s.tail)
+                if best < s.pos < pos and tuple(tokens[floor:s.pos]) == s.tail:
+                    best = s.pos
+            n = n.parent
+        return best
+
     def _add_snapshot(self, node: Node, pos: int, tail: tuple[int, ...], tail_page: int | None, slot: int | None,
-                      filled: int | None) -> None:
+                      filled: int | None, saves: int) -> None:
         now = next(self._clock)
         for snap in node.snapshots:
             if snap.pos == pos and snap.tail == tail:
                 snap.last_used = now
-                self._lru.move_to_end(snap)
+                snap.priority = self._inflation + snap.uses * snap.saves
                 if filled is not None:
                     self.allocator.free_snapshot(filled)
                 return
-        index = filled if filled is not None else self.take_snapshot_slot()
+        index = filled if filled is not None else self.take_snapshot_slot(saves)
         if index is None:
-            return  # no snapshot slot could be freed: no room for this one
+            return  # the pool is full of snapshots worth more than this one
         if filled is None:
             self.state_pool.copy_slot(slot, index)
         if tail_page is not None:
             self.allocator.ref_page(tail_page)
-        snap = Snapshot(pos=pos, index=index, tail=tail, tail_page=tail_page, node=node, last_used=now)
+        snap = Snapshot(pos=pos, index=index, tail=tail, tail_page=tail_page, node=node, last_used=now,
+                        saves=saves, priority=self._inflation + saves)
         node.snapshots.append(snap)
-        self._lru[snap] = None
+        self._snapshots[snap] = None
+        self.snapshots_taken += 1
 
-    def take_snapshot_slot(self) -> int | None:
-        """A free snapshot slot (evicting the least recently used snapshot if needed), or None."""
-        if self.allocator.num_free_snapshots == 0 and self.stateful:
-            self.evict_snapshots(1)
+    def take_snapshot_slot(self, saves: int | None = None) -> int | None:
+        """A free snapshot slot, or None. When none is free, the lowest-priority snapshot is evicted,
+        unless a snapshot saving `saves` tokens would rank below it (then None)."""
+        if self.allocator.num_free_snapshots == 0 and self.stateful and self._snapshots:
+            cheapest = min(self._snapshots, key=_eviction_order)
+            if saves is not None and cheapest.priority > self._inflation + saves:
+                return None
+            self._evict_snapshot(cheapest)
         return self.allocator.alloc_snapshot()
 
     # ---- eviction ----------------------------------------------------------------------------------
@@ -259,19 +293,22 @@ class PrefixCache:
         return True
 
     def evict_snapshots(self, num_free: int) -> bool:
-        """Evict snapshots, least recently used first, until num_free snapshot slots are free."""
+        """Evict snapshots, lowest priority first, until num_free snapshot slots are free."""
         while self.allocator.num_free_snapshots < num_free:
-            if not self._lru:
+            if not self._snapshots:
                 return False
-            snap = next(iter(self._lru))
-            node = snap.node
-            self._drop_snapshot(node, snap)
-            self._prune(node)
+            self._evict_snapshot(min(self._snapshots, key=_eviction_order))
         return True
+
+    def _evict_snapshot(self, snap: Snapshot) -> None:
+        self._inflation = max(self._inflation, snap.priority)
+        node = snap.node
+        self._drop_snapshot(node, snap)
+        self._prune(node)
 
     def _drop_snapshot(self, node: Node, snap: Snapshot) -> None:
         node.snapshots.remove(snap)
-        del self._lru[snap]
+        del self._snapshots[snap]
         self.allocator.free_snapshot(snap.index)
         if snap.tail_page is not None:
             self.allocator.unref_page(snap.tail_page)
@@ -328,16 +365,23 @@ class PrefixCache:
         return [s.index for n in self._nodes() for s in n.snapshots]
 
     def stats(self) -> dict:
+        """cached_pages: pages the cache references (node pages and snapshot tail pages);
+        evictable_pages: those of them only unlocked nodes reference, freed by evicting them."""
         nodes = self._nodes()
+        cached: set[int] = set()
         refs: dict[int, int] = {}
         for n in nodes:
+            held = n.pages + [s.tail_page for s in n.snapshots if s.tail_page is not None]
+            cached.update(held)
             if n.lock == 0:
-                for p in n.pages + [s.tail_page for s in n.snapshots if s.tail_page is not None]:
+                for p in held:
                     refs[p] = refs.get(p, 0) + 1
         evictable = sum(1 for p, r in refs.items() if self.allocator.page_refs[p] == r)
-        return {"cached_pages": len({p for n in nodes for p in n.pages}), "evictable_pages": evictable,
-                "num_snapshots": sum(len(n.snapshots) for n in nodes),
-                "snapshot_slots": self.allocator.num_snapshots, "cache_nodes": len(nodes) - 1,
+        return {"cached_pages": len(cached), "evictable_pages": evictable,
+                "num_snapshots": len(self._snapshots), "snapshot_slots": self.allocator.num_snapshots,
+                "snapshot_bytes": len(self._snapshots) * (self.state_pool.slot_bytes if self.stateful else 0),
+                "snapshots_taken": self.snapshots_taken, "snapshots_hit": self.snapshots_hit,
+                "cache_nodes": len(nodes) - 1,
                 "cache_hit_tokens": self.hit_tokens, "cache_lookup_tokens": self.lookup_tokens}
 
     def check_integrity(self) -> None:
@@ -345,7 +389,7 @@ class PrefixCache:
         by the caller through `lock` counts >= children's), snapshots inside their node's range."""
         ps = self.page_size
         nodes = self._nodes()
-        assert len(self._lru) == sum(len(n.snapshots) for n in nodes), "the LRU list and the tree disagree"
+        assert len(self._snapshots) == sum(len(n.snapshots) for n in nodes), "the snapshot list and the tree disagree"
         for n in nodes:
             if n is self.root:
                 assert not n.key and not n.pages and n.start == 0, "root holds tokens"
@@ -358,7 +402,7 @@ class PrefixCache:
                     "a leaf without snapshots is kept in a hybrid model's cache")
             assert n.lock >= sum(c.lock for c in n.children.values()), "a node's lock is below its children's"
             for s in n.snapshots:
-                assert s.node is n and s in self._lru, "snapshot's node or LRU entry is stale"
+                assert s.node is n and s in self._snapshots, "snapshot's node or list entry is stale"
                 floor = s.pos - len(s.tail)
                 assert floor % ps == 0 and len(s.tail) < ps, "snapshot tail is not the partial page"
                 assert (n is self.root and floor == 0) or n.start < floor <= n.end, "snapshot outside its node"
@@ -378,6 +422,10 @@ def _common_pages(key: tuple[int, ...], tokens: list[int], pos: int, ps: int) ->
         else:
             hi = mid
     return lo
+
+
+def _eviction_order(snap: Snapshot) -> tuple[float, int]:
+    return snap.priority, snap.last_used
 
 
 def _leaf_age(node: Node) -> int:

@@ -29,6 +29,11 @@ class StatePool:
         self.conv = torch.zeros(num_layers, rows, *conv_shape, dtype=conv_dtype, device=device)
         self.ssm = torch.zeros(num_layers, rows, *ssm_shape, dtype=ssm_dtype, device=device)
 
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes of one slot's state over all layers."""
+        return self.conv[:, 0].nbytes + self.ssm[:, 0].nbytes
+
     def copy_slot(self, src: int, dst: int) -> None:
         """State of every layer at index src -> dst (a device copy queued on the stream; no host wait)."""
         self.conv[:, dst].copy_(self.conv[:, src])

@@ -3,15 +3,22 @@ waits for whom, and what goes into the cache when.
 
 A recurrent layer's state can only be restored where a copy of it was taken. Copies are taken
 at the end of every prompt chunk and of every finished or preempted request, and inside a prompt
-chunk (the recurrent layers run the chunk's runs in segments and copy the state at each cut; see
-ForwardBatch.recurrent) at:
+chunk, where the recurrent prefill kernels write the state at each cut into a snapshot slot
+(ForwardBatch.snap_pos / snap_slots; a cut costs the state's bytes and no host time), at:
   - *branch points*: where the prompt leaves the cached pages (the pages are there, the state is
     not), or where it stops sharing tokens with a request still waiting (a shared system prompt,
     the n samples of one prompt, a DSL fork). The waiting request is held back until the running
-    one has passed that point, then finds a snapshot there;
-  - every `snapshot_interval` tokens of a prompt, so that a prefix shared later still finds a
-    snapshot at most one interval short of where the prompts part.
-A branch point is taken only when at least `min_branch_tokens` would be shared.
+    one has passed that point, then finds a snapshot there. A branch point is taken when at
+    least `min_branch_tokens` would be shared, or when one prompt is the other's prefix (the n
+    samples of one prompt, a resent prompt), however short;
+  - the prompt's last position but one, so that the same prompt sent again restores all of it
+    but the one token it must compute;
+  - fixed positions (`cut_points`), so that a prefix shared later finds a snapshot close to
+    where the prompts part: by default 64, 96, 128, 192, then four a doubling (256, 320, 384,
+    448, 512, 640, ...), which puts one at >= 80 % of any shared prefix of 256 tokens or more;
+    with --snapshot-interval N every N tokens instead.
+A row takes at most MAX_CUTS cuts a step: branch points and the last position first, then the
+fixed positions deepest first.
 
 PrefixSharing implements sharing.BasePrefixSharing; prefix_sharing_for gives it, or the null
 NoPrefixSharing under --disable-radix-cache.
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from hybrid_sgl.batch import MAX_CUTS
 from hybrid_sgl.memory.allocator import Allocator
 from hybrid_sgl.memory.pools import Pools
 from hybrid_sgl.memory.prefix_cache import Match, PrefixCache
@@ -28,12 +36,12 @@ from hybrid_sgl.runner.model_runner import BatchItem
 from hybrid_sgl.scheduler.request import Req
 from hybrid_sgl.scheduler.sharing import BasePrefixSharing, NoPrefixSharing
 
-# Tokens between snapshots inside a prompt. Each cut inside a prefill step costs one more pass of the
-# recurrent layers' prefill kernels (about 8 ms of host time on the Qwen3.5-9B shape, H200): at 2048 a
-# cold 4k prompt pays about 15 %, a 1k prompt nothing; --snapshot-interval 512 trades more for reuse
-# of shorter shared prefixes by the second request already (a third always finds the branch point).
-DEFAULT_SNAPSHOT_INTERVAL = 2048
-MIN_BRANCH_TOKENS = 64  # a branch point ends a chunk only when at least this many tokens would be shared
+# The default cut positions: from FIRST_CUT, two a doubling up to DENSE_FROM, then four a doubling.
+# Eight cuts in a 2k prefill cost 0.3 ms of its 53 ms on the 9B shape (H100, bench/results/2026-12-05).
+FIRST_CUT, DENSE_FROM = 64, 256
+# A partial share shorter than this is not worth holding a request back a step for: computing 64 more
+# tokens inside a batch costs about 1.6 ms of device time on the 9B shape, a step of waiting 7-50 ms.
+MIN_BRANCH_TOKENS = 64
 LPM_MAX_WAITING = 128  # longest-prefix-first ordering costs a lookup per waiting request; above this, FCFS
 PEERS_CHECKED = 64  # waiting requests compared with a prefilling one for branch points
 
@@ -89,7 +97,7 @@ class PrefixSharing(BasePrefixSharing):
         """Where req leaves what the cache can restore: cached pages (or state past the last prompt
         token) go on without a snapshot. A snapshot is taken there, so the next request finds one."""
         branch = min(m.matched, req.seq_len - 1)
-        req.branch_pos = branch if branch >= m.pos + self.min_branch else 0
+        req.branch_pos = branch if branch > m.pos else 0
 
     def lock(self, m: Match) -> None:
         self.cache.lock(m.node)
@@ -100,27 +108,26 @@ class PrefixSharing(BasePrefixSharing):
     # ---- snapshots inside a chunk -------------------------------------------------------------------
     def plan_snapshots(self, items: list[BatchItem], waiting: Iterable[Req]) -> None:
         """Give each prompt chunk its snapshot points (positions strictly inside it) and a snapshot
-        slot for each, while slots can be had."""
+        slot for each, while slots can be had for what a point would save."""
         waiting = list(waiting)[:PEERS_CHECKED]
         for item in items:
-            for pos in self.snapshot_points(item.req, item.start, item.end, waiting):
-                index = self.cache.take_snapshot_slot()
-                if index is None:
-                    break
-                item.snapshots.append((pos, index))
+            points = self.snapshot_points(item.req, item.start, item.end, waiting)
+            for pos, before in zip(points, [item.start] + points):
+                index = self.cache.take_snapshot_slot(pos - before)
+                if index is not None:
+                    item.snapshots.append((pos, index))
 
     def snapshot_points(self, req: Req, start: int, end: int, waiting: list[Req]) -> list[int]:
-        points = set()
-        if start < req.branch_pos < end:
-            points.add(req.branch_pos)
-        if self.interval:
-            points.update(range((start // self.interval + 1) * self.interval, end, self.interval))
+        """Cut positions in (start, end), ascending, at most MAX_CUTS: branch points and the last
+        prompt position but one first, then the fixed positions, deepest first."""
+        wanted = {req.branch_pos, len(req.prompt_ids) - 1}
         for other in waiting:
             if other is not req:
-                b = self.branch_point(req, other)
-                if b and start < b < end:
-                    points.add(b)
-        return sorted(points)
+                wanted.add(self.branch_point(req, other))
+        points = {p for p in wanted if start < p < end}
+        fixed = [p for p in cut_points(start, end, self.interval) if p not in points]
+        points.update(fixed[::-1][:max(0, MAX_CUTS - len(points))])
+        return sorted(points)[-MAX_CUTS:]
 
     def snapshots_done(self, item: BatchItem) -> None:
         """The step ran: its snapshots go into the cache with their prefixes."""
@@ -139,16 +146,21 @@ class PrefixSharing(BasePrefixSharing):
 
     def branch_point(self, a: Req, b: Req) -> int:
         """Deepest prompt position whose state both requests could use: their prompts' common prefix,
-        leaving each at least one token to compute; 0 unless it reaches min_branch_tokens (checked
-        first on the prompts' first min_branch_tokens tokens, so unrelated requests cost a compare)."""
+        leaving each at least one token to compute; 0 unless it reaches min_branch_tokens or one
+        prompt is the other's prefix (checked first on the prompts' first min_branch_tokens tokens,
+        so unrelated requests cost a compare)."""
         key_a, key_b = self._head(a), self._head(b)
-        if key_a is None or key_a != key_b:
+        n = min(len(key_a), len(key_b))
+        if n == 0 or key_a[:n] != key_b[:n]:
             return 0
-        return min(_common_prefix(a.prompt_ids, b.prompt_ids), a.seq_len - 1, b.seq_len - 1)
+        shared = _common_prefix(a.prompt_ids, b.prompt_ids)
+        if shared < self.min_branch and shared < min(len(a.prompt_ids), len(b.prompt_ids)):
+            return 0
+        return min(shared, a.seq_len - 1, b.seq_len - 1)
 
-    def _head(self, req: Req) -> tuple[int, ...] | None:
-        """The prompt's first min_branch_tokens tokens (None for a shorter prompt), kept on the request."""
-        if req.prompt_head is None and len(req.prompt_ids) >= self.min_branch:
+    def _head(self, req: Req) -> tuple[int, ...]:
+        """The prompt's first min_branch_tokens tokens (all of a shorter one), kept on the request."""
+        if req.prompt_head is None:
             req.prompt_head = tuple(req.prompt_ids[:self.min_branch])
         return req.prompt_head
 
@@ -210,6 +222,27 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return lo
 
 
+def cut_points(start: int, end: int, interval: int | None) -> list[int]:
+    """The fixed cut positions in (start, end): every `interval` tokens, or by default 64, 96, 128,
+    192 (two a doubling), then 256, 320, 384, 448, 512, 640, ... (four a doubling)."""
+    if interval:
+        return list(range((start // interval + 1) * interval, end, interval))
+    out, base = [], FIRST_CUT
+    while base < end:
+        steps = 2 if base < DENSE_FROM else 4
+        out.extend(p for k in range(steps) if start < (p := base + k * base // steps) < end)
+        base *= 2
+    return out
+
+
+def describe_placement(interval: int | None) -> str:
+    """The snapshot placement in force, for /server_info."""
+    if interval:
+        return f"every {interval} tokens"
+    return (f"{FIRST_CUT}, {FIRST_CUT * 3 // 2}, ... two a doubling to {DENSE_FROM}, then four a doubling "
+            f"({', '.join(map(str, cut_points(DENSE_FROM - 1, 4 * DENSE_FROM + 1, None)))}, ...)")
+
+
 def prefix_sharing_for(pools: Pools, *, disable: bool, snapshot_interval: int | None,
                        policy: str) -> BasePrefixSharing:
     """The prefix cache over `pools`, or NoPrefixSharing when it is disabled."""
@@ -218,5 +251,5 @@ def prefix_sharing_for(pools: Pools, *, disable: bool, snapshot_interval: int | 
     cache = PrefixCache(allocator=pools.allocator, state_pool=pools.state_pool, kv_pool=pools.kv_pool)
     if snapshot_interval is not None and snapshot_interval < 1:
         raise ValueError(f"--snapshot-interval must be a positive number of tokens, got {snapshot_interval}")
-    return PrefixSharing(cache, snapshot_interval=snapshot_interval or DEFAULT_SNAPSHOT_INTERVAL,
-                         min_branch_tokens=MIN_BRANCH_TOKENS, policy=policy)
+    return PrefixSharing(cache, snapshot_interval=snapshot_interval, min_branch_tokens=MIN_BRANCH_TOKENS,
+                         policy=policy)

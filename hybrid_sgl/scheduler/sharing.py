@@ -64,7 +64,8 @@ class BasePrefixSharing(ABC):
     @abstractmethod
     def stats(self) -> dict:
         """Figures for /server_info and /metrics: cached_pages, evictable_pages, num_snapshots,
-        snapshot_slots, cache_nodes, cache_hit_tokens, cache_lookup_tokens."""
+        snapshot_slots, snapshot_bytes (held), snapshots_taken, snapshots_hit (restores), cache_nodes,
+        cache_hit_tokens, cache_lookup_tokens."""
 
     @abstractmethod
     def check_integrity(self, holders: list[Req]) -> None:
@@ -124,8 +125,9 @@ class NoPrefixSharing(BasePrefixSharing):
         pass
 
     def stats(self) -> dict:
-        return {"cached_pages": 0, "evictable_pages": 0, "num_snapshots": 0, "snapshot_slots": 0, "cache_nodes": 0,
-                "cache_hit_tokens": 0, "cache_lookup_tokens": 0}
+        return {"cached_pages": 0, "evictable_pages": 0, "num_snapshots": 0, "snapshot_slots": 0, "snapshot_bytes": 0,
+                "snapshots_taken": 0, "snapshots_hit": 0, "cache_nodes": 0, "cache_hit_tokens": 0,
+                "cache_lookup_tokens": 0}
 
     def check_integrity(self, holders: list[Req]) -> None:
         self.allocator.check_integrity()

@@ -73,6 +73,10 @@ class Metrics:
         self.max_total_num_tokens = g("max_total_num_tokens", "KV-cache capacity in tokens.")
         self.snapshot_slots = g("prefix_cache_snapshot_slots", "Recurrent-state snapshot slots of the prefix cache.")
         self.snapshots_used = g("prefix_cache_snapshots", "Snapshots the prefix cache holds.")
+        self.snapshot_bytes = g("prefix_cache_snapshot_bytes", "Bytes of recurrent state the held snapshots take.")
+        self.snapshots_taken = c("prefix_cache_snapshots_taken", "Snapshots the prefix cache has taken.")
+        self.snapshots_hit = c("prefix_cache_snapshots_hit", "Snapshots restored into a new request.")
+        self._snapshot_counts_seen = {"snapshots_taken": 0, "snapshots_hit": 0}
         self.cached_pages = g("prefix_cache_pages", "KV pages the prefix cache holds.")
         self.evictable_pages = g("prefix_cache_evictable_pages", "KV pages only the prefix cache holds, free to evict.")
         self.computed_prompt_tokens = c("computed_prompt_tokens", "Prompt tokens actually computed (prefill and "
@@ -130,6 +134,10 @@ class Metrics:
         self.cache_hit_rate.set(self._cached_tokens / max(self._prompt_tokens, 1))
         self.snapshot_slots.set(stats["snapshot_slots"])
         self.snapshots_used.set(stats["num_snapshots"])
+        self.snapshot_bytes.set(stats["snapshot_bytes"])
+        for key, counter in (("snapshots_taken", self.snapshots_taken), ("snapshots_hit", self.snapshots_hit)):
+            counter.inc(max(stats[key] - self._snapshot_counts_seen[key], 0))
+            self._snapshot_counts_seen[key] = max(stats[key], self._snapshot_counts_seen[key])
         self.cached_pages.set(stats["cached_pages"])
         self.evictable_pages.set(stats["evictable_pages"])
         self.computed_prompt_tokens.inc(max(stats["computed_prompt_tokens"] - self._computed_seen, 0))

@@ -119,3 +119,24 @@ def test_flush_cache_is_refused_while_busy_and_empties_when_idle(server):
     state = server.allocator()
     assert state["num_snapshots"] == 0 and state["cached_pages"] == 0
     assert state["num_free_pages"] == state["num_pages"] and state["integrity"] == "ok"
+
+
+def test_a_resent_prompt_hits_on_its_second_send_and_the_counters_show_it(server):
+    """The same prompt twice: the first send leaves a snapshot at its last position but one, the
+    second restores it. /metrics counts the snapshots taken and restored; /server_info names the
+    placement in force and its cached pages include every page it could evict."""
+    httpx.post(server.url + "/flush_cache", timeout=30)
+    hits = _metric(server.url, "sglang:prefix_cache_snapshots_hit_total")
+    body = {"text": "A resent prompt: " + "the same words again and again. " * 12,
+            "sampling_params": {"max_new_tokens": 3, "temperature": 0}}
+    first, second = (httpx.post(server.url + "/generate", json=body, timeout=120).json() for _ in range(2))
+    assert first["meta_info"]["cached_tokens"] == 0
+    assert second["meta_info"]["cached_tokens"] == second["meta_info"]["prompt_tokens"] - 1
+    assert second["text"] == first["text"]
+    assert _metric(server.url, "sglang:prefix_cache_snapshots_hit_total") == hits + 1
+    assert _metric(server.url, "sglang:prefix_cache_snapshots_taken_total") > 0
+    assert _metric(server.url, "sglang:prefix_cache_snapshot_bytes") > 0
+    info = httpx.get(server.url + "/server_info", timeout=30).json()
+    assert "four a doubling" in info["snapshot_placement"]
+    state = info["internal_states"][0]
+    assert 0 < state["evictable_pages"] <= state["cached_pages"] and state["snapshots_hit"] >= 1

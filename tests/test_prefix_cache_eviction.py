@@ -1,0 +1,79 @@
+"""Snapshot eviction by value: a full snapshot pool gives up the snapshot that saves the fewest
+tokens over the one above it (weighted by its uses), not the least recently used; a new snapshot
+worth less than every one held is not taken; one that stops being used still ages out. The
+cache's page counts: evictable pages are a part of cached pages."""
+
+import torch
+
+from hybrid_sgl.memory.allocator import Allocator
+from hybrid_sgl.memory.kv_pool import KVPool
+from hybrid_sgl.memory.prefix_cache import PrefixCache
+from hybrid_sgl.memory.state_pool import StatePool
+
+PAGE = 4
+
+
+def _cache(num_snapshots: int) -> PrefixCache:
+    a = Allocator(num_slots=2, num_pages=64, page_size=PAGE, max_pages_per_request=32, device="cpu",
+                  num_snapshots=num_snapshots)
+    state = StatePool(num_layers=1, num_slots=2, conv_shape=(1, 1), conv_dtype=torch.float32, ssm_shape=(2,),
+                      ssm_dtype=torch.float32, device="cpu", num_snapshots=num_snapshots)
+    kv = KVPool(num_layers=1, num_pages=64, page_size=PAGE, num_kv_heads=1, head_dim=1, dtype=torch.float32,
+                device="cpu")
+    return PrefixCache(allocator=a, state_pool=state, kv_pool=kv)
+
+
+def _snapshot(cache: PrefixCache, tokens: list[int]) -> None:
+    """Cache tokens with a snapshot at their end, as a request finishing there would."""
+    a = cache.allocator
+    slot = a.alloc_slot()
+    a.grow(slot, len(tokens))
+    cache.insert(tokens, a.slot_pages[slot], slot, keep=False)
+    a.free_slot(slot)
+
+
+def _positions(cache: PrefixCache) -> list[int]:
+    return sorted(s.pos for n in cache._nodes() for s in n.snapshots)
+
+
+def test_the_snapshot_saving_least_goes_first_and_a_worthless_one_is_not_taken():
+    cache = _cache(num_snapshots=2)
+    stem = list(range(1, 41))
+    _snapshot(cache, stem[:8])  # saves 8
+    _snapshot(cache, stem[:12])  # saves 4 over the one at 8: the least worth, though the newest
+    _snapshot(cache, [50] * 40)  # saves 40
+    assert _positions(cache) == [8, 40]
+    assert cache.take_snapshot_slot(saves=2) is None  # worth less than all held
+    assert cache.stats()["snapshots_taken"] == 3
+    cache.check_integrity()
+    cache.allocator.check_integrity(cache_pages=cache.held_pages(), cache_snapshots=cache.held_snapshots())
+
+
+def test_a_snapshot_in_use_outlives_a_deeper_one_nobody_uses_and_unused_ones_age_out():
+    cache = _cache(num_snapshots=2)
+    hot = [7] * 16
+    _snapshot(cache, hot)  # saves 16
+    for _ in range(4):  # restored four times: priority 5 * 16
+        m = cache.match(hot + [1], limit=16)
+        assert m.pos == 16
+        cache.lock(m.node)
+        slot = cache.allocator.alloc_slot()
+        cache.restore(m, slot)
+        cache.allocator.free_slot(slot)
+        cache.release(m.node)
+    _snapshot(cache, [9] * 24)  # saves 24, never used
+    _snapshot(cache, [8] * 28)  # saves 28: evicts the unused 24, not the hot 16
+    assert _positions(cache) == [16, 28]
+    assert cache.stats()["snapshots_hit"] == 4
+    for k in range(12):  # a stream of new prefixes: each eviction raises the floor, until the hot one goes
+        _snapshot(cache, [10 + k] * 36)
+    assert 16 not in _positions(cache)
+    cache.check_integrity()
+
+
+def test_evictable_pages_are_part_of_the_cached_pages():
+    cache = _cache(num_snapshots=4)
+    _snapshot(cache, list(range(1, 11)))  # 10 tokens: two whole pages and a snapshot tail page
+    stats = cache.stats()
+    assert stats["cached_pages"] == 3 and stats["evictable_pages"] == 3
+    assert stats["snapshot_bytes"] == cache.state_pool.slot_bytes
