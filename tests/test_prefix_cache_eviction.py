@@ -77,3 +77,28 @@ def test_evictable_pages_are_part_of_the_cached_pages():
     stats = cache.stats()
     assert stats["cached_pages"] == 3 and stats["evictable_pages"] == 3
     assert stats["snapshot_bytes"] == cache.state_pool.slot_bytes
+
+
+def test_tail_pages_of_snapshots_on_a_locked_path_can_be_evicted_but_not_a_pinned_one():
+    """Snapshots inside pages pin a tail page each; when the path they hang on is locked (an admission
+    reuses it) and no leaf is left, evicting them is the only way to free pages. The snapshot the
+    admission restores stays until it is restored."""
+    cache = _cache(num_snapshots=8)
+    stem = list(range(1, 33))
+    for pos in (6, 10, 13, 18, 31):  # five tail pages on the path of stem
+        _snapshot(cache, stem[:pos])
+    m = cache.match(stem + [99], limit=32)
+    assert m.pos == 31
+    cache.lock(m.node)
+    cache.pin(m, +1)
+    a = cache.allocator
+    taken = [a.alloc_page() for _ in range(a.num_free_pages)]  # everything else is in use
+    assert cache.evict_pages(4)
+    assert 31 in _positions(cache) and len(_positions(cache)) == 1
+    assert not cache.evict_pages(5)  # the pinned snapshot's tail page and the locked path's pages stay
+    cache.pin(m, -1)
+    cache.release(m.node)
+    for page in taken:
+        a.unref_page(page)
+    cache.check_integrity()
+    a.check_integrity(cache_pages=cache.held_pages(), cache_snapshots=cache.held_snapshots())

@@ -49,6 +49,7 @@ class Snapshot:
     saves: int = 0  # tokens it saves over the deepest snapshot above it on its path
     uses: int = 1  # taken, plus restored
     priority: float = 0.0  # inflation at its last use + uses * saves: the lowest is evicted first
+    pins: int = 0  # admissions that matched it and have not restored it yet: not evicted meanwhile
 
 
 @dataclass(eq=False)
@@ -159,6 +160,12 @@ class PrefixCache:
             n = n.parent
 
     # ---- locks -------------------------------------------------------------------------------------
+    def pin(self, m: Match, delta: int) -> None:
+        """Keep (+1) or let go (-1) the snapshot a match restores, between admission and restore."""
+        if m.snapshot is not None:
+            m.snapshot.pins += delta
+            assert m.snapshot.pins >= 0, "snapshot unpinned more often than pinned"
+
     def lock(self, node: Node) -> None:
         while node is not None:
             node.lock += 1
@@ -271,8 +278,9 @@ class PrefixCache:
     def take_snapshot_slot(self, saves: int | None = None) -> int | None:
         """A free snapshot slot, or None. When none is free, the lowest-priority snapshot is evicted,
         unless a snapshot saving `saves` tokens would rank below it (then None)."""
-        if self.allocator.num_free_snapshots == 0 and self.stateful and self._snapshots:
-            cheapest = min(self._snapshots, key=_eviction_order)
+        held = [s for s in self._snapshots if not s.pins] if self.allocator.num_free_snapshots == 0 else []
+        if held and self.stateful:
+            cheapest = min(held, key=_eviction_order)
             if saves is not None and cheapest.priority > self._inflation + saves:
                 return None
             self._evict_snapshot(cheapest)
@@ -280,24 +288,30 @@ class PrefixCache:
 
     # ---- eviction ----------------------------------------------------------------------------------
     def evict_pages(self, num_free: int) -> bool:
-        """Evict unlocked leaves, least recently used first, until the allocator has num_free free
-        pages. Returns whether it has."""
+        """Evict unlocked leaves, least recently used first, then snapshots holding a tail page (also on
+        locked paths), lowest priority first, until the allocator has num_free free pages. Returns
+        whether it has."""
         while self.allocator.num_free_pages < num_free:
             leaves = sorted(self._evictable_leaves(), key=_leaf_age)
-            if not leaves:
-                return False
             for leaf in leaves:
                 self._evict_node(leaf)
                 if self.allocator.num_free_pages >= num_free:
                     break
+            if leaves:
+                continue
+            tails = [s for s in self._snapshots if s.tail_page is not None and not s.pins]
+            if not tails:
+                return False
+            self._evict_snapshot(min(tails, key=_eviction_order))
         return True
 
     def evict_snapshots(self, num_free: int) -> bool:
         """Evict snapshots, lowest priority first, until num_free snapshot slots are free."""
         while self.allocator.num_free_snapshots < num_free:
-            if not self._snapshots:
+            held = [s for s in self._snapshots if not s.pins]
+            if not held:
                 return False
-            self._evict_snapshot(min(self._snapshots, key=_eviction_order))
+            self._evict_snapshot(min(held, key=_eviction_order))
         return True
 
     def _evict_snapshot(self, snap: Snapshot) -> None:
@@ -403,6 +417,7 @@ class PrefixCache:
             assert n.lock >= sum(c.lock for c in n.children.values()), "a node's lock is below its children's"
             for s in n.snapshots:
                 assert s.node is n and s in self._snapshots, "snapshot's node or list entry is stale"
+                assert s.pins == 0, "a snapshot is still pinned between steps (matched, never restored)"
                 floor = s.pos - len(s.tail)
                 assert floor % ps == 0 and len(s.tail) < ps, "snapshot tail is not the partial page"
                 assert (n is self.root and floor == 0) or n.start < floor <= n.end, "snapshot outside its node"

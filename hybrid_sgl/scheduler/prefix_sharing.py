@@ -85,7 +85,10 @@ class PrefixSharing(BasePrefixSharing):
 
     def admit(self, req: Req, m: Match, slot: int) -> None:
         """Give req's new slot the matched prefix (lock it first with `lock`)."""
-        self.cache.restore(m, slot)
+        try:
+            self.cache.restore(m, slot)
+        finally:
+            self.cache.pin(m, -1)
         req.num_computed = m.pos
         if req.num_preemptions == 0:
             req.cached_tokens = m.pos
@@ -101,8 +104,10 @@ class PrefixSharing(BasePrefixSharing):
 
     def lock(self, m: Match) -> None:
         self.cache.lock(m.node)
+        self.cache.pin(m, +1)
 
     def unlock(self, m: Match) -> None:
+        self.cache.pin(m, -1)
         self.cache.release(m.node)
 
     # ---- snapshots inside a chunk -------------------------------------------------------------------
