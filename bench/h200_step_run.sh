@@ -3,7 +3,9 @@
 # (graphs on and off in one process) of the 9B, Nemotron-H-8B and Falcon-H1-7B shapes, the prefix-hit TTFT
 # and the multi-turn serving run with the cache on and off, and the whole CUDA suite. Run from the repo
 # root with the wheel folder carried (WHEELS, default .whl_srv; bench/device_wheels.sh fills it).
-#   bash bench/h200_step_run.sh [tests|profile|mamba|ttft|multiturn|suite ...]   (default: tests profile)
+# `spec` (under four minutes): the speculative-decoding and snapshot-cut CUDA tests, then the 9B verify,
+# decode and 4k-prefill-with-default-cuts steps.
+#   bash bench/h200_step_run.sh [tests|profile|mamba|ttft|multiturn|suite|spec ...]   (default: tests profile)
 . "$(dirname "$0")/device_env.sh"
 git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || true  # the tree that travels may carry an older .git: results record the commit by hand too
 
@@ -27,6 +29,13 @@ for part in ${*:-tests profile}; do
     multiturn)
       timeout 400 python3 bench/prefix_cache.py multiturn --config configs/qwen3_5-9b-text --users 48 --turns 6 \
         --out "$OUT/multiturn_9b.json" 2>&1 | quiet | tee "$OUT/multiturn_9b.log" | tail -6 ;;
+    spec)
+      timeout 110 python3 -m pytest -q -rf -p no:cacheprovider -n 3 tests/gpu/test_speculative_cuda.py \
+        tests/gpu/test_step_graphs_cuda.py::test_snapshot_cuts_inside_graphed_extend_steps 2>&1 \
+        | tee "$OUT/tests_spec.log" | tail -8
+      timeout 130 python3 bench/step_profile.py --config configs/qwen3_5-9b-text --steps 5 \
+        --cases "decode b1,verify 4 b1,decode b32,verify 4 b32,prefill 4k,prefill 4k default cuts" \
+        --out "$OUT/step_profile_spec.json" 2>&1 | quiet | tee "$OUT/step_profile_spec.log" | tail -20 ;;
     suite)
       timeout 560 python3 -m pytest -q -rf -p no:cacheprovider -n 4 tests/gpu tests/kernels tests/test_composed_gpu.py \
         tests/test_fp8_checkpoint.py 2>&1 | tee "$OUT/suite.log" | tail -15 ;;

@@ -34,10 +34,11 @@ from torch.profiler import ProfilerActivity, profile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from hybrid_sgl.batch import ForwardMode  # noqa: E402
+from hybrid_sgl.batch import MAX_CUTS, ForwardMode  # noqa: E402
 from hybrid_sgl.config import ModelConfig  # noqa: E402
 from hybrid_sgl.runner.model_runner import BatchItem, ModelRunner  # noqa: E402
 from hybrid_sgl.sampling_params import SamplingParams  # noqa: E402
+from hybrid_sgl.scheduler.prefix_sharing import cut_points  # noqa: E402
 from hybrid_sgl.scheduler.request import Req  # noqa: E402
 from hybrid_sgl.server_args import ServerArgs  # noqa: E402
 
@@ -53,12 +54,19 @@ CASES = {
 }
 CUT_EVERY = {"prefill 2k with 8 cuts": 256}  # name: tokens between snapshot cuts (recurrent state copies)
 CASES["prefill 2k with 8 cuts"] = CASES["prefill 2k"]
+# speculative verify steps: a row of the token and 3 drafts, the state cut after each of the first 3
+# (runner/speculative.py), against "decode b1" / "decode b32" (logits of the last row only here)
+VERIFY = {"verify 4 b1": (ForwardMode.EXTEND, 1, 512, 4), "verify 4 b32": (ForwardMode.EXTEND, 32, 512, 4)}
+CASES.update(VERIFY)
+# a cold 4k prompt with and without the prefix cache's default cuts (scheduler/prefix_sharing.py)
+CASES["prefill 4k"] = CASES["prefill 4k default cuts"] = (ForwardMode.EXTEND, 1, 0, 4096)
 
 
 def make_items(runner: ModelRunner, mode: ForwardMode, n: int, cached: int, new: int, scale: float,
-               cut_every: int = 0) -> list:
+               cut_every: int = 0, verify: bool = False, default_cuts: bool = False) -> list:
     """n requests holding slots and pages for cached + new tokens; their KV and state are whatever
-    the pools hold (timing only). cut_every > 0: a snapshot cut every that many new tokens."""
+    the pools hold (timing only). cut_every > 0: a snapshot cut every that many new tokens; verify: a
+    cut after each new token but the last; default_cuts: the prefix cache's default positions."""
     cached, new = int(cached * scale), max(1, int(new * scale)) if mode is ForwardMode.EXTEND else 1
     vocab = runner.config.vocab_size
     items = []
@@ -69,6 +77,10 @@ def make_items(runner: ModelRunner, mode: ForwardMode, n: int, cached: int, new:
                   params=SamplingParams(temperature=0, max_new_tokens=16))
         req.slot = slot
         points = range(cached + cut_every, cached + new + 1, cut_every) if cut_every else ()
+        if verify:
+            points = range(cached + 1, cached + new)
+        if default_cuts:
+            points = sorted(set(cut_points(cached, cached + new, None)) | {cached + new - 1})[-MAX_CUTS:]
         cuts = [(p, runner.allocator.alloc_snapshot()) for p in points]
         items.append(BatchItem(req=req, start=cached, end=cached + new, sample=True, snapshots=cuts))
     return items
@@ -169,7 +181,11 @@ def main() -> None:
         if int(cached * a.scale) + max(1, int(new * a.scale)) > runner.context_length:
             print(f"{name}: skipped, longer than the model's context ({runner.context_length})")
             continue
-        items = make_items(runner, mode, n, cached, new, a.scale, int(CUT_EVERY.get(name, 0) * a.scale))
+        if name in VERIFY:
+            cached = int(cached / a.scale)  # the drafts' row keeps its 4 tokens at any scale
+            new = int(new / a.scale)
+        items = make_items(runner, mode, n, cached, new, a.scale, int(CUT_EVERY.get(name, 0) * a.scale),
+                           verify=name in VERIFY, default_cuts=name.endswith("default cuts"))
         row = {}
         for label, (decode, extend) in graphs.items():
             if label == "on" and decode is None:

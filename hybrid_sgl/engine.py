@@ -11,6 +11,7 @@ hands requests over, and assembles SGLang-shaped outputs from the updates.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import queue
 import uuid
@@ -84,7 +85,7 @@ class Engine:
                                    sharing=prefix_sharing_for(self.pools, disable=args.disable_radix_cache,
                                                               snapshot_interval=args.snapshot_interval,
                                                               policy=args.schedule_policy))
-        self.loop = EngineLoop(self.scheduler)
+        self.loop = EngineLoop(self.scheduler, decode_log_interval=args.decode_log_interval)
         self.loop.start()
         self.rids = RidRegistry()
         self.max_prompt_chars = self.runner.context_length * PROMPT_CHARS_PER_TOKEN
@@ -120,10 +121,18 @@ class Engine:
         return results[0] if single else results
 
     def shutdown(self) -> None:
+        """Stop the engine thread (and the other tensor-parallel ranks), then give the device memory back:
+        the weights, CUDA graphs and pools are dropped, so a next Engine in this process finds the device
+        as this one found it."""
         self.loop.shutdown()
         if self.tp_workers is not None:
             self.tp_workers.shutdown()
             self.tp_workers = None
+        if not self.loop.is_alive:  # else a step may still run on them
+            self.runner.release()
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
 
     def __enter__(self):
         return self
@@ -188,6 +197,7 @@ class Engine:
             snapshots_taken, snapshots_hit, cache_nodes, cache_hit_tokens, cache_lookup_tokens
                                         the prefix cache (zeros when it is off)
             computed_prompt_tokens      prompt tokens run through extend steps so far
+            avg_spec_accept_length      tokens a verify step gains per request with drafts (float; 0.0 when off)
 
         check=True adds what a leak would show: integrity ("ok", or "violated: <why>" from the pools'
         and the prefix cache's invariants), open_sinks (sequences whose updates still have a

@@ -21,13 +21,26 @@ from hybrid_sgl.server_args import ServerArgs
 logger = logging.getLogger("hybrid_sgl.launch_server")
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """One line naming the flag, exit status 2 (the usage block is --help's)."""
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def parse_args(argv: list[str] | None = None) -> ServerArgs:
-    parser = argparse.ArgumentParser(
+    """The command line as ServerArgs; a value that cannot serve (ServerArgs.check) exits with status 2
+    before the port is bound or any weights load."""
+    parser = _Parser(
         prog="python -m hybrid_sgl.launch_server",
         description="Serve a hybrid LLM with SGLang's native API (/generate) and the OpenAI-compatible "
                     "API (/v1/completions, /v1/chat/completions).")
     ServerArgs.add_cli_args(parser)
-    return ServerArgs.from_cli_args(parser.parse_args(argv))
+    args = ServerArgs.from_cli_args(parser.parse_args(argv))
+    try:
+        args.check()
+    except ValueError as e:
+        parser.error(str(e))
+    return args
 
 
 def bind_port(host: str, port: int) -> socket.socket:
@@ -69,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("serving %s at %s (native API: %s/generate, OpenAI API: %s/v1)%s", resolved.served_model_name,
                     url, url, url, "; API key required" if resolved.api_key else "")
         config = uvicorn.Config(app, host=resolved.host, port=resolved.port, log_level=resolved.log_level,
-                                access_log=resolved.log_level == "debug", timeout_graceful_shutdown=5,
+                                access_log=resolved.enable_access_log, timeout_graceful_shutdown=5,
                                 timeout_keep_alive=30)
         # uvicorn shuts down gracefully on SIGINT / SIGTERM, then re-raises the signal: end quietly.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

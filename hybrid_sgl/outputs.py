@@ -1,7 +1,7 @@
 """OutputState: turns a request's stream of ReqUpdates into SGLang-shaped result dicts.
 
 {"text", "output_ids", "meta_info": {"id", "finish_reason", "prompt_tokens", "completion_tokens",
- "cached_tokens", "e2e_latency", ["input_token_logprobs", "output_token_logprobs",
+ "cached_tokens", "e2e_latency", ["spec_verify_ct"], ["input_token_logprobs", "output_token_logprobs",
  "input_top_logprobs", "output_top_logprobs"]}}
 Logprob entries are [logprob, token_id, token_text or None]. While streaming, text is
 cumulative, output logprobs are the new entries only, input logprobs come once; text that
@@ -53,6 +53,7 @@ class OutputState:
         self.input_top_logprobs: list = []
         self.finish_reason: dict | None = None
         self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
+        self.spec_verify_ct: int | None = None
         self.first_token_time: float | None = None
         self.queue_time: float | None = None
         self.detok = (IncrementalDetokenizer(tokenizer, params.skip_special_tokens,
@@ -79,6 +80,7 @@ class OutputState:
         self.prompt_tokens, self.completion_tokens, self.cached_tokens = (
             u.prompt_tokens, u.completion_tokens, u.cached_tokens)
         self.queue_time = u.queue_time
+        self.spec_verify_ct = u.spec_verify_ct
 
     # ---- text ------------------------------------------------------------------------------------
     def final_text(self) -> str:
@@ -120,6 +122,8 @@ class OutputState:
             "cached_tokens": self.cached_tokens,
             "e2e_latency": time.monotonic() - self.start,
         }
+        if self.spec_verify_ct is not None:
+            meta["spec_verify_ct"] = self.spec_verify_ct
         if self.return_logprob:
             self._add_logprobs(meta, stream)
         return {"text": self.streaming_text() if stream else self.final_text(),

@@ -1,18 +1,24 @@
 """ServerArgs: every knob of the runtime in one frozen dataclass.
 
 Flag names match SGLang's where they overlap; `--help` text comes from each field's metadata
-and argparse defaults are read from the dataclass. "auto" values are resolved once by
-`resolved()` before anything uses them.
+and argparse defaults are read from the dataclass. `check()` refuses, naming the flag, every value
+that cannot serve and needs no model to tell; "auto" values are resolved once by `resolved()` (which
+runs `check()` first) before anything uses them.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import os
 from dataclasses import dataclass, field
+
+from hybrid_sgl.server.reasoning_parser import PARSERS as REASONING_PARSERS
+from hybrid_sgl.server.tool_parser import ALIASES as TOOL_PARSER_ALIASES
+from hybrid_sgl.server.tool_parser import GRAMMAR_MODELS as TOOL_PARSERS
 
 logger = logging.getLogger(__name__)
 
@@ -77,9 +83,9 @@ class ServerArgs:
     dp_size: int = _f(1, "Data-parallel replicas; only 1 is supported (run one server per GPU behind a load "
                       "balancer).")
     quantization: str | None = _f(None, "Weight quantization. fp8: quantize an unquantized checkpoint's linear "
-                                  "layers to e4m3 with 128x128 block scales at load. Unset: as the checkpoint "
+                                  "layers to e4m3 with 128x128 block scales at load. Default: as the checkpoint "
                                   "stores them (FP8 checkpoints in the DeepSeek/Qwen block layout are read "
-                                  "as such).")
+                                  "as such).", ["fp8"])
     enable_fp8_experts: bool = _f(False, "With an FP8 checkpoint or --quantization fp8: keep the routed MoE "
                                   "experts in e4m3 with 128x128 block scales too (halving their memory) and run "
                                   "the fused MoE on them, weight-only. Off: FP8 experts are dequantized into "
@@ -102,15 +108,32 @@ class ServerArgs:
                                        "four a doubling (256, 320, 384, 448, 512, 640, ...).")
     schedule_policy: str = _f("lpm", "Order of waiting requests: lpm = longest cached prefix first (with the "
                               "prefix cache), fcfs = arrival order.", ["lpm", "fcfs"])
+    # ---- speculative decoding (the model's own MTP layer drafts, the model verifies) ----
+    speculative_algorithm: str | None = _f(None, "Speculative decoding: NEXTN (or EAGLE, as SGLang resolves it for a "
+                                           "model with an MTP layer) drafts with the checkpoint's `mtp.*` layer "
+                                           "(Qwen3.5, Qwen3-Next). Greedy requests take drafts; others decode as "
+                                           "usual in the same steps.", ["NEXTN", "EAGLE"])
+    speculative_num_steps: int = _f(3, "Draft tokens proposed per request and step (the MTP layer run this often).")
+    speculative_eagle_topk: int = _f(1, "Draft branches per step: only 1 (a chain; tree drafting is not built).")
+    speculative_num_draft_tokens: int | None = _f(None, "Tokens verified per request and step: num_steps + 1 "
+                                                  "(the only value a chain allows). Default: that.")
     # ---- structured outputs, tools, reasoning ----
-    grammar_backend: str = _f("xgrammar", "Backend for regex / JSON schema / EBNF constrained decoding.",
-                              ["xgrammar", "llguidance", "none"])
-    tool_call_parser: str | None = _f(None, "Parse tool calls out of chat completions in this format.")
-    reasoning_parser: str | None = _f(None, "Split reasoning_content from content in chat completions.")
-    chat_template: str | None = _f(None, "Chat template: a Jinja file, or the checkpoint's when unset.")
-    served_model_name: str | None = _f(None, "Model name reported by the API. Default: the model path.")
+    grammar_backend: str = _f("xgrammar", "Backend for regex / JSON schema / EBNF constrained decoding; none: "
+                              "constrained requests are refused.", ["xgrammar", "none"])
+    tool_call_parser: str | None = _f(None, "Parse tool calls out of chat completions in this format ("
+                                      + ", ".join(f"{a} means {n}" for a, n in TOOL_PARSER_ALIASES.items())
+                                      + "). Default: unset, tool calls stay in the content.",
+                                      [*TOOL_PARSERS, *TOOL_PARSER_ALIASES])
+    reasoning_parser: str | None = _f(None, "Split reasoning_content from content in chat completions. Default: "
+                                      "unset, reasoning stays in the content.", list(REASONING_PARSERS))
+    chat_template: str | None = _f(None, "Chat template: a Jinja file used instead of the tokenizer's. Default: "
+                                   "the tokenizer's own template.")
+    served_model_name: str | None = _f(None, "Model name reported by the API (/v1/models, responses, metrics). "
+                                       "Default: the model folder's name (the model path's last part).")
     random_seed: int | None = _f(None, "Seed for dummy weights and unseeded sampling.")
     log_level: str = _f("info", "Logging level.", ["debug", "info", "warning", "error", "critical"])
+    decode_log_interval: int = _f(40, "Log a 'Decode batch.' line every this many decode steps (at info level).")
+    enable_access_log: bool = _f(False, "Log one line per HTTP request (uvicorn's access log, at info level).")
     api_key: str | None = _f(None, "If set, HTTP requests must send 'Authorization: Bearer <key>'.")
     allowed_origins: str | None = _f(None, "Comma-separated origins that browsers may call the API from (CORS), "
                                      "or '*' for any. Default: none (no CORS headers).")
@@ -122,7 +145,7 @@ class ServerArgs:
 
         from hybrid_sgl.layers.backends import check_backend_device
 
-        self._refuse_unsupported()
+        self.check()
         device = self.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -151,35 +174,44 @@ class ServerArgs:
             attention_backend=attention,
             chunked_prefill_size=chunk,
             mem_fraction_static=self.mem_fraction_static or (0.85 if on_gpu else 0.25),
-            served_model_name=self.served_model_name or model_path,
+            served_model_name=self.served_model_name or os.path.basename(os.path.normpath(model_path)),
         )
 
-    def _refuse_unsupported(self) -> None:
-        """Values SGLang accepts whose feature does not exist here (yet), and values out of range."""
-        if self.tp_size < 1:
-            raise ValueError(f"--tp-size must be >= 1, got {self.tp_size}")
+    def check(self) -> None:
+        """Refuse (ValueError naming the flag) every value that cannot start a working server and needs no
+        model to tell: choices, ranges, features SGLang has and this runtime does not, the chat template.
+        resolved() runs it first; the launcher runs it before it binds the port."""
+        if self.quantization not in (None, "fp8"):
+            raise ValueError(f"--quantization {self.quantization}: only fp8 is supported (e4m3 weights, 128x128 block "
+                             "scales); use --quantization fp8, or serve the unquantized checkpoint without "
+                             "--quantization")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            low = AT_LEAST.get(f.name)
+            if low is not None and value is not None and value < low:
+                raise ValueError(f"{_flag(f.name)} must be >= {low}, got {value}")
+            allowed = _allowed_values(f)
+            if allowed is not None and value is not None and value not in allowed:
+                raise ValueError(f"{_flag(f.name)} {value}: choose one of {', '.join(allowed)}")
+        if self.port > 65535:
+            raise ValueError(f"--port must be <= 65535, got {self.port}")
+        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
+            raise ValueError(f"--mem-fraction-static is a fraction of device memory and must lie in (0, 1], got "
+                             f"{self.mem_fraction_static}")
+        if not self.mamba_full_memory_ratio > 0:
+            raise ValueError(f"--mamba-full-memory-ratio must be > 0, got {self.mamba_full_memory_ratio}")
+        if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
+            raise ValueError(f"--chunked-prefill-size must be positive or -1 (no chunking), got "
+                             f"{self.chunked_prefill_size}")
         if self.ep_size not in (1, self.tp_size):
             raise ValueError(f"--ep-size {self.ep_size} with --tp-size {self.tp_size}: expert parallelism runs over "
                              "the tensor-parallel ranks; use --ep-size 1 or --ep-size equal to --tp-size")
         if self.dp_size != 1:
             raise ValueError(f"--dp-size {self.dp_size}: data parallelism is not supported; use --dp-size 1 and run "
                              "one server per GPU (CUDA_VISIBLE_DEVICES, its own --port) behind a load balancer")
-        if self.quantization not in (None, "fp8"):
-            raise ValueError(f"--quantization {self.quantization}: only fp8 is supported (e4m3 weights, 128x128 block "
-                             "scales); use --quantization fp8, or serve the unquantized checkpoint without "
-                             "--quantization")
         if self.kv_cache_dtype != "auto":
             raise ValueError(f"--kv-cache-dtype {self.kv_cache_dtype}: the KV cache is kept in the model dtype; use "
                              "--kv-cache-dtype auto (a bfloat16 / float16 --dtype gives a 2-byte cache)")
-        if self.page_size < 1:
-            raise ValueError(f"--page-size must be >= 1, got {self.page_size}")
-        if self.cuda_graph_max_tokens < 0:
-            raise ValueError(f"--cuda-graph-max-tokens must be >= 0 (0: no extend graphs), got "
-                             f"{self.cuda_graph_max_tokens}")
-        if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
-            raise ValueError(f"--chunked-prefill-size must be positive or -1, got {self.chunked_prefill_size}")
-        if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
-            raise ValueError(f"--max-prefill-tokens must be positive, got {self.max_prefill_tokens}")
         if self.max_prefill_tokens is not None and self.chunked_prefill_size == -1:
             raise ValueError(f"--max-prefill-tokens {self.max_prefill_tokens} caps a step by chunking long prompts, "
                              "but --chunked-prefill-size -1 turns chunking off: drop one of the two")
@@ -187,20 +219,22 @@ class ServerArgs:
             raise ValueError(f"--max-total-tokens {self.max_total_tokens} is less than one KV page "
                              f"(--page-size {self.page_size}): use --max-total-tokens {self.page_size} or more, "
                              "or a smaller --page-size")
+        _check_speculative(self)
+        if self.chat_template is not None:
+            tokenizer = None if self.skip_tokenizer_init else self.tokenizer_path or self.model_path or BUNDLED_MODEL
+            _check_chat_template(self.chat_template, tokenizer)
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         for f in dataclasses.fields(ServerArgs):
             flags = ["--" + f.name.replace("_", "-"), *FLAG_ALIASES.get(f.name, ())]
             if f.type == "bool":  # a bare flag switches it on, as in SGLang
-                parser.add_argument(*flags, dest=f.name, action="store_true", default=f.default,
-                                    help=f.metadata["help"])
+                parser.add_argument(*flags, dest=f.name, action="store_true", default=f.default, help=_help(f))
                 continue
-            choices = f.metadata.get("choices")
-            if choices is not None:
-                choices = [*choices, *VALUE_ALIASES.get(f.name, ())]
-            parser.add_argument(*flags, dest=f.name, type=_cli_type(f), default=f.default, help=f.metadata["help"],
-                                choices=choices)
+            # choices are shown, and checked by check(), which names what to use instead
+            allowed = _allowed_values(f)
+            parser.add_argument(*flags, dest=f.name, type=_cli_type(f), default=f.default, help=_help(f),
+                                metavar="{" + ",".join(allowed) + "}" if allowed else None)
 
     @staticmethod
     def from_cli_args(args: argparse.Namespace) -> ServerArgs:
@@ -215,6 +249,87 @@ FLAG_ALIASES = {"model_path": ("--model",), "tp_size": ("--tensor-parallel-size"
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 ATTENTION_ALIASES = {"torch_native": "torch", "flashinfer": "auto", "fa3": "auto"}
 VALUE_ALIASES = {"dtype": DTYPE_ALIASES, "attention_backend": ATTENTION_ALIASES}
+# counts (and the port) below which no request can run; None (the default) is always allowed
+AT_LEAST = {"port": 1, "context_length": 1, "max_running_requests": 1, "max_total_tokens": 1, "page_size": 1,
+            "cuda_graph_max_tokens": 0, "cuda_graph_max_bs": 1, "tp_size": 1, "ep_size": 1, "dp_size": 1,
+            "max_prefill_tokens": 1, "max_mamba_cache_size": 1, "snapshot_interval": 1, "decode_log_interval": 1}
+# what a chat template must render: one of these two-message conversations (with add_generation_prompt)
+TEMPLATE_PROBES = (([{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Hi"}], True),
+                   ([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}], False))
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _allowed_values(f: dataclasses.Field) -> list[str] | None:
+    """A field's choices with SGLang's spellings of them, or None when any value parses."""
+    choices = f.metadata.get("choices")
+    return None if choices is None else [*choices, *VALUE_ALIASES.get(f.name, ())]
+
+
+def _help(f: dataclasses.Field) -> str:
+    """The field's help, ending with its default where the text does not already say it."""
+    text = f.metadata["help"]
+    if "Default" in text:
+        return text
+    if f.default is None:
+        shown = "unset"
+    elif isinstance(f.default, bool):
+        shown = "on" if f.default else "off"
+    else:
+        shown = f.default
+    return f"{text} Default: {shown}."
+
+
+@functools.lru_cache(maxsize=8)
+def _check_chat_template(path: str, tokenizer_path: str | None) -> None:
+    """The --chat-template file reads and renders a two-message conversation with the tokenizer the server
+    will load (checked once a process for a given pair)."""
+    try:
+        with open(path) as f:
+            template = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ValueError(f"--chat-template {path}: cannot read the template file ({reason})") from None
+    if tokenizer_path is None or not os.path.isdir(tokenizer_path):
+        return  # no tokenizer to render with: no chat requests, or a start that fails on the path itself
+    from hybrid_sgl.tokenizer import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(tokenizer_path)
+    except Exception:  # the start-up names an unloadable tokenizer itself
+        return
+    errors = []
+    for messages, add_prompt in TEMPLATE_PROBES:
+        try:
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_prompt,
+                                                 chat_template=template)
+        except Exception as e:  # jinja syntax, undefined names, raise_exception: all the template's fault
+            errors.append(" ".join(str(e).split()) or type(e).__name__)
+            continue
+        if text.strip():
+            return
+        errors.append("it renders an empty prompt")
+    raise ValueError(f"--chat-template {path}: the template renders neither a system + user nor a user + assistant "
+                     f"conversation ({errors[0]})")
+
+
+def _check_speculative(args: ServerArgs) -> None:
+    """The speculative-decoding flags this engine can run (a chain of MTP drafts), before any heavy work."""
+    if args.speculative_algorithm is None:
+        return
+    if args.speculative_eagle_topk != 1:
+        raise ValueError(f"--speculative-eagle-topk {args.speculative_eagle_topk}: only 1 (a chain of drafts) is "
+                         "supported; tree drafting is not built")
+    if not 1 <= args.speculative_num_steps <= 8:
+        raise ValueError(f"--speculative-num-steps must lie in [1, 8], got {args.speculative_num_steps}")
+    draft = args.speculative_num_draft_tokens
+    if draft is not None and draft != args.speculative_num_steps + 1:
+        raise ValueError(f"--speculative-num-draft-tokens {draft}: a chain of {args.speculative_num_steps} drafts "
+                         f"verifies {args.speculative_num_steps + 1} tokens; use that or leave it unset")
+    if args.tp_size > 1:
+        raise ValueError("--speculative-algorithm with --tp-size > 1 is not supported yet: use --tp-size 1")
 
 
 def _sglang_attention_backend(name: str, device: str) -> str:

@@ -1,6 +1,8 @@
 """The bundled default model (configs/default-model, trained by tools/default_model): a genuine HF
 Qwen3.5 hybrid checkpoint that HF transformers and our Engine decode identically, served by the
-launcher's default start-up, writing real words (the words of its training text)."""
+launcher's default start-up, writing real words (the words of its training text). Its chat template
+is the ChatML it was trained on, plus `tools` in Qwen3's <tool_call> format, so forced tool calls
+work without --tool-call-parser."""
 
 from __future__ import annotations
 
@@ -19,6 +21,15 @@ from tests.server.server_process import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKPOINT = os.path.join(ROOT, "configs", "default-model")
+TEMPLATE_COPIES = [os.path.join(ROOT, "tools", "default_model", "chat_template.jinja"),
+                   os.path.join(ROOT, "tools", "default_model", "tokenizer", "chat_template.jinja"),
+                   os.path.join(CHECKPOINT, "chat_template.jinja")]
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]},
+                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "days"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The forecast for a city",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]
 WORDS_FILE = os.path.join(ROOT, "tools", "default_model", "corpus_words.txt")
 PROMPTS = ["ROMEO:\n", "HAMLET:\nTo be, or not to be", "In the beginning God created", "The king said",
            "Once upon a time"]
@@ -91,6 +102,44 @@ def test_chat_template_reply_stops_with_real_words(engine):
     assert_real_words(out["text"], min_words=2)
 
 
+def test_chat_template_renders_tools_in_qwen3_format():
+    from transformers import AutoTokenizer
+
+    from hybrid_sgl.testing.tiny_checkpoint import CHAT_TEMPLATE  # the template before tools were added
+
+    texts = []
+    for path in TEMPLATE_COPIES:
+        with open(path) as f:
+            texts.append(f.read())
+    assert texts[0] == texts[1] == texts[2], "the chat template's copies differ"
+    tok = AutoTokenizer.from_pretrained(CHECKPOINT)
+    conversations = [[{"role": "user", "content": "Good morrow."}],
+                     [{"role": "system", "content": "Speak as a king."}, {"role": "user", "content": "Hail!"},
+                      {"role": "assistant", "content": "Well met."}, {"role": "user", "content": "And now?"}]]
+    for messages in conversations:  # without tools: as before, token for token
+        for add in (True, False):
+            kwargs = dict(tokenize=False, add_generation_prompt=add)
+            assert tok.apply_chat_template(messages, **kwargs) == \
+                tok.apply_chat_template(messages, **kwargs, chat_template=CHAT_TEMPLATE)
+    messages = conversations[1]
+    text = tok.apply_chat_template(messages, tools=[t["function"] for t in TOOLS], tokenize=False,
+                                   add_generation_prompt=True)
+    system, rest = text.split("<|im_end|>\n", 1)
+    assert system.startswith("<|im_start|>system\nSpeak as a king.\n\n")  # the system text, then the tools
+    signatures = system.split("<tools>\n", 1)[1].split("\n</tools>", 1)[0].split("\n")
+    assert [json.loads(line) for line in signatures] == [t["function"] for t in TOOLS]
+    assert '<tool_call>\n{"name": <function-name>, "arguments": ' in system and system.endswith("</tool_call>")
+    assert rest == tok.apply_chat_template(messages[1:], tokenize=False, add_generation_prompt=True)
+    history = [{"role": "user", "content": "Weather?"},
+               {"role": "assistant", "content": "", "tool_calls": [
+                   {"id": "c1", "type": "function", "function": {"name": "get_weather",
+                                                                 "arguments": {"city": "Rome", "days": 2}}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "Sunny"}]
+    text = tok.apply_chat_template(history, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "days": 2}}\n'
+            '</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nSunny\n</tool_response><|im_end|>\n') in text
+
+
 def launch_default_server(log_path: str) -> tuple[subprocess.Popen, str]:
     """The launcher as a user starts it: no --model-path (a free port, quiet logs)."""
     port = free_port()
@@ -147,3 +196,26 @@ def test_openai_chat_writes_real_words(default_server):
     text = r.choices[0].message.content
     assert text.strip()
     assert_real_words(text, min_words=2)
+
+
+def test_forced_tool_calls_without_a_parser_flag(default_server):
+    """The template shows <tool_call>: tool_choice required / named take its format (qwen25) with no
+    --tool-call-parser, and the call comes back parsed."""
+    import jsonschema
+    import openai
+
+    client = openai.OpenAI(base_url=default_server + "/v1", api_key="-", max_retries=0, timeout=120)
+    model = client.models.list().data[0].id
+    messages = [{"role": "user", "content": "What weather shall we have in Rome?"}]
+    r = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, tool_choice="required",
+                                       max_tokens=256, temperature=0, parallel_tool_calls=False)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
+    [call] = choice.message.tool_calls
+    if call.function.name == "get_weather":
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+    r = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, max_tokens=256, temperature=0,
+                                       tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    calls = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls" and [c.function.name for c in calls] == ["get_weather"]
+    jsonschema.validate(json.loads(calls[0].function.arguments), WEATHER)

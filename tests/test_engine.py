@@ -230,3 +230,19 @@ def test_dummy_load_format_needs_only_config(tmp_path, tiny_checkpoint):
     assert len(out["output_ids"]) == 4
     with pytest.raises(FileNotFoundError, match="dummy"):
         Engine(model_path=str(tmp_path), device="cpu", log_level="warning")
+
+
+def test_shutdown_gives_the_weights_and_pools_back_and_engines_run_in_a_row(tiny_checkpoint):
+    """After shutdown nothing the engine keeps holds the model or the pools' memory (a weak reference to
+    a weight dies without a collection by the caller), and three engines in a row in one process serve."""
+    import weakref
+
+    path = tiny_checkpoint("qwen3_5")
+    for _ in range(3):
+        engine = Engine(model_path=path, device="cpu", dtype="float32", log_level="warning")
+        out = engine.generate(input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 3, "temperature": 0})
+        assert len(out["output_ids"]) == 3
+        weight = weakref.ref(next(engine.runner.model.parameters()))
+        engine.shutdown()
+        assert weight() is None and engine.runner.model is None
+        assert engine.runner.kv_pool.k.numel() == 0 and engine.runner.state_pool.ssm.numel() == 0

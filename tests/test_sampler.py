@@ -1,8 +1,9 @@
-"""Sampler: each filter leaves exactly the allowed tokens, seeds reproduce, penalties apply."""
+"""Sampler: each filter leaves exactly the allowed tokens, seeds reproduce, penalties apply; logprobs are
+the model's, over the tokens a grammar mask allows."""
 
 import torch
 
-from hybrid_sgl.runner.sampler import logprobs_of, sample
+from hybrid_sgl.runner.sampler import ids_logprobs, logprobs_of, sample
 from hybrid_sgl.sampling_params import SamplingParams
 from hybrid_sgl.scheduler.request import Req
 
@@ -64,3 +65,50 @@ def test_logprobs_are_of_the_raw_distribution():
     ref = logits.log_softmax(-1)
     assert torch.allclose(torch.tensor(chosen), ref[[0, 1, 2], ids])
     assert [t[0][1] for t in tops] == ref.argmax(-1).tolist()
+
+
+def bitmask(allowed: list[list[int] | None], vocab: int) -> torch.Tensor:
+    """[N, ceil(V / 32)] int32 grammar bitmask allowing these tokens per row (None: every token)."""
+    mask = torch.zeros(len(allowed), (vocab + 31) // 32, dtype=torch.int32)
+    for row, ids in enumerate(allowed):
+        if ids is None:
+            mask[row] = -1
+            continue
+        for t in ids:
+            word = int(mask[row, t // 32]) | (1 << (t % 32))
+            mask[row, t // 32] = word - (1 << 32) if word >= 1 << 31 else word
+    return mask
+
+
+def test_logprobs_with_a_grammar_are_of_the_masked_distribution():
+    vocab = 70
+    logits = torch.randn(3, vocab)
+    allowed = [[3, 31, 32, 69], None, [40]]  # row 1 has no grammar (its mask allows every token)
+    mask = bitmask(allowed, vocab)
+    ids = torch.tensor([31, 5, 40])
+    chosen, tops = logprobs_of(logits, ids, top_k=6, mask=mask)
+    masked = torch.full_like(logits, float("-inf"))
+    for row, keep in enumerate(allowed):
+        keep = list(range(vocab)) if keep is None else keep
+        masked[row, keep] = logits[row, keep]
+    ref = masked.log_softmax(-1)
+    assert torch.allclose(torch.tensor(chosen), ref[[0, 1, 2], ids])
+    assert torch.allclose(ref[0, allowed[0]].exp().sum(), torch.tensor(1.0))  # the allowed tokens' mass is 1
+    assert chosen[2] == 0.0  # the only allowed token
+    assert sorted(i for _, i in tops[0]) == allowed[0]  # top logprobs: allowed tokens only, however many asked
+    assert [i for _, i in tops[2]] == [40]
+    assert [i for _, i in tops[1]] == logits[1].topk(6).indices.tolist()  # the unconstrained row is untouched
+    assert torch.allclose(torch.tensor([v for v, _ in tops[1]]), logits[1].log_softmax(-1).topk(6).values)
+    unmasked, _ = logprobs_of(logits, ids, top_k=0)
+    assert unmasked[1] == chosen[1] and unmasked[0] < chosen[0]
+
+
+def test_token_ids_logprobs_with_a_grammar():
+    vocab = 40
+    logits = torch.randn(2, vocab)
+    mask = bitmask([[1, 2], None], vocab)
+    out = ids_logprobs(logits, [[1, 2, 7], [1, 7]], mask)
+    ref = logits[0, [1, 2]].log_softmax(-1)
+    assert torch.allclose(torch.tensor([lp for lp, _ in out[0][:2]]), ref)
+    assert out[0][2] == (float("-inf"), 7)  # forbidden: no probability
+    assert out[1] == ids_logprobs(logits, [None, [1, 7]])[1]

@@ -147,6 +147,7 @@ class ModelConfig:
     mamba2: Mamba2Spec | None = None
     mamba: MambaSpec | None = None
     weight_prefix: str = "model."  # where the text model's weights live in the checkpoint
+    mtp_layers: int = 0  # multi-token-prediction layers (`mtp.*`) the model is built with (0: none)
     hf_text_config: dict = field(default_factory=dict, compare=False, repr=False)
     quantization_config: dict | None = field(default=None, compare=False, repr=False)  # as config.json has it
 

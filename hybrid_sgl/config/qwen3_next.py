@@ -7,6 +7,15 @@ from __future__ import annotations
 from hybrid_sgl.config.model_config import AttentionSpec, GDNSpec, ModelConfig, MoESpec, as_list, rope_params
 
 
+def mtp_layers_of(text: dict) -> int:
+    """The checkpoint's multi-token-prediction layers: `mtp_num_hidden_layers` (Qwen3.5) or
+    `num_nextn_predict_layers` (Qwen3-Next); their own embedding table is not supported."""
+    n = text.get("mtp_num_hidden_layers", text.get("num_nextn_predict_layers", 0)) or 0
+    if n and text.get("mtp_use_dedicated_embeddings"):
+        raise ValueError("mtp_use_dedicated_embeddings is not supported: the MTP layer shares the model's embedding")
+    return int(n)
+
+
 def parse_config(hf: dict, gen_eos: list[int]) -> ModelConfig:
     """Qwen3-Next, Qwen3.5 and Qwen3.5-MoE: GDN + gated attention, dense MLP or MoE."""
     text = hf.get("text_config", hf)
@@ -73,5 +82,6 @@ def parse_config(hf: dict, gen_eos: list[int]) -> ModelConfig:
         ),
         moe=moe,
         weight_prefix="model.language_model." if nested else "model.",
+        mtp_layers=mtp_layers_of(text),
         hf_text_config=text,
     )

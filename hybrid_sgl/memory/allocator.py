@@ -17,9 +17,10 @@ class OutOfPages(Exception):
 
 class Allocator:
     def __init__(self, *, num_slots: int, num_pages: int, page_size: int, max_pages_per_request: int,
-                 device: torch.device | str, num_snapshots: int = 0):
+                 device: torch.device | str, num_snapshots: int = 0, draft_rows_per_slot: int = 0):
         self.num_slots = num_slots
         self.num_snapshots = num_snapshots
+        self.draft_rows_per_slot = draft_rows_per_slot
         first_snapshot = num_slots + 1  # state-pool index of snapshot 0 (after the pad slot)
         self.free_snapshots = list(range(first_snapshot + num_snapshots - 1, first_snapshot - 1, -1))
         self.num_pages = num_pages
@@ -72,6 +73,12 @@ class Allocator:
         self.slot_pages[slot] = None
         self.page_table[slot].fill_(self.pad_page)
         self.free_slots.append(slot)
+
+    def draft_rows(self, slot: int) -> list[int]:
+        """The state-pool rows that hold slot's state after each verified token (speculative decoding):
+        fixed per slot, after the snapshots."""
+        first = self.num_slots + 1 + self.num_snapshots + slot * self.draft_rows_per_slot
+        return list(range(first, first + self.draft_rows_per_slot))
 
     # ---- snapshot slots ------------------------------------------------------------------------
     def alloc_snapshot(self) -> int | None:

@@ -32,6 +32,10 @@ class KVPool:
         """(k_cache, v_cache) of attention layer `index`: [num_pages + 1, page_size, Hkv, D] each."""
         return self.k[index], self.v[index]
 
+    def release(self) -> None:
+        """Give the pages' memory back (the engine has stopped)."""
+        self.k = self.v = torch.empty(0, device=self.k.device)
+
     def copy_page(self, src: int, dst: int) -> None:
         """K and V of page src -> dst in every layer (device copy, no host wait)."""
         self.k[:, dst].copy_(self.k[:, src])

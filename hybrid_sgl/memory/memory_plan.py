@@ -40,6 +40,7 @@ class MemoryPlan:
     num_pages: int
     context_length: int
     num_snapshots: int = 0
+    draft_rows_per_request: int = 0  # state rows each running request keeps for verify-step cuts (speculative)
 
     @property
     def max_total_tokens(self) -> int:
@@ -49,6 +50,7 @@ class MemoryPlan:
         return (f"memory plan: budget {self.budget_bytes / 2**30:.2f} GiB"
                 f" | state {self.state_bytes_per_request / 2**20:.2f} MiB/request"
                 f" x {self.max_running_requests} requests"
+                + (f" (+ {self.draft_rows_per_request} verify rows each)" if self.draft_rows_per_request else "") +
                 f" | snapshots {self.num_snapshots} x {self.state_bytes_per_request / 2**20:.2f} MiB"
                 f" | KV {self.kv_bytes_per_token} B/token x {self.max_total_tokens} tokens"
                 f" ({self.num_pages} pages of {self.page_size}) | context length {self.context_length}")
@@ -57,21 +59,25 @@ class MemoryPlan:
 def plan_memory(*, config: ModelConfig, state: StateShapes | None, kv_dtype: torch.dtype, budget_bytes: int,
                 on_gpu: bool, page_size: int, context_length: int, max_running_requests: int | None,
                 max_total_tokens: int | None, prefix_cache: bool = False, mamba_full_memory_ratio: float = 0.9,
-                max_mamba_cache_size: int | None = None) -> MemoryPlan:
+                max_mamba_cache_size: int | None = None, extra_kv_layers: int = 0,
+                draft_rows_per_request: int = 0) -> MemoryPlan:
+    """extra_kv_layers: KV layers beside the config's (the MTP draft layer); draft_rows_per_request: state
+    rows each running request also needs (the verify step's cuts under speculative decoding)."""
     from hybrid_sgl.memory.kv_pool import KVPool
     from hybrid_sgl.memory.state_pool import StatePool
 
     attn = config.attention
-    kv_per_token = KVPool.bytes_per_token(len(config.kv_layers), attn.num_kv_heads,
+    kv_per_token = KVPool.bytes_per_token(len(config.kv_layers) + extra_kv_layers, attn.num_kv_heads,
                                           attn.head_dim, kv_dtype)
     state_per_req = 0
     if state is not None:
         state_per_req = StatePool.bytes_per_slot(state.num_layers, state.conv_shape, state.conv_dtype,
                                                  state.ssm_shape, state.ssm_dtype)
+    per_running = state_per_req * (1 + draft_rows_per_request)
     running = max_running_requests
     if running is None:
         cap = MAX_RUNNING_GPU if on_gpu else MAX_RUNNING_CPU
-        running = cap if state_per_req == 0 else min(cap, int(budget_bytes * STATE_SHARE) // state_per_req)
+        running = cap if per_running == 0 else min(cap, int(budget_bytes * STATE_SHARE) // per_running)
     if running < 1:
         raise ValueError(f"not enough memory for one request: state needs {state_per_req} bytes per request, "
                          f"the budget is {budget_bytes} bytes; raise --mem-fraction-static or use a smaller model")
@@ -84,8 +90,8 @@ def plan_memory(*, config: ModelConfig, state: StateShapes | None, kv_dtype: tor
             snapshots = max_mamba_cache_size - running
         else:
             state_budget = budget_bytes * mamba_full_memory_ratio / (1 + mamba_full_memory_ratio)
-            snapshots = max(0, int(state_budget) // state_per_req - running)
-    left = budget_bytes - (running + snapshots) * state_per_req
+            snapshots = max(0, (int(state_budget) - running * per_running) // state_per_req)
+    left = budget_bytes - running * per_running - snapshots * state_per_req
     if left <= 0:
         raise ValueError(f"{running} running slots + {snapshots} snapshots of {state_per_req} bytes leave no room "
                          f"for KV pages in a {budget_bytes}-byte budget; lower --max-mamba-cache-size")
@@ -106,7 +112,7 @@ def plan_memory(*, config: ModelConfig, state: StateShapes | None, kv_dtype: tor
     return MemoryPlan(budget_bytes=budget_bytes, state_bytes_per_request=state_per_req,
                       kv_bytes_per_token=kv_per_token, max_running_requests=running, page_size=page_size,
                       num_pages=num_pages, context_length=min(context_length, num_pages * page_size),
-                      num_snapshots=snapshots)
+                      num_snapshots=snapshots, draft_rows_per_request=draft_rows_per_request if state_per_req else 0)
 
 
 def pool_budget_bytes(*, device: torch.device, mem_fraction_static: float, activation_bytes: int = 0) -> int:

@@ -43,12 +43,13 @@ def build_pools(plan: MemoryPlan, *, state: StateShapes | None, kv: KVShapes | N
     if state is not None:
         state_pool = state_cls(num_layers=state.num_layers, num_slots=plan.max_running_requests,
                                conv_shape=state.conv_shape, conv_dtype=state.conv_dtype, ssm_shape=state.ssm_shape,
-                               ssm_dtype=state.ssm_dtype, device=device, num_snapshots=plan.num_snapshots)
+                               ssm_dtype=state.ssm_dtype, device=device, num_snapshots=plan.num_snapshots,
+                               num_draft_rows=plan.max_running_requests * plan.draft_rows_per_request)
     kv_pool = None
     if kv is not None:
         kv_pool = kv_cls(num_layers=kv.num_layers, num_pages=plan.num_pages, page_size=plan.page_size,
                          num_kv_heads=kv.num_kv_heads, head_dim=kv.head_dim, dtype=kv.dtype, device=device)
     allocator = Allocator(num_slots=plan.max_running_requests, num_pages=plan.num_pages, page_size=plan.page_size,
                           max_pages_per_request=-(-plan.context_length // plan.page_size), device=device,
-                          num_snapshots=plan.num_snapshots)
+                          num_snapshots=plan.num_snapshots, draft_rows_per_slot=plan.draft_rows_per_request)
     return Pools(state_pool, kv_pool, allocator)

@@ -1,9 +1,11 @@
 """Recurrent state of every linear-attention / SSM layer, one slot per running request.
 
-conv  : [num_state_layers, num_slots + 1 + num_snapshots, conv_width - 1, conv_dim]  (model dtype)
-ssm   : [num_state_layers, num_slots + 1 + num_snapshots, *ssm_shape]                (float32 by default)
-Slot `num_slots` (`pad_slot`) is never handed out: padded batch rows point at it. The
-`num_snapshots` indices after it hold the prefix cache's snapshots (same layout, never in a batch).
+conv  : [num_state_layers, rows, conv_width - 1, conv_dim]  (model dtype)
+ssm   : [num_state_layers, rows, *ssm_shape]                (float32 by default)
+rows = num_slots + 1 + num_snapshots + num_draft_rows. Slot `num_slots` (`pad_slot`) is never handed
+out: padded batch rows point at it. The `num_snapshots` indices after it hold the prefix cache's
+snapshots, then each slot's verify rows (speculative decoding: the state after each verified token);
+same layout, never in a batch as slots.
 Kernels update these tensors in place through slot indices.
 """
 
@@ -22,12 +24,17 @@ class StatePool:
         ssm_dtype: torch.dtype,
         device: torch.device | str,
         num_snapshots: int = 0,
+        num_draft_rows: int = 0,
     ):
         self.num_slots = num_slots
         self.pad_slot = num_slots
-        rows = num_slots + 1 + num_snapshots
+        rows = num_slots + 1 + num_snapshots + num_draft_rows
         self.conv = torch.zeros(num_layers, rows, *conv_shape, dtype=conv_dtype, device=device)
         self.ssm = torch.zeros(num_layers, rows, *ssm_shape, dtype=ssm_dtype, device=device)
+
+    def release(self) -> None:
+        """Give the slots' memory back (the engine has stopped)."""
+        self.conv = self.ssm = torch.empty(0, device=self.conv.device)
 
     @property
     def slot_bytes(self) -> int:

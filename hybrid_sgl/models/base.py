@@ -43,6 +43,7 @@ class HybridCausalLM(nn.Module):
             self.lm_head.weight = self.embed.weight
         self.embedding_scale = 1.0
         self.logits_scale = 1.0
+        self.mtp: nn.Module | None = None  # the draft layer of speculative decoding (models/mtp.py), if built
 
     @classmethod
     def check_tensor_parallel(cls, config: ModelConfig, size: int) -> None:
@@ -59,6 +60,13 @@ class HybridCausalLM(nn.Module):
         for layer in self.layers:
             x, residual = layer(x, residual, fb)
         return self.norm.add(x, residual)[0]
+
+    def draft_hidden(self, input_ids: torch.Tensor, hidden: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        """The MTP layer over entries (token at i + 1, the final hidden state at i): [T], [T, H] -> [T, H]."""
+        x = self.embed(input_ids)
+        if self.embedding_scale != 1.0:
+            x = x * self.embedding_scale
+        return self.mtp(x, hidden, fb)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, H] -> logits [N, V] float32 (gathered from every rank under tensor parallelism)."""
@@ -78,6 +86,9 @@ class HybridCausalLM(nn.Module):
         """Consume (checkpoint name, tensor) pairs; names are the HF checkpoint's."""
         prefix = self.config.weight_prefix
         for name, tensor in weights:
+            if self.mtp is not None and name.startswith("mtp."):
+                self.mtp.load_weight(name[len("mtp."):], tensor)
+                continue
             if name.startswith(self.skipped_prefixes):
                 continue
             if name.startswith(prefix):

@@ -1,5 +1,6 @@
 """Qwen3-Next, Qwen3.5 and Qwen3.5-MoE text models: Gated DeltaNet and gated full attention
-layers (by layer plan), dense MLP or sparse MoE, zero-centered RMSNorm. Config: hybrid_sgl/config/qwen3_next.py."""
+layers (by layer plan), dense MLP or sparse MoE, zero-centered RMSNorm. Config: hybrid_sgl/config/qwen3_next.py.
+With config.mtp_layers > 0 the MTP draft layer is built too (models/mtp.py); otherwise `mtp.*` is skipped."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from hybrid_sgl.layers.moe import SparseMoE
 from hybrid_sgl.layers.norm import RMSNorm
 from hybrid_sgl.layers.rotary import RotaryEmbedding
 from hybrid_sgl.models.base import Backends, HybridCausalLM
+from hybrid_sgl.models.mtp import MTPHead
 
 _NAMES = LayerWeightNames(mixer=("self_attn", "linear_attn"), ffn=("mlp",))
 _SKIPPED = ("model.visual.", "visual.", "mtp.", "model.mtp.")
@@ -45,6 +47,8 @@ class Qwen3NextForCausalLM(HybridCausalLM):
             else:
                 ffn = GatedMLP(c.hidden_size, c.intermediate_size, ops=dense)
             self.layers.append(DecoderLayer(mixer, ffn, c.hidden_size, c.rms_norm_eps, c.norm_offset, ops=dense))
+        if c.mtp_layers:
+            self.mtp = MTPHead(c, backends, rotary, first_kv_index=kv_index)
 
     def load_layer_weight(self, layer: DecoderLayer, part: str, rest: str, tensor: torch.Tensor) -> None:
         layer.load_weight(part, rest, tensor, _NAMES)

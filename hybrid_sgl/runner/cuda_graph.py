@@ -16,6 +16,7 @@ graphs do not take (too large, tensor parallelism) run eagerly through the same 
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 
@@ -76,6 +77,19 @@ class StepGraphs:
 
     @torch.inference_mode()
     def capture(self) -> None:
+        """Capture every shape. Python's cycle collector stays off meanwhile: collecting what an earlier
+        engine left (its graphs, events, pinned buffers) frees CUDA objects, which is illegal while a
+        stream captures and invalidates the capture (torch no longer collects before capturing)."""
+        gc.collect()
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self._capture_all()
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _capture_all(self) -> None:
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()

@@ -13,6 +13,7 @@ their shards (runner/tp_step.py).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -34,6 +35,7 @@ from hybrid_sgl.models.base import Backends
 from hybrid_sgl.models.loader import build_model
 from hybrid_sgl.runner.cuda_graph import StepGraphs, decode_sizes, extend_shapes
 from hybrid_sgl.runner.sampler import Sampler, ids_logprobs, logprobs_of
+from hybrid_sgl.runner.speculative import SpecDecoder
 from hybrid_sgl.runner.step_inputs import StepInputs
 from hybrid_sgl.runner.tp_step import step_message
 from hybrid_sgl.sampling_params import SamplingParams
@@ -91,6 +93,13 @@ class ModelRunner:
         """tp: this process's tensor-parallel group; broadcast(StepMessage): sends each step to the other
         ranks (rank 0 only); pool_classes: the (state, KV) pool classes (rank 0 records its copies)."""
         self.args = args
+        self.spec_steps = args.speculative_num_steps if args.speculative_algorithm else 0
+        if self.spec_steps and not config.mtp_layers:
+            raise ValueError(f"--speculative-algorithm {args.speculative_algorithm} drafts with the checkpoint's MTP "
+                             f"layer, and {config.architecture} at {args.model_path} has none (no mtp.* tensors, no "
+                             "mtp_num_hidden_layers in config.json): serve it without --speculative-algorithm")
+        if not self.spec_steps and config.mtp_layers:
+            config = dataclasses.replace(config, mtp_layers=0)  # its mtp.* tensors are skipped
         self.config = config
         self.tp, self.broadcast = tp, broadcast
         self.local_config = local_config(config, tp.size)  # this rank's heads: what its pools hold
@@ -122,6 +131,8 @@ class ModelRunner:
         self.inputs = self._step_inputs(self.allocator, self.kv_pool, self.state_pool, self._max_step_tokens(),
                                         self.plan.max_running_requests + 1)
         self.graphs, self.extend_graphs = self._capture_graphs(backends)
+        self.last_hidden: torch.Tensor | None = None
+        self.speculative = SpecDecoder(self, self.spec_steps) if self.spec_steps else None
         rows, pinned = self.plan.max_running_requests, self.device.type == "cuda"
         self._host_ids = [torch.empty(rows, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
         self._host_turn = 0
@@ -157,7 +168,7 @@ class ModelRunner:
         if not self.config.kv_layers:
             return None
         attn = self.local_config.attention
-        return KVShapes(num_layers=len(self.config.kv_layers), num_kv_heads=attn.num_kv_heads,
+        return KVShapes(num_layers=len(self.config.kv_layers) + self.config.mtp_layers, num_kv_heads=attn.num_kv_heads,
                         head_dim=attn.head_dim, dtype=self.dtype)
 
     def _budget_bytes(self) -> int:
@@ -226,7 +237,8 @@ class ModelRunner:
                            max_total_tokens=self.args.max_total_tokens,
                            prefix_cache=not self.args.disable_radix_cache,
                            mamba_full_memory_ratio=self.args.mamba_full_memory_ratio,
-                           max_mamba_cache_size=self.args.max_mamba_cache_size)
+                           max_mamba_cache_size=self.args.max_mamba_cache_size,
+                           extra_kv_layers=self.config.mtp_layers, draft_rows_per_request=self.spec_steps)
 
     def _graphs_possible(self) -> bool:
         """CUDA graphs need CUDA, a kernel on every path that can be captured (no host syncs: the Triton /
@@ -272,6 +284,14 @@ class ModelRunner:
                 Sampler()(logits, batch, self.config.eos_token_ids)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def release(self) -> None:
+        """Drop the weights, graphs, pools and step buffers once no step will run again (Engine.shutdown),
+        so that whatever still holds the runner, its pools or the engine holds no device memory by them."""
+        self.graphs = self.extend_graphs = self.model = self.inputs = self.last_hidden = self._masks = None
+        for pool in (self.state_pool, self.kv_pool):
+            if pool is not None:
+                pool.release()
 
     # ---- one step --------------------------------------------------------------------------------
     @staticmethod
@@ -357,17 +377,17 @@ class ModelRunner:
     def forward_step(self, plan: StepPlan, *, prev_ids: torch.Tensor | None = None) -> torch.Tensor | None:
         """One step without sampling: logits [len(rows), V] of the plan's logit rows (every row when None;
         none are computed when empty). Extend steps replay a graph of their shape when one is captured.
-        The other tensor-parallel ranks run the step too (see tp_step.py)."""
+        The other tensor-parallel ranks run the step too (see tp_step.py). With a draft model the final
+        hidden states [T, H] stay in `last_hidden` for it."""
         if self.broadcast is not None:
             self.broadcast(step_message(self, plan, prev_ids))
         shape = self.extend_graphs.shape_for(plan) if self.extend_graphs is not None else None
         if shape is not None:
             hidden = self.extend_graphs.run(plan, shape)
         else:
-            fits = self.inputs.fits(plan.num_tokens, plan.num_rows)
-            inputs = self.inputs if fits else self._step_inputs(self.allocator, self.kv_pool, self.state_pool,
-                                                                plan.num_tokens, plan.num_rows)
-            hidden = self.model(inputs.eager_batch(plan, prev_ids=prev_ids))
+            hidden = self.model(self.eager_batch(plan, prev_ids))
+        if self.speculative is not None:
+            self.last_hidden = hidden
         rows = plan.logit_rows
         if rows is None:
             return self.model.compute_logits(hidden)
@@ -376,6 +396,13 @@ class ModelRunner:
         if rows == list(range(hidden.shape[0])):
             return self.model.compute_logits(hidden)
         return self.model.compute_logits(hidden[self.inputs.logit_rows(rows)])
+
+    def eager_batch(self, plan: StepPlan, prev_ids: torch.Tensor | None = None):
+        """The plan's ForwardBatch from the static step inputs (or one-off ones when it does not fit)."""
+        fits = self.inputs.fits(plan.num_tokens, plan.num_rows)
+        inputs = self.inputs if fits else self._step_inputs(self.allocator, self.kv_pool, self.state_pool,
+                                                            plan.num_tokens, plan.num_rows)
+        return inputs.eager_batch(plan, prev_ids=prev_ids)
 
     def _logit_rows(self, items: list[BatchItem]):
         """Rows of the packed batch that need logits. sample_rows: (item, logits row);
@@ -402,17 +429,18 @@ class ModelRunner:
         idx = torch.tensor([r for _, r in sample_rows], device=self.device)
         reqs = [items[i].req for i, _ in sample_rows]
         chosen = logits[idx]
-        next_ids = self.sampler(chosen, reqs, self.config.eos_token_ids, self._grammar_mask(reqs, chosen.shape[-1]))
+        mask = self._grammar_mask(reqs, chosen.shape[-1])
+        next_ids = self.sampler(chosen, reqs, self.config.eos_token_ids, mask)
         want = [r.return_logprob for r in reqs]
         top_k = max([r.top_logprobs_num for r in reqs if r.return_logprob], default=0)
-        lps, tops = logprobs_of(chosen, next_ids, top_k) if any(want) else (None, None)
+        lps, tops = logprobs_of(chosen, next_ids, top_k, mask) if any(want) else (None, None)
         for j, ((i, _), token) in enumerate(zip(sample_rows, next_ids.tolist())):
             results[i].next_token = token
             if want[j]:
                 results[i].token_logprob = lps[j]
                 results[i].top_logprobs = tops[j][: reqs[j].top_logprobs_num]
         if any(r.return_logprob and r.token_ids_logprob for r in reqs):
-            chosen_lps = ids_logprobs(chosen, [r.token_ids_logprob if r.return_logprob else None for r in reqs])
+            chosen_lps = ids_logprobs(chosen, [r.token_ids_logprob if r.return_logprob else None for r in reqs], mask)
             for j, (i, _) in enumerate(sample_rows):
                 if want[j] and reqs[j].token_ids_logprob:
                     results[i].token_ids_logprobs = chosen_lps[j]

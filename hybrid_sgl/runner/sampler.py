@@ -3,7 +3,10 @@
 Order: grammar mask (when given) -> logit bias -> penalties -> min_new_tokens mask -> greedy rows take argmax; the rest:
 temperature -> softmax -> top-k -> top-p -> min-p -> draw. Draws use the exponential race
 (argmax p / E, E ~ Exp(1)), which samples from p and lets each seeded request use its own
-generator. Logprobs are always of the model's raw distribution (log_softmax of the logits).
+generator. Logprobs are of the model's distribution (log_softmax of the logits), restricted to the tokens
+the grammar allows where a row has a grammar mask: the allowed tokens' probabilities sum to 1 and a
+forbidden token has none (it never appears among the top logprobs). Bias, penalties and temperature do
+not change them.
 
 `sample_ref` is the plain definition: it sorts the whole vocabulary. `sample` keeps the same
 support without that sort. Top-k and top-p keep a prefix of the tokens ordered by probability (ties
@@ -383,24 +386,39 @@ def _filtered_probs(logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
     return torch.zeros_like(probs).scatter_(1, order, sorted_p / sorted_p.sum(-1, keepdim=True))
 
 
-def ids_logprobs(logits: torch.Tensor, id_lists: list[list[int] | None]) -> list[list[tuple[float, int]]]:
-    """logits: [N, V]; id_lists[i]: token ids for row i, or None. (logprob, id) of each id in its row."""
+def _log_softmax(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """float32 log_softmax of logits [N, V] over the tokens `mask` allows (every token when None)."""
+    logits = logits.float()
+    if mask is not None:
+        logits = apply_token_bitmask(logits, mask)
+    return logits.log_softmax(dim=-1)
+
+
+def ids_logprobs(logits: torch.Tensor, id_lists: list[list[int] | None],
+                 mask: torch.Tensor | None = None) -> list[list[tuple[float, int]]]:
+    """logits: [N, V]; id_lists[i]: token ids for row i, or None; mask: the rows' grammar bitmask, or None.
+    (logprob, id) of each id in its row (-inf for a token the grammar forbids)."""
     rows = [i for i, ids in enumerate(id_lists) if ids]
     out: list[list[tuple[float, int]]] = [[] for _ in id_lists]
     if rows:
-        logp = logits[torch.tensor(rows, device=logits.device)].float().log_softmax(dim=-1)
+        idx = torch.tensor(rows, device=logits.device)
+        logp = _log_softmax(logits[idx], None if mask is None else mask[idx])
         for k, i in enumerate(rows):
             out[i] = list(zip(logp[k, id_lists[i]].tolist(), id_lists[i]))
     return out
 
 
-def logprobs_of(logits: torch.Tensor, ids: torch.Tensor, top_k: int) -> tuple[list[float], list[list]]:
-    """logits: [N, V]; ids: [N]. Returns the logprob of ids[i] in row i, and (when top_k > 0) the
-    top_k (logprob, token id) pairs of each row."""
-    logp = logits.float().log_softmax(dim=-1)
+def logprobs_of(logits: torch.Tensor, ids: torch.Tensor, top_k: int,
+                mask: torch.Tensor | None = None) -> tuple[list[float], list[list]]:
+    """logits: [N, V]; ids: [N]; mask: [N, ceil(V / 32)] grammar bitmask of the rows, or None. Returns the
+    logprob of ids[i] in row i, and (when top_k > 0) up to top_k (logprob, token id) pairs of each row:
+    with a mask, of the masked distribution, and only tokens the mask allows."""
+    logp = _log_softmax(logits, mask)
     chosen = logp.gather(1, ids.view(-1, 1)).flatten().tolist()
     if top_k <= 0:
         return chosen, [[] for _ in chosen]
     vals, idx = logp.topk(min(top_k, logp.shape[-1]), dim=-1)
     tops = [list(zip(v, i)) for v, i in zip(vals.tolist(), idx.tolist())]
+    if mask is not None:  # a row with fewer allowed tokens than top_k: its forbidden ones come last, at -inf
+        tops = [[(v, i) for v, i in row if v != float("-inf")] for row in tops]
     return chosen, tops

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from hybrid_sgl.scheduler.request import Req
 from hybrid_sgl.scheduler.scheduler import Scheduler
+from hybrid_sgl.scheduler.step_log import DECODE_LOG_INTERVAL, StepLog
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class ReqUpdate:
     queue_time: float | None  # seconds from arrival to first being scheduled; None while waiting
     new_token_ids_logprobs: list = field(default_factory=list)  # token_ids_logprob, new positions
     input_token_ids_logprobs: list | None = None  # complete list, sent once with input_logprobs
+    spec_verify_ct: int | None = None  # verify steps with drafts so far (None: speculative decoding is off)
 
 
 class _Sink:
@@ -49,14 +51,16 @@ class _Sink:
 
 
 class EngineLoop:
-    def __init__(self, scheduler: Scheduler):
+    def __init__(self, scheduler: Scheduler, decode_log_interval: int = DECODE_LOG_INTERVAL):
         self.scheduler = scheduler
+        self.speculative = getattr(scheduler.runner, "speculative", None) is not None
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, _Sink] = {}
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self.step_count = 0
         self.generated_tokens = 0
+        scheduler.on_batch = StepLog(scheduler, lambda: self.generated_tokens, decode_log_interval).batch
 
     def start(self) -> None:
         self._thread.start()
@@ -76,6 +80,10 @@ class EngineLoop:
         future: Future = Future()
         self._inbox.put(("call", fn, future))
         return future
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
 
     def shutdown(self, timeout: float = 10.0) -> None:
         self._stopped.set()
@@ -162,6 +170,7 @@ class EngineLoop:
             queue_time=sink.queue_time,
             new_token_ids_logprobs=req.output_token_ids_logprobs[new] if req.token_ids_logprob else [],
             input_token_ids_logprobs=list(req.input_token_ids_logprobs) if send_input else None,
+            spec_verify_ct=req.spec_verify_ct if self.speculative else None,
         )
         self.generated_tokens += len(update.new_ids)
         sink.sent = len(req.output_ids)

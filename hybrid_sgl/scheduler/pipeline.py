@@ -45,6 +45,7 @@ class StepPipeline(ABC):
     """One way of running steps; its entries are those listed at the top of this module."""
 
     num_overlapped_steps = 0  # decode steps launched before the previous one's tokens were read
+    accept_length = 0.0  # speculative decoding: mean tokens a verify row gains (0.0 without)
 
     def __init__(self, runner: ModelRunner, host: StepHost):
         self.runner, self.host = runner, host

@@ -61,6 +61,10 @@ class Req:
     token_ids_logprob: list[int] | None = None
     input_token_ids_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
     output_token_ids_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    # speculative decoding: drafts for the verify step at position spec_base (runner/speculative.py)
+    spec_drafts: list[int] = field(default_factory=list)
+    spec_base: int = -1
+    spec_verify_ct: int = 0  # verify steps with drafts this request took part in
 
     @property
     def fill_ids(self) -> list[int]:
@@ -91,6 +95,16 @@ class Req:
     @property
     def finished(self) -> bool:
         return self.status is ReqStatus.FINISHED
+
+    def start_input_logprobs(self) -> None:
+        """Set where prompt logprobs start; position 0 has none (an entry without a logprob)."""
+        if self.return_logprob and self.logprob_start_len == 0:
+            self.input_token_logprobs.append((None, self.prompt_ids[0]))
+            self.input_top_logprobs.append(None)
+            self.input_token_ids_logprobs.append(None)
+            self.input_logprob_pos = 1
+        else:
+            self.input_logprob_pos = self.logprob_start_len
 
     def wants_input_logprobs(self) -> bool:
         return self.return_logprob and self.input_logprob_pos < len(self.prompt_ids)

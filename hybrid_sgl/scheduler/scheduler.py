@@ -6,11 +6,10 @@ requests are decoding, steps alternate so a long prompt delays them by at most o
 Pages are taken as tokens arrive; when they run out, the newest running request is preempted
 (slot and pages released, tokens kept) and recomputed later, so the oldest always progresses.
 
-The scheduler decides what runs; its pipeline (pipeline.py) decides how a step runs: to its end,
-or with decode steps overlapped (overlap.py) unless `disable_overlap_schedule` is set. While a step
-is in flight, the next one is the decode batch `_follow_up` builds from it, or none. The prefix
-cache is reached through its sharing interface (sharing.py), whose null object stands in when the
-cache is off.
+The scheduler decides what runs; its pipeline decides how a step runs: to its end (pipeline.py),
+with decode steps overlapped (overlap.py; the next one is the batch `_follow_up` builds from the
+step in flight), or as verify steps of drafts (speculative.py). The prefix cache is reached through
+its sharing interface (sharing.py), whose null object stands in when the cache is off.
 
 A constrained request (regex, JSON schema, EBNF) waits in `compiling` (grammar_queue.py) until its
 grammar has compiled, then queues like any other. Each sampled token advances its matcher; the
@@ -34,6 +33,7 @@ from hybrid_sgl.scheduler.pipeline import PlainPipeline, StepPipeline
 from hybrid_sgl.scheduler.request import Req, ReqStatus
 from hybrid_sgl.scheduler.results import ResultApplier
 from hybrid_sgl.scheduler.sharing import BasePrefixSharing, NoPrefixSharing
+from hybrid_sgl.scheduler.speculative import SpecPipeline
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +61,11 @@ class Scheduler:
         self._arrivals = itertools.count()
         self.grammars = grammars
         self.sharing = sharing if sharing is not None else NoPrefixSharing(allocator)
-        self.pipeline: StepPipeline = (OverlapPipeline if overlap else PlainPipeline)(runner, self)
+        pipeline = (SpecPipeline if getattr(runner, "speculative", None) is not None
+                    else OverlapPipeline if overlap else PlainPipeline)
+        self.pipeline: StepPipeline = pipeline(runner, self)
         self.compiling = CompilingQueue(grammars)
+        self.on_batch: Callable[[ForwardMode, list[BatchItem]], None] = lambda mode, items: None  # step_log.py
 
     # ---- requests in / out -----------------------------------------------------------------------
     def validate(self, prompt_ids: list[int], max_new_tokens: int) -> None:
@@ -82,13 +85,7 @@ class Scheduler:
     def add(self, req: Req) -> None:
         self.validate(req.prompt_ids, req.params.max_new_tokens)
         req.arrival = next(self._arrivals)
-        if req.return_logprob and req.logprob_start_len == 0:
-            req.input_token_logprobs.append((None, req.prompt_ids[0]))
-            req.input_top_logprobs.append(None)
-            req.input_token_ids_logprobs.append(None)
-            req.input_logprob_pos = 1
-        else:
-            req.input_logprob_pos = req.logprob_start_len
+        req.start_input_logprobs()
         if req.params.grammar_key is not None and req.grammar is None:
             self.compiling.add(req)
             return
@@ -115,7 +112,8 @@ class Scheduler:
 
     def cache_stats(self) -> dict:
         """Prefix-cache figures for /server_info and /metrics (zeros when it is off)."""
-        return {**self.sharing.stats(), "computed_prompt_tokens": self.pipeline.computed_prompt_tokens}
+        return {**self.sharing.stats(), "computed_prompt_tokens": self.pipeline.computed_prompt_tokens,
+                "avg_spec_accept_length": self.pipeline.accept_length}
 
     def check_integrity(self) -> None:
         """The allocator's and the prefix cache's invariants, counting the cache's references."""
@@ -142,11 +140,15 @@ class Scheduler:
     def _step(self) -> list[Req]:
         in_flight = self.pipeline.in_flight
         if in_flight is not None:
-            return self.pipeline.advance(self._follow_up(in_flight))
+            follow = self._follow_up(in_flight)
+            if follow is not None:
+                self.on_batch(ForwardMode.DECODE, follow[0])
+            return self.pipeline.advance(follow)
         mode, items = self._schedule()
         if not items:
             return []
         self.last_was_extend = mode is ForwardMode.EXTEND
+        self.on_batch(mode, items)
         return self.pipeline.run(mode, items)
 
     def drop_in_flight(self) -> None:

@@ -4,7 +4,8 @@ tool_calls (whole, or as streamed deltas).
 
 tool_choice: "none" (tools are neither rendered nor parsed), "auto" (rendered; calls parsed when
 --tool-call-parser is set), "required" or {"type": "function", "function": {"name": ...}} (a
-grammar forces the call, so it always parses; needs --tool-call-parser).
+grammar forces the call, so it always parses; in --tool-call-parser's format, else in the one the
+chat template writes when it shows one: tool_parser.parser_for_template).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from functools import lru_cache
 from hybrid_sgl.constrained.tool_grammar import forced_tool_call_tag
 from hybrid_sgl.server.errors import ApiError
 from hybrid_sgl.server.reasoning_parser import ReasoningParser
-from hybrid_sgl.server.tool_parser import GRAMMAR_MODELS, ToolCallParser, parser_name
+from hybrid_sgl.server.tool_parser import GRAMMAR_MODELS, ToolCallParser, parser_for_template, parser_name
 
 
 @dataclass
@@ -40,8 +41,10 @@ class ChatSetup:
         return ChoiceParser(self, in_reasoning)
 
 
-def chat_setup(req, tool_call_parser: str | None, reasoning_parser: str | None) -> ChatSetup:
-    """Check tools / tool_choice / separate_reasoning of a ChatCompletionRequest; 400 naming the problem."""
+def chat_setup(req, tool_call_parser: str | None, reasoning_parser: str | None,
+               template: str | dict | None = None) -> ChatSetup:
+    """Check tools / tool_choice / separate_reasoning of a ChatCompletionRequest; 400 naming the problem.
+    template: the chat template's text, where a forced call without tool_call_parser finds its format."""
     tools = [_check_tool(i, t) for i, t in enumerate(req.tools or [])]
     choice = req.tool_choice if req.tool_choice is not None else "auto"
     setup = ChatSetup(reasoning_parser=reasoning_parser if req.separate_reasoning is not False else None)
@@ -64,8 +67,11 @@ def chat_setup(req, tool_call_parser: str | None, reasoning_parser: str | None) 
         setup.tool_parser = parser_name(tool_call_parser)
     if choice != "auto":
         if setup.tool_parser is None:
-            raise ApiError(f"tool_choice {choice!r} needs a tool-call format: start the server with "
-                           "--tool-call-parser (qwen25 or qwen3_coder)", param="tool_choice")
+            setup.tool_parser = parser_for_template(template)
+        if setup.tool_parser is None:
+            raise ApiError(f"tool_choice {choice!r} needs a tool-call format, and the chat template shows none "
+                           "(no <tool_call>): start the server with --tool-call-parser (qwen25 or qwen3_coder)",
+                           param="tool_choice")
         setup.forced = choice
     return setup
 

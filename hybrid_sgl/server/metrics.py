@@ -73,6 +73,8 @@ class Metrics:
         self.max_total_num_tokens = g("max_total_num_tokens", "KV-cache capacity in tokens.")
         self.snapshot_slots = g("prefix_cache_snapshot_slots", "Recurrent-state snapshot slots of the prefix cache.")
         self.snapshots_used = g("prefix_cache_snapshots", "Snapshots the prefix cache holds.")
+        self.spec_accept_length = g("spec_accept_length", "Mean tokens a verify step gains per request with drafts "
+                                                          "(speculative decoding; 0 when off).")
         self.snapshot_bytes = g("prefix_cache_snapshot_bytes", "Bytes of recurrent state the held snapshots take.")
         self.snapshots_taken = c("prefix_cache_snapshots_taken", "Snapshots the prefix cache has taken.")
         self.snapshots_hit = c("prefix_cache_snapshots_hit", "Snapshots restored into a new request.")
@@ -135,6 +137,7 @@ class Metrics:
         self.snapshot_slots.set(stats["snapshot_slots"])
         self.snapshots_used.set(stats["num_snapshots"])
         self.snapshot_bytes.set(stats["snapshot_bytes"])
+        self.spec_accept_length.set(stats["avg_spec_accept_length"])
         for key, counter in (("snapshots_taken", self.snapshots_taken), ("snapshots_hit", self.snapshots_hit)):
             counter.inc(max(stats[key] - self._snapshot_counts_seen[key], 0))
             self._snapshot_counts_seen[key] = max(stats[key], self._snapshot_counts_seen[key])

@@ -34,7 +34,8 @@ router = APIRouter()
 HEALTH_TIMEOUT_S = 20.0
 
 
-@router.api_route("/generate", methods=["POST", "PUT"], openapi_extra=body_schema(GenerateRequest))
+@router.post("/generate", openapi_extra=body_schema(GenerateRequest))
+@router.put("/generate", openapi_extra=body_schema(GenerateRequest))  # one route per method: unique operation ids
 async def generate(request: Request):
     ctx = get_context(request)
     body = await parse_body(request, GenerateRequest)
@@ -149,13 +150,15 @@ async def get_load(request: Request):
                            "num_tokens": used + pending, "num_pending_tokens": pending}])
 
 
-@router.api_route("/flush_cache", methods=["GET", "POST"])
+@router.get("/flush_cache")
+@router.post("/flush_cache")
 async def flush_cache(request: Request):
-    """Empty the prefix cache when no request runs or waits (else 400 and the cache stays), as SGLang."""
+    """Empty the prefix cache when no request runs or waits, as SGLang; else a 400 in OpenAI's error
+    shape and the cache stays."""
     if await get_context(request).engine.async_flush_cache():
         return PlainTextResponse("Cache flushed.\n")
-    return PlainTextResponse("Cache not flushed: requests are running or waiting; retry when the server is "
-                             "idle.\n", status_code=400)
+    raise ApiError("Cache not flushed: requests are running or waiting; retry when the server is idle",
+                   code="server_busy")
 
 
 @router.post("/abort_request", openapi_extra=body_schema(AbortRequest))

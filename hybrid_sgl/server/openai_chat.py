@@ -50,6 +50,14 @@ def _message_dict(i: int, m: ChatMessage) -> dict:
     return message
 
 
+def chat_template_text(ctx: ServerContext) -> str | dict | None:
+    """The chat template in use: --chat-template's text, else the tokenizer's (None without either)."""
+    if ctx.engine.server_args.chat_template is not None:
+        return custom_template(ctx.engine.server_args.chat_template)
+    tok = ctx.engine.tokenizer
+    return None if tok is None else tok.chat_template
+
+
 def render_chat(ctx: ServerContext, req: ChatCompletionRequest, tools: list[dict] | None = None) -> list[int]:
     """Prompt token ids from the chat template (--chat-template, else the tokenizer's); tools: the
     function definitions the template renders."""
@@ -83,7 +91,7 @@ async def chat_completions(request: Request):
         raise ApiError("stream_reasoning false (reasoning held back to the end) is not supported yet",
                        param="stream_reasoning")
     args = ctx.engine.server_args
-    setup = chat_setup(req, args.tool_call_parser, args.reasoning_parser)
+    setup = chat_setup(req, args.tool_call_parser, args.reasoning_parser, chat_template_text(ctx))
     if req.top_logprobs is not None and not req.logprobs:
         raise ApiError("top_logprobs requires logprobs to be true", param="top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens

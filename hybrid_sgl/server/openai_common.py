@@ -67,7 +67,7 @@ def sampling_params(req: _OpenAISampling, max_new_tokens: int) -> dict:
         "stop": req.stop, "frequency_penalty": req.frequency_penalty, "presence_penalty": req.presence_penalty,
         "sampling_seed": req.seed, "top_k": req.top_k, "min_p": req.min_p, "min_new_tokens": req.min_tokens,
         "repetition_penalty": req.repetition_penalty, "stop_token_ids": req.stop_token_ids,
-        "no_stop_trim": req.no_stop_trim, "ignore_eos": req.ignore_eos,
+        "stop_regex": req.stop_regex, "no_stop_trim": req.no_stop_trim, "ignore_eos": req.ignore_eos,
         "skip_special_tokens": req.skip_special_tokens,
         "spaces_between_special_tokens": req.spaces_between_special_tokens,
         "regex": req.regex, "json_schema": req.json_schema, "ebnf": req.ebnf,
@@ -249,7 +249,7 @@ def _is_byte_level(tokenizer: PreTrainedTokenizerBase) -> bool:
 # ---- /v1/models ----------------------------------------------------------------------------------
 def _card(ctx: ServerContext) -> dict:
     return {"id": ctx.served_model_name, "object": "model", "created": int(ctx.metrics.start_time),
-            "owned_by": "hybrid_sgl", "root": ctx.engine.server_args.model_path,
+            "owned_by": "hybrid_sgl", "root": ctx.served_model_name,
             "max_model_len": ctx.context_length}
 
 

@@ -93,6 +93,7 @@ class _OpenAISampling(_Strict):
     min_tokens: int | None = None
     repetition_penalty: float | None = None
     stop_token_ids: list[int] | None = None
+    stop_regex: str | list[str] | None = None
     no_stop_trim: bool | None = None
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None

@@ -63,6 +63,16 @@ def parser_name(name: str) -> str:
     return name
 
 
+def parser_for_template(template: str | dict | None) -> str | None:
+    """The parser whose call format a chat template writes, or None when it shows neither: <function=...>
+    inside <tool_call> is qwen3_coder's, any other <tool_call> (JSON) qwen25's."""
+    if isinstance(template, dict):  # named templates: the tool-use one, else all of them
+        template = template.get("tool_use") or "\n".join(t for t in template.values() if isinstance(t, str))
+    if not isinstance(template, str) or START not in template:
+        return None
+    return "qwen3_coder" if "<function=" in template else "qwen25"
+
+
 class ToolCallParser:
     def __init__(self, name: str, tools: list[dict]):
         """tools: the request's OpenAI tools ({"type": "function", "function": {name, parameters}})."""

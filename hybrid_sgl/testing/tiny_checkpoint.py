@@ -58,11 +58,12 @@ def make_tokenizer(path: str, vocab_size: int = 400):
     return fast
 
 
-def make_checkpoint(path: str, family: str = "qwen3_5", seed: int = 0, **overrides) -> str:
+def make_checkpoint(path: str, family: str = "qwen3_5", seed: int = 0, mtp: bool = False, **overrides) -> str:
     """Save a randomly initialized tiny model of `family` with its tokenizer into `path`.
 
     family: qwen3_5 | qwen3_5_moe | qwen3_next | qwen3_5_vl | qwen3_5_moe_vl (the *ForConditionalGeneration
-    checkpoints, whose text model we serve), or one of FAMILY_BUILDERS."""
+    checkpoints, whose text model we serve), or one of FAMILY_BUILDERS. mtp: also store a random MTP layer
+    (`mtp.*`, as the published Qwen3.5 / Qwen3-Next checkpoints do; transformers builds none)."""
     sys.modules.setdefault("fla", None)  # HF's torch path on CPU
     import torch
     import transformers as tf
@@ -96,7 +97,38 @@ def make_checkpoint(path: str, family: str = "qwen3_5", seed: int = 0, **overrid
     model.save_pretrained(path)
     with open(os.path.join(path, "generation_config.json"), "w") as f:
         json.dump({"eos_token_id": eos, "do_sample": False}, f)
+    if mtp:
+        add_mtp_layer(path, seed)
     return path
+
+
+def add_mtp_layer(path: str, seed: int) -> None:
+    """Add one MTP layer to a saved Qwen3.5 / Qwen3-Next checkpoint: its decoder layer is a perturbed copy
+    of the model's last full-attention layer (same names below `layers.N.`), with random fc and norms;
+    config.json gets `mtp_num_hidden_layers: 1`."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    text = config.get("text_config", config)
+    last = max(i for i, kind in enumerate(text["layer_types"]) if kind == "full_attention")
+    file = os.path.join(path, "model.safetensors")
+    tensors = load_file(file)
+    gen = torch.Generator().manual_seed(seed + 2)
+    marker = f"layers.{last}."
+    hidden = text["hidden_size"]
+    for name, t in list(tensors.items()):
+        if marker in name and not name.startswith("mtp."):
+            rest = name.split(marker, 1)[1]
+            tensors[f"mtp.layers.0.{rest}"] = t + torch.randn(t.shape, generator=gen, dtype=t.dtype) * 0.02
+    tensors["mtp.fc.weight"] = torch.randn(hidden, 2 * hidden, generator=gen) * 0.1
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        tensors[f"mtp.{norm}.weight"] = torch.randn(hidden, generator=gen) * 0.1
+    save_file({k: v.contiguous() for k, v in tensors.items()}, file, metadata={"format": "pt"})
+    text["mtp_num_hidden_layers"] = 1
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
 
 
 def _randomize_gates(model, seed: int) -> None:

@@ -5,6 +5,7 @@ the grammar implies. Batches mix constrained and free requests, n > 1 and stream
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import jsonschema
@@ -108,3 +109,28 @@ def test_logprobs_and_penalties_with_grammar(engine):
     assert re.fullmatch("[0-9]{3}", out["text"])
     lps = out["meta_info"]["output_token_logprobs"]
     assert len(lps) == out["meta_info"]["completion_tokens"] and all(lp[0] <= 0 for lp in lps)
+
+
+def test_logprobs_with_grammar_are_of_the_masked_distribution(engine):
+    """Every allowed token of every step, as top logprobs (fewer than asked for: the forbidden ones have
+    none): they sum to 1, and only tokens the regex allows appear (digits; at the end, where the regex is
+    complete, only the stop tokens)."""
+    tok = engine.tokenizer
+    stops = set(tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]))
+    out = engine.generate("Numbers:", {"regex": "[0-9]{3}", "max_new_tokens": 8, "temperature": 1.0,
+                                       "sampling_seed": 3}, return_logprob=True, top_logprobs_num=100,
+                          return_text_in_logprobs=True)
+    assert re.fullmatch("[0-9]{3}", out["text"])
+    meta = out["meta_info"]
+    positions = list(zip(meta["output_token_logprobs"], meta["output_top_logprobs"]))
+    assert len(positions) == meta["completion_tokens"] >= 2
+    for k, ((lp, token, _), tops) in enumerate(positions):
+        assert len(tops) < 100
+        assert math.isclose(sum(math.exp(v) for v, _, _ in tops), 1.0, rel_tol=1e-4), (k, tops)
+        assert all(math.isfinite(v) for v, _, _ in tops)
+        assert lp == next(v for v, i, _ in tops if i == token)
+        if k == len(positions) - 1 and token in stops:
+            assert {i for _, i, _ in tops} <= stops
+        else:
+            assert all(re.fullmatch("[0-9]{1,3}", text) for _, _, text in tops), (k, tops)
+    assert len(positions[0][1]) >= 10  # the ten digits at least: a real distribution, not one token

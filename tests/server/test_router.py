@@ -7,6 +7,7 @@ cannot be imported; the worker-side tests always run."""
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import subprocess
 import sys
 import threading
@@ -196,9 +197,9 @@ def test_router_reaches_every_worker_endpoint(router, workers, model_path):
     for listed in httpx.get(router + "/workers", timeout=30).json()["workers"]:  # from /server_info, /model_info
         meta = listed["metadata"]
         assert (meta["model_path"], meta["tp_size"], meta["dp_size"]) == (model_path, "1", "1"), listed
-        assert meta["model_type"] == model_type and listed["model_id"] == model_path, listed
-    models = httpx.get(router + "/v1/models", timeout=30).json()
-    assert models["data"][0]["id"] == model_path
+        assert meta["model_type"] == model_type and listed["model_id"] == os.path.basename(model_path), listed
+    models = httpx.get(router + "/v1/models", timeout=30).json()  # the served name: the model folder's name
+    assert models["data"][0]["id"] == os.path.basename(model_path)
     assert httpx.get(router + "/get_model_info", timeout=30).json()["model_path"] == model_path
     loads = httpx.get(router + "/get_loads", timeout=30).json()["workers"]  # the workers' /get_load
     assert sorted(w["worker"] for w in loads) == sorted(w.url for w in workers)

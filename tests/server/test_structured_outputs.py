@@ -1,10 +1,12 @@
 """Structured outputs over HTTP against the shared tiny server (random weights): /generate with
-regex / json_schema / ebnf (plain and streamed), OpenAI response_format and SGLang's regex / ebnf
-extra fields, and a 400 naming the problem for a grammar that does not compile."""
+regex / json_schema / ebnf (plain and streamed), OpenAI response_format and SGLang's regex / ebnf /
+stop_regex extra fields, logprobs under a grammar (of the masked distribution: only allowed tokens),
+and a 400 naming the problem for a grammar that does not compile."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import httpx
@@ -155,3 +157,83 @@ def test_structural_tags(url):
     assert all(o["meta_info"]["finish_reason"]["type"] in ("stop", "length") for o in outs)
     r = generate(url, text="x", sampling_params={"structural_tag": '{"structures": [{"begin": "a"}], "triggers": []}'})
     assert r.status_code == 400 and "invalid structural_tag" in r.json()["error"]["message"]
+
+
+# ---- logprobs under a grammar --------------------------------------------------------------------
+def test_generate_top_logprobs_with_grammar_are_allowed_tokens_only(url, tokenizer):
+    """SGLang's test_logprob_grammar: the top logprobs of a digits-only regex are digits (and, once the
+    regex may end, the stop token), never the tokens the grammar forbids."""
+    stops = set(tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]))
+    for regex in (r"[0-9]{1,4}", r"\d{3}"):
+        body = {"text": "Question: how many? Answer:", "return_logprob": True, "top_logprobs_num": 5,
+                "return_text_in_logprobs": True,
+                "sampling_params": {"regex": regex, "max_new_tokens": 8, "temperature": 1.0, "n": 2}}
+        for out in generate(url, **body).json():
+            assert re.fullmatch(regex, out["text"]), out["text"]
+            tops = out["meta_info"]["output_top_logprobs"]
+            assert len(tops) == out["meta_info"]["completion_tokens"]
+            for position in tops:
+                assert position and sum(math.exp(lp) for lp, _, _ in position) <= 1.0 + 1e-4
+                for _, token, text in position:
+                    assert token in stops or re.fullmatch("[0-9]+", text), (regex, position)
+
+
+def test_openai_top_logprobs_with_grammar_are_allowed_tokens_only(client, server):
+    allowed = re.compile(r"[0-9]+|<\|im_end\|>|<\|endoftext\|>")  # digits; the stop tokens once the regex ends
+    r = client.completions.create(model=server.model_path, prompt="Count:", max_tokens=8, logprobs=5, n=2,
+                                  temperature=1.0, extra_body={"regex": "[0-9]{4}"})
+    for choice in r.choices:
+        assert re.fullmatch("[0-9]{4}", choice.text)
+        for token, top in zip(choice.logprobs.tokens, choice.logprobs.top_logprobs, strict=True):
+            assert allowed.fullmatch(token) and top and all(allowed.fullmatch(t) for t in top), top
+    r = client.chat.completions.create(model=server.model_path, messages=CHAT, max_tokens=8, logprobs=True,
+                                       top_logprobs=5, temperature=0, extra_body={"regex": "[0-9]{4}"})
+    entries = r.choices[0].logprobs.content
+    assert re.fullmatch("[0-9]{4}", r.choices[0].message.content) and entries
+    for entry in entries:
+        assert entry.top_logprobs and all(allowed.fullmatch(t.token) for t in entry.top_logprobs), entry
+        assert math.isclose(entry.logprob, entry.top_logprobs[0].logprob)  # greedy: the most likely allowed token
+
+
+# ---- stop_regex on the OpenAI routes -------------------------------------------------------------
+# the grammar writes three letters then digits; stop_regex stops at the first digit (a one-character match,
+# so the stream never sends a part of it before it is complete)
+STOP_BODY = {"regex": "[a-c]{3}[0-9]{5}", "stop_regex": ["[0-9]", "never"]}
+
+
+def check_stopped(text: str, finish_reason: str, matched) -> None:
+    assert finish_reason == "stop" and re.fullmatch("[0-9]", matched), (finish_reason, matched)
+    assert re.fullmatch("[a-c]{3}", text), text  # trimmed at the match, as on /generate
+
+
+def test_completions_stop_regex(client, server):
+    for stop_regex in ("[0-9]", STOP_BODY["stop_regex"]):
+        extra = {**STOP_BODY, "stop_regex": stop_regex}
+        r = client.completions.create(model=server.model_path, prompt="Code:", max_tokens=12, n=2, temperature=1.0,
+                                      extra_body=extra)
+        for choice in r.choices:
+            check_stopped(choice.text, choice.finish_reason, choice.model_extra["matched_stop"])
+    stream = client.completions.create(model=server.model_path, prompt="Code:", max_tokens=12, stream=True,
+                                       extra_body=STOP_BODY)
+    chunks = [c.choices[0] for c in stream if c.choices]
+    check_stopped("".join(c.text for c in chunks), chunks[-1].finish_reason, chunks[-1].model_extra["matched_stop"])
+
+
+def test_chat_stop_regex(client, server):
+    r = client.chat.completions.create(model=server.model_path, messages=CHAT, max_tokens=12, n=2,
+                                       temperature=1.0, extra_body=STOP_BODY)
+    for choice in r.choices:
+        check_stopped(choice.message.content, choice.finish_reason, choice.model_extra["matched_stop"])
+    stream = client.chat.completions.create(model=server.model_path, messages=CHAT, max_tokens=12, stream=True,
+                                            extra_body={**STOP_BODY, "stop_regex": "[0-9]"})
+    chunks = [c.choices[0] for c in stream if c.choices]
+    check_stopped("".join(c.delta.content or "" for c in chunks), chunks[-1].finish_reason,
+                  chunks[-1].model_extra["matched_stop"])
+
+
+@pytest.mark.parametrize("path, body", [("/v1/completions", {"prompt": "x"}), ("/v1/chat/completions",
+                                                                              {"messages": CHAT})])
+def test_bad_stop_regex_is_a_400(url, path, body):
+    for bad, cause in (("(", "not a valid regular expression"), ([1], "stop_regex")):
+        r = httpx.post(url + path, json={**body, "stop_regex": bad}, timeout=60)
+        assert r.status_code == 400 and cause in r.json()["error"]["message"], r.text

@@ -1,8 +1,9 @@
 """Tool calls and reasoning. Parsers: on the renderings of Qwen-style chat templates (calls as JSON
 in <tool_call>, or as <function=...> XML), whole and streamed in pieces cut anywhere (inside tags
-too). Server: tools through the chat template, tool_choice none / auto / required / named (a
-grammar makes the call parse even with random weights), streamed tool_call deltas, and
-reasoning_content with enable_thinking."""
+too); the parser a forced call takes from the chat template when --tool-call-parser is not set.
+Server: tools through the chat template, tool_choice none / auto / required / named (a grammar makes
+the call parse even with random weights), streamed tool_call deltas, and reasoning_content with
+enable_thinking."""
 
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ from hypothesis import strategies as st
 from server_process import launch
 from transformers import AutoTokenizer
 
-from hybrid_sgl.server.chat_parsing import ChatSetup
+from hybrid_sgl.server.chat_parsing import ChatSetup, chat_setup
+from hybrid_sgl.server.errors import ApiError
+from hybrid_sgl.server.protocol import ChatCompletionRequest
 from hybrid_sgl.server.reasoning_parser import ReasoningParser
-from hybrid_sgl.server.tool_parser import ToolCallParser
+from hybrid_sgl.server.tool_parser import ToolCallParser, parser_for_template
+from hybrid_sgl.testing.tiny_checkpoint import CHAT_TEMPLATE
 
 TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
@@ -144,6 +148,32 @@ def test_tool_parser_keeps_bad_calls_as_content():
     cut = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}'
     unfinished = ToolCallParser("qwen25", TOOLS).parse(cut)
     assert [c.name for c in unfinished.calls] == ["get_time"]  # the output ended before the closing tag
+
+
+def read_template(kind: str) -> str:
+    with open(template(kind)) as f:
+        return f.read()
+
+
+def test_parser_for_template():
+    assert parser_for_template(read_template("json")) == "qwen25"
+    assert parser_for_template(read_template("xml")) == "qwen3_coder"
+    assert parser_for_template({"default": CHAT_TEMPLATE, "tool_use": read_template("xml")}) == "qwen3_coder"
+    assert parser_for_template(CHAT_TEMPLATE) is None and parser_for_template(None) is None
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+def test_forced_tool_choice_takes_the_parser_from_the_template(choice):
+    req = ChatCompletionRequest(messages=MESSAGES[:1], tools=TOOLS, tool_choice=choice)
+    for kind, parser in (("json", "qwen25"), ("xml", "qwen3_coder")):
+        setup = chat_setup(req, None, None, read_template(kind))
+        assert setup.tool_parser == parser and setup.forced == choice
+        assert "structural_tag" in setup.grammar_params(False)
+    assert chat_setup(req, "qwen3_coder", None, read_template("json")).tool_parser == "qwen3_coder"  # the flag wins
+    with pytest.raises(ApiError, match="start the server with --tool-call-parser"):
+        chat_setup(req, None, None, CHAT_TEMPLATE)  # a template without <tool_call>
+    auto = chat_setup(ChatCompletionRequest(messages=MESSAGES[:1], tools=TOOLS), None, None, read_template("json"))
+    assert auto.tool_parser is None  # auto without the flag: calls stay content, as before
 
 
 REASONING = "<think>\nThe user wants 2 + 2. That is 4.\n</think>\n\nThe answer is 4."

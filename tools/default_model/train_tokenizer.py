@@ -1,6 +1,7 @@
 """Train the default model's tokenizer: byte-level BPE on the training split, ChatML special tokens
-and chat template (the bundled tiny model's conventions), saved as tokenizer.json + tokenizer_config.json
-(+ chat_template.jinja) into tools/default_model/tokenizer/.
+(the bundled tiny model's conventions) and the chat template of chat_template.jinja here (the tiny
+model's ChatML, plus tools in Qwen3's <tool_call> format), saved as tokenizer.json +
+tokenizer_config.json (+ chat_template.jinja) into tools/default_model/tokenizer/.
 
     python tools/default_model/train_tokenizer.py [--data .data/default_model] [--vocab-size 6144]
 """
@@ -11,10 +12,11 @@ import argparse
 import json
 import os
 
-from hybrid_sgl.testing.tiny_checkpoint import CHAT_TEMPLATE, SPECIAL_TOKENS
+from hybrid_sgl.testing.tiny_checkpoint import SPECIAL_TOKENS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOKENIZER_DIR = os.path.join(HERE, "tokenizer")
+CHAT_TEMPLATE_FILE = os.path.join(HERE, "chat_template.jinja")
 VOCAB_SIZE = 6144
 
 
@@ -35,7 +37,8 @@ def train_tokenizer(data_dir: str, vocab_size: int, out_dir: str):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(train_texts(data_dir), trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    fast.chat_template = CHAT_TEMPLATE
+    with open(CHAT_TEMPLATE_FILE, encoding="utf-8") as f:
+        fast.chat_template = f.read()
     fast.save_pretrained(out_dir)
     return fast
 

@@ -1,0 +1,94 @@
+"""The speculative pipeline: every step runs to its end, as in the plain pipeline, and every decode
+step is a verify step of the drafts its requests carry (runner/speculative.py). After each step the
+MTP layer takes the step's new entries and proposes the next drafts.
+
+A verify row's tokens are applied one at a time through the scheduler's result rules, so stop
+tokens, stop strings and max_new_tokens end it exactly where plain decoding would; the slot's state
+then goes back to the state after the tokens kept. Pages for the next verify (the token and its
+drafts) are taken when the drafts are made, evicting cached prefixes if needed, else no drafts.
+"""
+
+from __future__ import annotations
+
+from hybrid_sgl.batch import ForwardMode
+from hybrid_sgl.runner.model_runner import BatchItem, ItemResult, ModelRunner
+from hybrid_sgl.runner.speculative import DraftEntries, SpecDecoder
+from hybrid_sgl.scheduler.pipeline import PlainPipeline, StepHost
+from hybrid_sgl.scheduler.request import Req, ReqStatus
+
+
+class SpecPipeline(PlainPipeline):
+    def __init__(self, runner: ModelRunner, host: StepHost):
+        super().__init__(runner, host)
+        self.spec: SpecDecoder = runner.speculative
+
+    @property
+    def accept_length(self) -> float:
+        return self.spec.accept_length
+
+    def run(self, mode: ForwardMode, items: list[BatchItem]) -> list[Req]:
+        if mode is ForwardMode.EXTEND:
+            changed = self.run_to_end(mode, items)
+            entries, offset = [], 0
+            for it in items:
+                req = it.req
+                if req.status is ReqStatus.RUNNING:
+                    n = min(it.end, req.seq_len - 1) - it.start  # entries whose next token is known
+                    if n > 0:
+                        entries.append(DraftEntries(req=req, start=it.start, tokens=req.token_slice(it.start + 1,
+                                                    it.start + 1 + n), hidden_rows=list(range(offset, offset + n)),
+                                                    want=self.spec.budget(req) if req.is_decoding else 0))
+                offset += it.end - it.start
+            self._draft(entries)
+            return changed
+        return self._verify(items)
+
+    def _verify(self, items: list[BatchItem]) -> list[Req]:
+        host, spec = self.host, self.spec
+        drafts = []
+        for it in items:
+            req = it.req
+            drafts.append(req.spec_drafts[:spec.budget(req)] if req.spec_base == it.start else [])
+            req.spec_drafts, req.spec_base = [], -1
+        candidates, results = spec.verify(items, drafts)
+        changed, entries, offset = [], [], 0
+        for it, draft, tokens, result in zip(items, drafts, candidates, results):
+            req, start = it.req, it.start
+            if draft:
+                req.spec_verify_ct += 1
+                kept = 0
+                for token in tokens:
+                    host.results.apply(BatchItem(req=req, start=start + kept, end=start + kept + 1, sample=True),
+                                       ItemResult(next_token=token))
+                    kept += 1
+                    if req.finished:
+                        break
+                spec.keep(req, 1 + len(draft), kept)
+                changed.append(req)
+            else:
+                kept = 1
+                if host.results.apply(it, result):
+                    changed.append(req)
+            if not req.finished and spec.budget(req) > 0:
+                entries.append(DraftEntries(req=req, start=start, tokens=req.token_slice(start + 1, start + 1 + kept),
+                                            hidden_rows=list(range(offset, offset + kept)), want=spec.budget(req)))
+            offset += 1 + len(draft)
+        for req in changed:
+            if req.finished:
+                host.release(req)
+        self._draft(entries)
+        return changed
+
+    def _draft(self, entries: list[DraftEntries]) -> None:
+        """Propose the entries' drafts, each with pages up to its verify row's last token."""
+        a = self.runner.allocator
+        for e in entries:
+            if e.want:
+                need = e.req.num_computed + e.want + 1
+                if self.host.sharing.ensure_free_pages(a.extra_pages_needed(e.req.slot, need)):
+                    a.grow(e.req.slot, need)
+                else:
+                    e.want = 0
+        for e, draft in zip(entries, self.spec.draft(entries)):
+            if e.want:
+                e.req.spec_drafts, e.req.spec_base = draft, e.req.num_computed

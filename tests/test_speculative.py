@@ -1,0 +1,170 @@
+"""Speculative decoding (--speculative-algorithm NEXTN) on CPU, float32: greedy output equals plain
+decoding exactly on every Qwen family with an MTP layer, alone and beside sampled, logprob and
+constrained requests, through the prefix cache and preemption; max_new_tokens and stop tokens end
+a verify row where plain decoding ends; the pools stay whole.
+
+The tiny checkpoints' MTP layers are random, so their drafts are almost never accepted. To cover
+acceptance and rollback at every depth, a test-only drafter replaces the MTP layer's proposals by
+the true continuation with a set probability per token (a wrong token otherwise)."""
+
+import random
+
+import pytest
+import torch
+
+from hybrid_sgl.engine import Engine
+from hybrid_sgl.runner.speculative import SpecDecoder
+from hybrid_sgl.server_args import ServerArgs
+
+FAMILIES = ["qwen3_5", "qwen3_5_moe", "qwen3_next"]
+BASE = dict(device="cpu", dtype="float32", log_level="warning")
+SPEC = dict(speculative_algorithm="NEXTN", speculative_num_steps=3)
+GREEDY = {"max_new_tokens": 20, "temperature": 0, "ignore_eos": True}
+
+
+def _ids(seed: int, n: int) -> list[int]:
+    return torch.randint(3, 300, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+PROMPTS = [_ids(1, 21), _ids(2, 40), _ids(3, 6), _ids(4, 70)]
+
+
+def _generate(path: str, prompts, params, **kw) -> list[dict]:
+    with Engine(model_path=path, **{**BASE, **kw}) as engine:
+        outs = engine.generate(input_ids=prompts, sampling_params=params)
+        engine.check_integrity()
+        stats = engine.stats()
+    return outs, stats
+
+
+class ScriptedDrafts:
+    """Test-only drafts: the true next tokens (from a plain run), each kept with probability p, else a
+    wrong token; the rest of a row's drafts follow the true continuation after the wrong one."""
+
+    def __init__(self, truth: dict[tuple, list[int]], p: float, seed: int):
+        self.truth, self.p, self.rng = truth, p, random.Random(seed)
+
+    def __call__(self, spec: SpecDecoder, entries) -> list[list[int]]:
+        out = []
+        for e in entries:
+            req = e.req
+            future = self.truth[tuple(req.prompt_ids)][len(req.output_ids):]
+            out.append([t if self.rng.random() < self.p else (t + 1) % 300 + 3 for t in future[:e.want]]
+                       + [5] * max(0, e.want - len(future)))
+        return out
+
+
+@pytest.fixture(params=FAMILIES)
+def mtp_checkpoint(request, tiny_checkpoint):
+    return tiny_checkpoint(request.param, mtp=True)
+
+
+def test_greedy_output_equals_plain_decoding_with_the_mtp_drafts(mtp_checkpoint):
+    plain, _ = _generate(mtp_checkpoint, PROMPTS, GREEDY)
+    spec, stats = _generate(mtp_checkpoint, PROMPTS, GREEDY, **SPEC)
+    assert [o["output_ids"] for o in spec] == [o["output_ids"] for o in plain]
+    assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in spec)
+    assert "spec_verify_ct" not in plain[0]["meta_info"]
+    assert stats["avg_spec_accept_length"] >= 1.0
+
+
+@pytest.mark.parametrize("p", [0.5, 0.9, 1.0])
+def test_accepted_drafts_and_rollback_keep_greedy_output_exact(tiny_checkpoint, monkeypatch, p):
+    path = tiny_checkpoint("qwen3_5", mtp=True)
+    params = {**GREEDY, "max_new_tokens": 23}
+    plain, _ = _generate(path, PROMPTS, params)
+    truth = {tuple(prompt): o["output_ids"] for prompt, o in zip(PROMPTS, plain)}
+    scripted = ScriptedDrafts(truth, p, seed=int(p * 10))
+    monkeypatch.setattr(SpecDecoder, "draft", lambda self, entries: scripted(self, entries))
+    spec, stats = _generate(path, PROMPTS, params, **SPEC)
+    assert [o["output_ids"] for o in spec] == [o["output_ids"] for o in plain]
+    assert all(len(o["output_ids"]) == 23 for o in spec)  # max_new_tokens is never overshot
+    verify_steps = sum(o["meta_info"]["spec_verify_ct"] for o in spec)
+    assert verify_steps < sum(len(o["output_ids"]) for o in spec)
+    assert stats["avg_spec_accept_length"] > (2.0 if p >= 0.9 else 1.2)
+
+
+def test_stop_tokens_end_a_verify_row_where_plain_decoding_ends(tiny_checkpoint, monkeypatch):
+    path = tiny_checkpoint("qwen3_5", mtp=True)
+    plain, _ = _generate(path, PROMPTS, GREEDY)
+    stop = plain[1]["output_ids"][6]  # a token the second prompt produces mid-way
+    params = {**GREEDY, "stop_token_ids": [stop]}
+    plain, _ = _generate(path, PROMPTS, params)
+    truth = {tuple(prompt): o["output_ids"] + [7] * 20 for prompt, o in zip(PROMPTS, plain)}
+    scripted = ScriptedDrafts(truth, 1.0, seed=0)
+    monkeypatch.setattr(SpecDecoder, "draft", lambda self, entries: scripted(self, entries))
+    spec, _ = _generate(path, PROMPTS, params, **SPEC)
+    assert [o["output_ids"] for o in spec] == [o["output_ids"] for o in plain]
+    assert [o["meta_info"]["finish_reason"] for o in spec] == [o["meta_info"]["finish_reason"] for o in plain]
+    assert spec[1]["output_ids"][-1] == stop
+
+
+def test_sampled_logprob_and_constrained_requests_decode_beside_drafted_ones(tiny_checkpoint, monkeypatch):
+    path = tiny_checkpoint("qwen3_5", mtp=True)
+    greedy = dict(GREEDY)
+    sampled = {**GREEDY, "temperature": 0.8, "sampling_seed": 5}
+    constrained = {**GREEDY, "max_new_tokens": 8, "temperature": 0, "regex": "[0-9]+"}
+    params = [greedy, sampled, constrained, greedy]
+
+    def run(**kw):
+        with Engine(model_path=path, **BASE, **kw) as engine:
+            outs = [engine.generate(input_ids=p, sampling_params=s, return_logprob=i == 3)
+                    for i, (p, s) in enumerate(zip(PROMPTS, params))]
+            engine.check_integrity()
+        return outs
+
+    plain = run()
+    truth = {tuple(prompt): o["output_ids"] for prompt, o in zip(PROMPTS, plain)}
+    scripted = ScriptedDrafts(truth, 0.8, seed=1)
+    monkeypatch.setattr(SpecDecoder, "draft", lambda self, entries: scripted(self, entries))
+    spec = run(**SPEC)
+    assert [o["output_ids"] for o in spec] == [o["output_ids"] for o in plain]
+    assert spec[0]["meta_info"]["spec_verify_ct"] < len(spec[0]["output_ids"])
+    assert spec[1]["meta_info"]["spec_verify_ct"] == 0 and spec[3]["meta_info"]["spec_verify_ct"] == 0
+    lp = [x[0] for x in spec[3]["meta_info"]["output_token_logprobs"]]
+    assert lp == pytest.approx([x[0] for x in plain[3]["meta_info"]["output_token_logprobs"]], abs=1e-4)
+
+
+def test_prefix_cache_hits_and_preemption_keep_greedy_output_exact(tiny_checkpoint, monkeypatch):
+    path = tiny_checkpoint("qwen3_5", mtp=True)
+    system = _ids(9, 50)
+    prompts = [system + _ids(10 + i, 8 + 3 * i) for i in range(4)]
+    tight = dict(page_size=16, max_running_requests=4, max_total_tokens=160, chunked_prefill_size=32)
+    plain, _ = _generate(path, prompts, GREEDY, **tight)
+    truth = {tuple(prompt): o["output_ids"] for prompt, o in zip(prompts, plain)}
+    scripted = ScriptedDrafts(truth, 0.7, seed=2)
+    monkeypatch.setattr(SpecDecoder, "draft", lambda self, entries: scripted(self, entries))
+    with Engine(model_path=path, **BASE, **tight, **SPEC) as engine:
+        first = engine.generate(input_ids=prompts, sampling_params=GREEDY)
+        again = engine.generate(input_ids=prompts[0][:60], sampling_params=GREEDY)
+        preemptions = engine.run_on_engine(lambda s: s.num_preemptions)
+        engine.check_integrity()
+    assert [o["output_ids"] for o in first] == [o["output_ids"] for o in plain]
+    assert preemptions > 0
+    assert again["meta_info"]["cached_tokens"] >= 48
+    plain_again, _ = _generate(path, [prompts[0][:60]], GREEDY)
+    assert again["output_ids"] == plain_again[0]["output_ids"]
+
+
+def test_models_without_an_mtp_layer_and_tree_drafts_are_refused(tiny_checkpoint):
+    with pytest.raises(ValueError, match="has none"):
+        Engine(model_path=tiny_checkpoint("qwen3_5"), **BASE, **SPEC)
+    with pytest.raises(ValueError, match="has none"):
+        Engine(model_path=tiny_checkpoint("nemotron_h"), **BASE, **SPEC)
+    with pytest.raises(ValueError, match="eagle-topk"):
+        ServerArgs(model_path=tiny_checkpoint("qwen3_5", mtp=True), **BASE, **SPEC,
+                   speculative_eagle_topk=2).resolved()
+    with pytest.raises(ValueError, match="num-draft-tokens"):
+        ServerArgs(model_path=tiny_checkpoint("qwen3_5", mtp=True), **BASE, **SPEC,
+                   speculative_num_draft_tokens=3).resolved()
+
+
+def test_the_mtp_layer_loads_and_plain_serving_skips_it(tiny_checkpoint):
+    path = tiny_checkpoint("qwen3_5_moe", mtp=True)
+    with Engine(model_path=path, **BASE, **SPEC) as engine:
+        mtp = engine.runner.model.mtp
+        assert mtp is not None and len(mtp.layers) == 1
+        assert not any(torch.isnan(p).any() for p in mtp.parameters())
+        assert engine.server_info()["speculative_algorithm"] == "NEXTN"
+    with Engine(model_path=path, **BASE) as engine:
+        assert engine.runner.model.mtp is None
