@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from hybrid_sgl.runner.sampler import BatchParams, Sampler, _filtered_probs, _keep, _kept_probs, sample, sample_ref
+from hybrid_sgl.runner.sampler import BatchParams, Sampler, _keep, _kept_probs, filtered_probs, sample, sample_ref
 from hybrid_sgl.sampling_params import SamplingParams
 from hybrid_sgl.scheduler.request import Req
 from triton_kernels.sampling import top_logits
@@ -54,7 +54,7 @@ CONFIGS = {
 def test_frequencies_match_the_reference_probabilities(name):
     params, seed, candidates = CONFIGS[name]
     reqs = reqs_of(params, DRAWS, seed)
-    exact = _filtered_probs(LOGITS[None], reqs[:1])[0]
+    exact = filtered_probs(LOGITS[None], reqs[:1])[0]
     torch.manual_seed(1234)
     counts = torch.bincount(sample(LOGITS.repeat(DRAWS, 1), reqs, (), candidates=candidates), minlength=len(LOGITS))
     assert chi_square_p(counts, exact) > P_VALUE, (name, counts.tolist(), exact.tolist())
@@ -94,7 +94,7 @@ def test_filtered_distribution_equals_the_reference():
         if not sampled:
             continue
         sub, sub_reqs = logits[sampled], [reqs[i] for i in sampled]
-        ref = _filtered_probs(sub, sub_reqs)
+        ref = filtered_probs(sub, sub_reqs)
         for candidates in (1, 3, 1024):
             params = BatchParams.build(reqs, vocab, logits.device)
             fast = _kept_probs(sub, reqs, params, candidates)
@@ -109,7 +109,7 @@ def test_ties_keep_the_lower_token_ids():
     flat = torch.zeros(1, 10)
     for params, kept in (({"top_k": 3}, {0, 1, 2}), ({"top_p": 0.25}, {0, 1, 2})):
         reqs = reqs_of(params, 1)
-        assert set(_filtered_probs(flat, reqs)[0].nonzero().flatten().tolist()) == kept
+        assert set(filtered_probs(flat, reqs)[0].nonzero().flatten().tolist()) == kept
         for candidates in (1, 1024):
             fast = _kept_probs(flat, reqs, BatchParams.build(reqs, 10, flat.device), candidates)
             assert set(fast[0].nonzero().flatten().tolist()) == kept, (params, candidates)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hybrid_sgl.engine import Engine
-from hybrid_sgl.runner.speculative import SpecDecoder
+from hybrid_sgl.runner.speculative import SpecDecoder, speculative_sample
 from hybrid_sgl.server_args import ServerArgs
 
 FAMILIES = ["qwen3_5", "qwen3_5_moe", "qwen3_next"]
@@ -99,6 +99,26 @@ def test_stop_tokens_end_a_verify_row_where_plain_decoding_ends(tiny_checkpoint,
     assert spec[1]["output_ids"][-1] == stop
 
 
+def test_speculative_sampling_keeps_the_models_distribution():
+    """A sampled verify row's first token has the distribution p0 whatever the draft, and its second,
+    given that the first draft was kept, has p1 (chi-square, 40,000 rows)."""
+    from tests.test_sampler_exact import chi_square_p
+
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(3, 6, generator=gen) * 1.5, dim=-1)
+    probs[1, 4] = 0.0  # a token top-k / top-p removed
+    probs[1] /= probs[1].sum()
+    for draft in ([2, 4], [5, 1]):
+        first, second = torch.zeros(6), torch.zeros(6)
+        for _ in range(40_000):
+            out = speculative_sample(probs, draft, gen)
+            first[out[0]] += 1
+            if out[0] == draft[0]:
+                second[out[1]] += 1
+        assert chi_square_p(first, probs[0]) > 1e-3, (draft, first)
+        assert chi_square_p(second, probs[1]) > 1e-3, (draft, second)
+
+
 def test_sampled_logprob_and_constrained_requests_decode_beside_drafted_ones(tiny_checkpoint, monkeypatch):
     path = tiny_checkpoint("qwen3_5", mtp=True)
     greedy = dict(GREEDY)
@@ -118,9 +138,12 @@ def test_sampled_logprob_and_constrained_requests_decode_beside_drafted_ones(tin
     scripted = ScriptedDrafts(truth, 0.8, seed=1)
     monkeypatch.setattr(SpecDecoder, "draft", lambda self, entries: scripted(self, entries))
     spec = run(**SPEC)
-    assert [o["output_ids"] for o in spec] == [o["output_ids"] for o in plain]
+    # the sampled request takes drafts too (speculative sampling: its distribution, not its draws, is kept)
+    assert [spec[i]["output_ids"] for i in (0, 2, 3)] == [plain[i]["output_ids"] for i in (0, 2, 3)]
+    assert len(spec[1]["output_ids"]) == len(plain[1]["output_ids"])
     assert spec[0]["meta_info"]["spec_verify_ct"] < len(spec[0]["output_ids"])
-    assert spec[1]["meta_info"]["spec_verify_ct"] == 0 and spec[3]["meta_info"]["spec_verify_ct"] == 0
+    assert spec[1]["meta_info"]["spec_verify_ct"] > 0
+    assert spec[2]["meta_info"]["spec_verify_ct"] == 0 and spec[3]["meta_info"]["spec_verify_ct"] == 0
     lp = [x[0] for x in spec[3]["meta_info"]["output_token_logprobs"]]
     assert lp == pytest.approx([x[0] for x in plain[3]["meta_info"]["output_token_logprobs"]], abs=1e-4)
 

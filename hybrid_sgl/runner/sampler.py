@@ -182,7 +182,7 @@ def _kept_probs(sub: torch.Tensor, reqs: list[Req], params: BatchParams, candida
     probs = probs.masked_fill_(~keep, 0.0)
     if fallback:  # top_p rows whose boundary lies past the candidates: the full sort, as sample_ref
         idx = torch.tensor(fallback, dtype=torch.int64, device=sub.device)
-        probs[idx] = _filtered_probs(sub[idx], [reqs[params.sampled[j]] for j in fallback])
+        probs[idx] = filtered_probs(sub[idx], [reqs[params.sampled[j]] for j in fallback])
     return probs
 
 
@@ -312,7 +312,7 @@ def sample_ref(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, ...],
         return out
     rows = torch.tensor(sampled, device=logits.device)
     sub = [reqs[i] for i in sampled]
-    probs = _filtered_probs(logits[rows], sub)
+    probs = filtered_probs(logits[rows], sub)
     noise = torch.empty_like(probs)
     unseeded = [j for j, r in enumerate(sub) if r.generator is None]
     if unseeded:
@@ -367,7 +367,7 @@ def _penalize(row: torch.Tensor, r: Req) -> None:
         row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
 
 
-def _filtered_probs(logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
+def filtered_probs(logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
     """[n, V] probabilities after temperature, top-k, top-p and min-p (renormalized)."""
     dev = logits.device
     temp = torch.tensor([r.params.temperature for r in reqs], device=dev)[:, None]

@@ -1,11 +1,16 @@
 """Speculative decoding with the model's own MTP layer (NEXTN): draft, verify, roll back.
 
-A request that decodes greedily (and asks for nothing that reads the sampling distribution) carries
-up to k draft tokens d1..dk, proposed by the MTP layer (models/mtp.py). Its next decode step is a
-verify row of k + 1 tokens [x_L, d1..dk] at positions L..L+k in an extend-shaped step; the model's
-own greedy token after each of them is t1..t(k+1). The drafts are accepted while d_i == t_i; the
-request then gains d1..dj and t(j+1): j + 1 tokens for one step of the model, and exactly the tokens
-plain greedy decoding gives.
+A request whose tokens depend on the model's distribution alone (no grammar, bias, penalties,
+min_new_tokens or logprobs) carries up to k draft tokens d1..dk, proposed by the MTP layer
+(models/mtp.py). Its next decode step is a verify row of k + 1 tokens [x_L, d1..dk] at positions
+L..L+k in an extend-shaped step, which gives the model's distribution p_i after each of them.
+- Greedy: the model's own token after each is t_i = argmax p_i; the drafts are accepted while
+  d_i == t_i, and the request gains d1..dj and t(j+1): exactly the tokens plain greedy decoding gives.
+- Sampled (temperature, top-k, top-p, min-p): the draft is a point (the MTP layer's argmax), so d_i
+  is accepted with probability p_i(d_i); the first rejected position draws from p_i without d_i
+  (renormalized), and a row whose drafts are all accepted draws its last token from p(k+1). Each
+  token then has the distribution plain sampling gives (speculative sampling), though not the same
+  draws for a seed.
 
 Rollback: the verify step's recurrent kernels write the state after each of the first k tokens of
 a row into the slot's k verify rows (snapshot cuts, ForwardBatch.snap_pos), and the slot holds the
@@ -28,6 +33,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hybrid_sgl.batch import ForwardMode, StepPlan
+from hybrid_sgl.runner.sampler import filtered_probs
 
 if TYPE_CHECKING:
     from hybrid_sgl.runner.model_runner import BatchItem, ItemResult, ModelRunner
@@ -35,11 +41,30 @@ if TYPE_CHECKING:
 
 
 def takes_drafts(req: Req) -> bool:
-    """Whether req's tokens are the argmax of the model's logits alone, so that drafts can be checked
-    against them: greedy, no grammar, bias, penalties, min_new_tokens or logprobs."""
+    """Whether req's tokens depend on the model's distribution alone, so that drafts can be checked
+    against it: no grammar, bias, penalties, min_new_tokens or logprobs."""
     p = req.params
-    return (p.greedy and p.grammar_key is None and not p.logit_bias and not p.uses_penalties
-            and p.min_new_tokens == 0 and not req.return_logprob)
+    return (p.grammar_key is None and not p.logit_bias and not p.uses_penalties and p.min_new_tokens == 0
+            and not req.return_logprob)
+
+
+def speculative_sample(probs: torch.Tensor, draft: list[int], generator: torch.Generator | None) -> list[int]:
+    """The tokens a sampled verify row gains: probs [k + 1, V], the model's (filtered) distribution after
+    the row's token and each draft; draft [k]. Draft i is kept with probability probs[i, d_i]; the first
+    one rejected is replaced by a draw from probs[i] without d_i; all kept: one more draw from probs[k]."""
+    k = len(draft)
+    dev = probs.device
+    ids = torch.tensor(draft, device=dev, dtype=torch.long)
+    keep_p = probs[torch.arange(k, device=dev), ids]
+    uniform = torch.rand(k, device=dev, generator=generator)
+    residual = probs.clone()
+    residual[torch.arange(k, device=dev), ids] = 0.0
+    residual = residual / residual.sum(-1, keepdim=True).clamp_min(1e-30)
+    noise = torch.empty_like(residual).exponential_(generator=generator)
+    drawn = (residual / noise).argmax(-1)  # row k: probs[k] itself (nothing removed)
+    kept, drawn = (uniform < keep_p).tolist(), drawn.tolist()
+    j = kept.index(False) if False in kept else k
+    return draft[:j] + [drawn[j]]
 
 
 @dataclass
@@ -104,12 +129,12 @@ class SpecDecoder:
         if plain_rows:
             r._sample(logits, items, results, plain_rows)
         candidates = [[res.next_token] for res in results]
-        if draft_rows:
-            first = [row for _, row in draft_rows]
-            idx = torch.cat([torch.arange(f, f + len(drafts[i]) + 1) for (i, _), f in zip(draft_rows, first)])
+        greedy_rows = [(i, f) for i, f in draft_rows if items[i].req.params.greedy]
+        if greedy_rows:
+            idx = torch.cat([torch.arange(f, f + len(drafts[i]) + 1) for i, f in greedy_rows])
             greedy = logits[idx.to(logits.device)].argmax(dim=-1).tolist()
             at = 0
-            for i, _ in draft_rows:
+            for i, _ in greedy_rows:
                 d = drafts[i]
                 own = greedy[at:at + len(d) + 1]
                 at += len(d) + 1
@@ -117,7 +142,13 @@ class SpecDecoder:
                 while j < len(d) and d[j] == own[j]:
                     j += 1
                 candidates[i] = d[:j] + [own[j]]
-                self.verified_rows += 1
+        for i, f in draft_rows:
+            req = items[i].req
+            if not req.params.greedy:
+                n = len(drafts[i]) + 1
+                probs = filtered_probs(logits[f:f + n], [req] * n)
+                candidates[i] = speculative_sample(probs, drafts[i], req.generator)
+        self.verified_rows += len(draft_rows)
         return candidates, results
 
     def keep(self, req: Req, run_len: int, kept: int) -> None:

@@ -5,7 +5,7 @@ reference's exact probabilities. Skipped without CUDA."""
 import pytest
 import torch
 
-from hybrid_sgl.runner.sampler import Sampler, _filtered_probs, sample
+from hybrid_sgl.runner.sampler import Sampler, filtered_probs, sample
 from tests.test_sampler_exact import CONFIGS, DRAWS, LOGITS, P_VALUE, chi_square_p, reqs_of
 
 pytestmark = pytest.mark.gpu
@@ -47,7 +47,7 @@ def test_kernel_frequencies_match_the_reference_probabilities(name):
     for r in reqs:
         if r.generator is not None:
             r.generator = torch.Generator(device="cuda").manual_seed(r.generator.initial_seed())
-    exact = _filtered_probs(LOGITS[None], reqs[:1])[0]
+    exact = filtered_probs(LOGITS[None], reqs[:1])[0]
     torch.manual_seed(1234)
     sampler = Sampler(candidates=candidates)  # on CUDA: the kernels
     drawn = sampler(LOGITS.cuda().repeat(DRAWS, 1), reqs, ())
