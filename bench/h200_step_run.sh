@@ -5,7 +5,8 @@
 # root with the wheel folder carried (WHEELS, default .whl_srv; bench/device_wheels.sh fills it).
 # `spec` (under four minutes): the speculative-decoding and snapshot-cut CUDA tests, then the 9B verify,
 # decode and 4k-prefill-with-default-cuts steps.
-#   bash bench/h200_step_run.sh [tests|profile|mamba|ttft|multiturn|suite|spec ...]   (default: tests profile)
+# `hostprof`: a cProfile of the eager decode b1 and extend steps (where a layer's host time goes).
+#   bash bench/h200_step_run.sh [tests|profile|mamba|ttft|multiturn|suite|spec|hostprof ...]   (default: tests profile)
 . "$(dirname "$0")/device_env.sh"
 git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || true  # the tree that travels may carry an older .git: results record the commit by hand too
 
@@ -36,6 +37,10 @@ for part in ${*:-tests profile}; do
       timeout 130 python3 bench/step_profile.py --config configs/qwen3_5-9b-text --steps 5 \
         --cases "decode b1,verify 4 b1,decode b32,verify 4 b32,prefill 4k,prefill 4k default cuts" \
         --out "$OUT/step_profile_spec.json" 2>&1 | quiet | tee "$OUT/step_profile_spec.log" | tail -20 ;;
+    hostprof)
+      timeout 200 python3 bench/step_profile.py --config configs/qwen3_5-9b-text --steps 5 \
+        --cases "decode b1,extend 64 after 4k" --host-profile "$OUT/host_profile.txt" \
+        --out "$OUT/step_profile_host.json" 2>&1 | quiet | tee "$OUT/step_profile_host.log" | tail -8 ;;
     suite)
       timeout 560 python3 -m pytest -q -rf -p no:cacheprovider -n 4 tests/gpu tests/kernels tests/test_composed_gpu.py \
         tests/test_fp8_checkpoint.py 2>&1 | tee "$OUT/suite.log" | tail -15 ;;
