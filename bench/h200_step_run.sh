@@ -39,8 +39,8 @@ for part in ${*:-tests profile}; do
         --out "$OUT/step_profile_spec.json" 2>&1 | quiet | tee "$OUT/step_profile_spec.log" | tail -20 ;;
     hostprof)
       timeout 200 python3 bench/step_profile.py --config configs/qwen3_5-9b-text --steps 5 \
-        --cases "decode b1,extend 64 after 4k" --host-profile "$OUT/host_profile.txt" \
-        --out "$OUT/step_profile_host.json" 2>&1 | quiet | tee "$OUT/step_profile_host.log" | tail -8 ;;
+        --cases "decode b1,extend 64 after 4k,decode b32,verify 4 b32" --host-profile "$OUT/host_profile.txt" --top-kernels 14 \
+        --out "$OUT/step_profile_host.json" 2>&1 | quiet | tee "$OUT/step_profile_host.log" | tail -80 ;;
     suite)
       timeout 560 python3 -m pytest -q -rf -p no:cacheprovider -n 4 tests/gpu tests/kernels tests/test_composed_gpu.py \
         tests/test_fp8_checkpoint.py 2>&1 | tee "$OUT/suite.log" | tail -15 ;;

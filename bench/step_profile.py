@@ -104,14 +104,21 @@ def time_steps(runner, mode, items, steps: int, sync) -> float:
     return (time.perf_counter() - start) / steps
 
 
-def kernel_profile(runner, mode, items, steps: int, sync) -> tuple[float, float]:
-    """(device ms a step, kernels a step) from torch.profiler."""
+def kernel_profile(runner, mode, items, steps: int, sync, top: int = 0) -> tuple[float, float, list]:
+    """(device ms a step, kernels a step, the `top` kernels by device time: [name, ms a step, calls a
+    step]) from torch.profiler."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             runner.run(mode, items)
         sync()
     kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
-    return sum(e.device_time_total for e in kernels) / 1e3 / steps, len(kernels) / steps
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in kernels:
+        by_name[e.name][0] += e.device_time_total / 1e3 / steps
+        by_name[e.name][1] += 1 / steps
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+    return (sum(e.device_time_total for e in kernels) / 1e3 / steps, len(kernels) / steps,
+            [[name[:90], round(ms, 4), round(n, 1)] for name, (ms, n) in ranked])
 
 
 def host_profile(runner, mode, items, steps: int, sync, limit: int = 45) -> str:
@@ -163,6 +170,7 @@ def main() -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--host-profile", default=None, help="write a cProfile of each case's eager steps here")
+    p.add_argument("--top-kernels", type=int, default=0, help="report each case's N kernels with the most device time")
     a = p.parse_args()
     names = [n.strip() for n in a.cases.split(",")]
     on_gpu = torch.cuda.is_available() and a.device != "cpu"
@@ -194,9 +202,11 @@ def main() -> None:
             wall = time_steps(runner, mode, items, a.steps, sync)
             entry = {"wall_ms": round(wall * 1e3, 3)}
             if on_gpu:
-                device_ms, launches = kernel_profile(runner, mode, items, a.steps, sync)
+                device_ms, launches, top = kernel_profile(runner, mode, items, a.steps, sync, a.top_kernels)
                 entry.update(device_ms=round(device_ms, 3), launches=round(launches, 1),
                              idle=round(max(0.0, 1 - device_ms / (wall * 1e3)), 3))
+                if top:
+                    entry["top_kernels"] = top
             if label == "off":
                 timer = LayerHostTimer(runner)
                 runner.run(mode, items)
@@ -230,6 +240,11 @@ def report(results: dict) -> str:
     lines += ["", "Host microseconds a layer, eager (by layer kind):", ""]
     for name, row in results["cases"].items():
         lines.append(f"- {name}: {row['off'].get('host_us_per_layer')}")
+    for name, row in results["cases"].items():
+        for label, e in row.items():
+            if e.get("top_kernels"):
+                lines += ["", f"Kernels of {name}, graphs {label} (name, ms a step, calls a step):", ""]
+                lines += [f"- {k}" for k in e["top_kernels"]]
     return "\n".join(lines)
 
 
