@@ -36,6 +36,7 @@ sys.path.insert(0, ROOT)
 
 from hybrid_sgl.batch import MAX_CUTS, ForwardMode  # noqa: E402
 from hybrid_sgl.config import ModelConfig  # noqa: E402
+from hybrid_sgl.runner.cuda_graph import StepGraphs, short_row_shapes  # noqa: E402
 from hybrid_sgl.runner.model_runner import BatchItem, ModelRunner  # noqa: E402
 from hybrid_sgl.sampling_params import SamplingParams  # noqa: E402
 from hybrid_sgl.scheduler.prefix_sharing import cut_points  # noqa: E402
@@ -181,7 +182,12 @@ def main() -> None:
                       dtype=a.dtype, log_level="warning").resolved()
     runner = ModelRunner(args, config)
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
-    graphs = {"on": (runner.graphs, runner.extend_graphs), "off": (None, None)}
+    if runner.graphs is not None and runner.verify_graphs is None and any(n in VERIFY for n in names):
+        # the verify graphs a speculative server captures (k = 3 drafts: rows of 4 tokens), up to batch 32
+        runner.verify_graphs = StepGraphs(model=runner.model, inputs=runner.inputs, mode=ForwardMode.EXTEND,
+                                          shapes=short_row_shapes(32, 4), short_rows=True)
+        runner.verify_graphs.capture()
+    graphs = {"on": (runner.graphs, runner.extend_graphs, runner.verify_graphs), "off": (None, None, None)}
     results = {"config": a.config, "device": torch.cuda.get_device_name() if on_gpu else "cpu",
                "cuda_graph_max_tokens": args.cuda_graph_max_tokens, "cases": {}}
     for name in names:
@@ -195,10 +201,10 @@ def main() -> None:
         items = make_items(runner, mode, n, cached, new, a.scale, int(CUT_EVERY.get(name, 0) * a.scale),
                            verify=name in VERIFY, default_cuts=name.endswith("default cuts"))
         row = {}
-        for label, (decode, extend) in graphs.items():
+        for label, (decode, extend, verify) in graphs.items():
             if label == "on" and decode is None:
                 continue  # no graphs here (CPU, or a torch backend)
-            runner.graphs, runner.extend_graphs = decode, extend
+            runner.graphs, runner.extend_graphs, runner.verify_graphs = decode, extend, verify
             wall = time_steps(runner, mode, items, a.steps, sync)
             entry = {"wall_ms": round(wall * 1e3, 3)}
             if on_gpu:
@@ -216,7 +222,7 @@ def main() -> None:
                     with open(a.host_profile, "a") as f:
                         f.write(f"\n######## {name}, graphs off\n" + host_profile(runner, mode, items, a.steps, sync))
             row[label] = entry
-        runner.graphs, runner.extend_graphs = graphs["on"]
+        runner.graphs, runner.extend_graphs, runner.verify_graphs = graphs["on"]
         release(runner, items)
         results["cases"][name] = row
         print(name, json.dumps(row), flush=True)

@@ -85,7 +85,7 @@ class StepTimer:
         pre = runner.model.register_forward_pre_hook(lambda *_: self._start_forward())
         post = runner.model.register_forward_hook(lambda *_: self._end_forward())
         self._undo += [pre.remove, post.remove]
-        for graphs in (runner.graphs, runner.extend_graphs):  # the graph paths fill static buffers and replay
+        for graphs in (runner.graphs, runner.extend_graphs, runner.verify_graphs):  # graph paths fill buffers, replay
             if graphs is None:
                 continue
             self._wrap_instance(graphs, "run", self._timed_graph_run)

@@ -18,6 +18,9 @@ from dataclasses import dataclass
 import torch
 
 MAX_CUTS = 16  # snapshot cuts a row may carry in one step (the kernels' cut arrays are [rows, MAX_CUTS])
+# an extend step whose rows all hold at most this many tokens (a speculative verify step, a few-token
+# extend) runs its recurrent layers token by token instead of in 64-token chunks (ForwardBatch.short_rows)
+SHORT_ROW_TOKENS = 8
 
 
 class ForwardMode(enum.Enum):
@@ -55,6 +58,11 @@ class StepPlan:
         return bool(self.snapshots) and any(self.snapshots)
 
     @property
+    def short_rows(self) -> bool:
+        """An extend step whose every row holds at most SHORT_ROW_TOKENS tokens."""
+        return self.mode is ForwardMode.EXTEND and all(len(run) <= SHORT_ROW_TOKENS for run in self.tokens)
+
+    @property
     def max_seq_len(self) -> int:
         return max((p + len(run) for p, run in zip(self.prefix_lens, self.tokens)), default=0)
 
@@ -78,6 +86,8 @@ class ForwardBatch:
     # state is copied into state-pool row snap_slots [B, C] int32; -1 = no cut (sorted, valid entries first)
     snap_pos: torch.Tensor | None = None
     snap_slots: torch.Tensor | None = None
+    # every row holds at most SHORT_ROW_TOKENS tokens (pad rows aside): recurrent layers step token by token
+    short_rows: bool = False
 
     @property
     def batch_size(self) -> int:

@@ -191,3 +191,23 @@ def test_the_mtp_layer_loads_and_plain_serving_skips_it(tiny_checkpoint):
         assert engine.server_info()["speculative_algorithm"] == "NEXTN"
     with Engine(model_path=path, **BASE) as engine:
         assert engine.runner.model.mtp is None
+
+
+def test_verify_steps_run_the_recurrent_layers_token_by_token(tiny_checkpoint, monkeypatch):
+    """With the Triton kernels (interpreter here), verify steps are short-row steps: their GDN layers run
+    gdn_rows (the state written after each draft), and greedy output stays plain decoding's."""
+    from triton_kernels import gdn_short_rows
+
+    path = tiny_checkpoint("qwen3_5", mtp=True)
+    kw = dict(linear_attn_backend="triton")
+    params = {**GREEDY, "max_new_tokens": 9}
+    plain, _ = _generate(path, PROMPTS[:2], params, **kw)
+    truth = {tuple(prompt): o["output_ids"] for prompt, o in zip(PROMPTS, plain)}
+    scripted = ScriptedDrafts(truth, 0.7, seed=3)
+    monkeypatch.setattr(SpecDecoder, "draft", lambda self, entries: scripted(self, entries))
+    calls = [0]
+    real = gdn_short_rows.gdn_rows
+    monkeypatch.setattr(gdn_short_rows, "gdn_rows", lambda **a: (calls.__setitem__(0, calls[0] + 1), real(**a))[1])
+    spec, _ = _generate(path, PROMPTS[:2], params, **kw, **SPEC)
+    assert [o["output_ids"] for o in spec] == [o["output_ids"] for o in plain]
+    assert calls[0] > 0

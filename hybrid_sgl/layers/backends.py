@@ -58,6 +58,7 @@ class LinearAttnOps:
     conv_update: Callable
     gdn_prefill: Callable
     gdn_decode: Callable
+    gdn_rows: Callable  # gdn_prefill's contract token by token, for short rows; skips pad-slot rows
     dense: DenseOps
 
 
@@ -174,16 +175,19 @@ def _torch_linear_attn(dense: DenseOps) -> LinearAttnOps:
     from triton_kernels import causal_conv1d as conv
     from triton_kernels import gdn_chunk, gdn_recurrent
 
+    def gdn_rows_ref(*, pad_slot: int = -1, **kwargs):  # (pad rows computed too: their outputs are unread)
+        return gdn_chunk.gdn_prefill_ref(**kwargs)
+
     return LinearAttnOps("torch", conv.causal_conv1d_prefill_ref, conv.causal_conv1d_update_ref,
-                         gdn_chunk.gdn_prefill_ref, gdn_recurrent.gdn_decode_ref, dense)
+                         gdn_chunk.gdn_prefill_ref, gdn_recurrent.gdn_decode_ref, gdn_rows_ref, dense)
 
 
 def _triton_linear_attn(dense: DenseOps) -> LinearAttnOps:
     from triton_kernels import causal_conv1d as conv
-    from triton_kernels import gdn_chunk, gdn_recurrent
+    from triton_kernels import gdn_chunk, gdn_recurrent, gdn_short_rows
 
     return LinearAttnOps("triton", conv.causal_conv1d_prefill, conv.causal_conv1d_update,
-                         gdn_chunk.gdn_prefill, gdn_recurrent.gdn_decode, dense)
+                         gdn_chunk.gdn_prefill, gdn_recurrent.gdn_decode, gdn_short_rows.gdn_rows, dense)
 
 
 def _torch_ssm(dense: DenseOps) -> SSMOps:

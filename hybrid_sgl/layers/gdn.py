@@ -66,9 +66,11 @@ class GatedDeltaNet(nn.Module):
                                         cu_seqlens=cu_seqlens, state_slots=state_slots,
                                         has_initial_state=has_initial_state, **cuts)
             q, k, v = self._heads(qkv)
-            return self.ops.gdn_prefill(q=q, k=k, v=v, a=a, b=b, A_log=self.A_log, dt_bias=self.dt_bias,
-                                        ssm_states=ssm_states, state_slots=state_slots, cu_seqlens=cu_seqlens,
-                                        has_initial_state=has_initial_state, **cuts)
+            extra = {"pad_slot": fb.state_pool.pad_slot} if fb.short_rows else {}
+            run = self.ops.gdn_rows if fb.short_rows else self.ops.gdn_prefill  # token by token / 64-token chunks
+            return run(q=q, k=k, v=v, a=a, b=b, A_log=self.A_log, dt_bias=self.dt_bias, ssm_states=ssm_states,
+                       state_slots=state_slots, cu_seqlens=cu_seqlens, has_initial_state=has_initial_state,
+                       **cuts, **extra)
 
         o = fb.recurrent(core, qkv, a, b)
         o = self.norm(o, z)  # [T, Hv, V]

@@ -50,13 +50,22 @@ def extend_shapes(max_tokens: int, max_rows: int) -> list[tuple[int, int]]:
     return [(t, r) for t in extend_token_sizes(max_tokens) for r in rows if r <= t + 1]
 
 
+def short_row_shapes(max_bs: int, run: int) -> list[tuple[int, int]]:
+    """Shapes of short-row extend steps (speculative verify steps of `run` tokens a row): (bs * run, bs + 1)
+    for the decode batch sizes."""
+    return [(bs * run, bs + 1) for bs in decode_sizes(max_bs)]
+
+
 class StepGraphs:
     """Graphs of one step kind. DECODE shapes are (bs, bs) and return logits [B, V]; EXTEND shapes
-    return hidden states [T, H]. with_prev: decode rows may take the previous step's sampled ids."""
+    return hidden states [T, H]. with_prev: decode rows may take the previous step's sampled ids.
+    short_rows: extend graphs whose recurrent layers step token by token; they take only plans whose
+    rows hold at most SHORT_ROW_TOKENS tokens (StepPlan.short_rows)."""
 
     def __init__(self, *, model: torch.nn.Module, inputs: StepInputs, mode: ForwardMode,
-                 shapes: list[tuple[int, int]], with_prev: bool = False):
+                 shapes: list[tuple[int, int]], with_prev: bool = False, short_rows: bool = False):
         self.model, self.inputs, self.mode, self.with_prev = model, inputs, mode, with_prev
+        self.short_rows = short_rows
         self.shapes = sorted(shapes)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}
@@ -64,14 +73,14 @@ class StepGraphs:
     def shape_for(self, plan: StepPlan) -> tuple[int, int] | None:
         """The smallest shape that holds the plan (extend shapes keep a pad row), or None."""
         t, b = plan.num_tokens, plan.num_rows
-        if plan.mode is not self.mode:
+        if plan.mode is not self.mode or (self.short_rows and not plan.short_rows):
             return None
         pad_row = 1 if self.mode is ForwardMode.EXTEND else 0
         fits = [(T, B) for T, B in self.shapes if t <= T and b + pad_row <= B]
         return min(fits) if fits else None
 
     def _forward(self, shape: tuple[int, int]) -> torch.Tensor:
-        fb = self.inputs.batch(self.mode, *shape, with_prev=self.with_prev)
+        fb = self.inputs.batch(self.mode, *shape, with_prev=self.with_prev, short_rows=self.short_rows)
         hidden = self.model(fb)
         return self.model.compute_logits(hidden) if self.mode is ForwardMode.DECODE else hidden
 
@@ -109,8 +118,9 @@ class StepGraphs:
                 self.outputs[shape] = self._forward(shape)
             self.graphs[shape] = graph
         torch.cuda.synchronize()
-        logger.info("captured %s CUDA graphs for %d shapes (tokens, rows) %s in %.1f s", self.mode.value,
-                    len(self.shapes), _short(self.shapes), time.perf_counter() - start)
+        logger.info("captured %s%s CUDA graphs for %d shapes (tokens, rows) %s in %.1f s", self.mode.value,
+                    " (short rows)" if self.short_rows else "", len(self.shapes), _short(self.shapes),
+                    time.perf_counter() - start)
 
     def run(self, plan: StepPlan, shape: tuple[int, int], prev_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Replay `shape`'s graph for `plan`. Returns decode logits [B, V] or extend hidden states [T, H]

@@ -33,7 +33,7 @@ from hybrid_sgl.memory.pools import KVShapes, build_pools
 from hybrid_sgl.memory.state_pool import StatePool
 from hybrid_sgl.models.base import Backends
 from hybrid_sgl.models.loader import build_model
-from hybrid_sgl.runner.cuda_graph import StepGraphs, decode_sizes, extend_shapes
+from hybrid_sgl.runner.cuda_graph import StepGraphs, decode_sizes, extend_shapes, short_row_shapes
 from hybrid_sgl.runner.sampler import Sampler, ids_logprobs, logprobs_of
 from hybrid_sgl.runner.speculative import SpecDecoder
 from hybrid_sgl.runner.step_inputs import StepInputs
@@ -130,7 +130,7 @@ class ModelRunner:
         self.state_pool, self.kv_pool, self.allocator = self.pools
         self.inputs = self._step_inputs(self.allocator, self.kv_pool, self.state_pool, self._max_step_tokens(),
                                         self.plan.max_running_requests + 1)
-        self.graphs, self.extend_graphs = self._capture_graphs(backends)
+        self.graphs, self.extend_graphs, self.verify_graphs = self._capture_graphs(backends)
         self.last_hidden: torch.Tensor | None = None
         self.speculative = SpecDecoder(self, self.spec_steps) if self.spec_steps else None
         rows, pinned = self.plan.max_running_requests, self.device.type == "cuda"
@@ -247,21 +247,27 @@ class ModelRunner:
         capturable = all(ops is None or ops.name != "torch" for ops in (b.attention, b.linear_attention, b.ssm, b.moe))
         return self.device.type == "cuda" and not self.args.disable_cuda_graph and capturable and self.tp.size == 1
 
-    def _capture_graphs(self, backends: Backends) -> tuple[StepGraphs | None, StepGraphs | None]:
-        """(decode graphs, extend graphs), each None when not captured."""
+    def _capture_graphs(self, backends: Backends) -> tuple[StepGraphs | None, StepGraphs | None, StepGraphs | None]:
+        """(decode graphs, extend graphs, verify graphs), each None when not captured. Verify graphs (with
+        speculative decoding) are extend graphs of short rows, k + 1 tokens a request."""
         if not self._graphs_possible():
-            return None, None
+            return None, None, None
         max_bs = min(self.args.cuda_graph_max_bs or 256, self.plan.max_running_requests)
         decode = StepGraphs(model=self.model, inputs=self.inputs, mode=ForwardMode.DECODE,
                             shapes=[(bs, bs) for bs in decode_sizes(max_bs)],
                             with_prev=not self.args.disable_overlap_schedule)
         decode.capture()
-        extend = None
+        extend = verify = None
         if self._extend_graph_tokens():
             extend = StepGraphs(model=self.model, inputs=self.inputs, mode=ForwardMode.EXTEND,
                                 shapes=extend_shapes(self._extend_graph_tokens(), self.plan.max_running_requests + 1))
             extend.capture()
-        return decode, extend
+        if self.spec_steps:
+            shapes = [s for s in short_row_shapes(max_bs, self.spec_steps + 1) if self.inputs.fits(*s)]
+            verify = StepGraphs(model=self.model, inputs=self.inputs, mode=ForwardMode.EXTEND, shapes=shapes,
+                                short_rows=True)
+            verify.capture()
+        return decode, extend, verify
 
     @torch.inference_mode()
     def _warm_up_sampler(self) -> None:
@@ -288,7 +294,8 @@ class ModelRunner:
     def release(self) -> None:
         """Drop the weights, graphs, pools and step buffers once no step will run again (Engine.shutdown),
         so that whatever still holds the runner, its pools or the engine holds no device memory by them."""
-        self.graphs = self.extend_graphs = self.model = self.inputs = self.last_hidden = self._masks = None
+        self.graphs = self.extend_graphs = self.verify_graphs = None
+        self.model = self.inputs = self.last_hidden = self._masks = None
         for pool in (self.state_pool, self.kv_pool):
             if pool is not None:
                 pool.release()
@@ -381,9 +388,11 @@ class ModelRunner:
         hidden states [T, H] stay in `last_hidden` for it."""
         if self.broadcast is not None:
             self.broadcast(step_message(self, plan, prev_ids))
-        shape = self.extend_graphs.shape_for(plan) if self.extend_graphs is not None else None
-        if shape is not None:
-            hidden = self.extend_graphs.run(plan, shape)
+        for graphs in (self.verify_graphs, self.extend_graphs):
+            shape = graphs.shape_for(plan) if graphs is not None else None
+            if shape is not None:
+                hidden = graphs.run(plan, shape)
+                break
         else:
             hidden = self.model(self.eager_batch(plan, prev_ids))
         if self.speculative is not None:

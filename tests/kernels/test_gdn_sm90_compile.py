@@ -12,7 +12,7 @@ import torch
 from tests.kernels.sm90 import compile_sm90_in_subprocess
 
 SCRIPT = r'''
-from triton_kernels import causal_conv1d as conv, gdn_chunk, gdn_chunk_parts as parts, gdn_recurrent
+from triton_kernels import causal_conv1d as conv, gdn_chunk, gdn_chunk_parts as parts, gdn_recurrent, gdn_short_rows
 
 HK, HV, K, V, D = 16, 32, 128, 128, 8192
 BF16 = "*bf16"
@@ -28,6 +28,11 @@ for batch in (1, 8, 64, 256):
     BV, warps = gdn_recurrent._decode_config(batch, HV, K, V)  # the prepared last-arriver norm at the unfused tiles
     out[f"decode B{batch} norm by the last"] = compile_sm90(
         gdn_recurrent._gdn_decode_kernel, gdn, dict(HK=HK, HV=HV, K=K, V=V, BK=K, BV=BV, VP=V, NORM=True), warps, 1)
+for rows in (1, 32, 64):  # verify steps: token by token over short rows, with and without cuts
+    BV, warps = gdn_recurrent._decode_config(rows, HV, K, V)
+    for snap in (False, True):
+        out[f"short rows N{rows}{' cuts' * snap}"] = compile_sm90(gdn_short_rows._gdn_rows_kernel, gdn,
+            dict(HK=HK, HV=HV, K=K, V=V, BK=K, BV=BV, HAS_SNAP=snap), warps, 1)
 for c in parts.INTRA_CONFIGS:
     out[f"intra BV{c.kwargs['BV']} w{c.num_warps} s{c.num_stages}"] = compile_sm90(parts._gdn_chunk_intra_kernel, gdn,
         dict(HK=HK, HV=HV, K=K, V=V, BT=64, BK=K, BLOCK_N=64, PREC="tf32", **c.kwargs), c.num_warps, c.num_stages)
