@@ -31,7 +31,7 @@ for part in ${*:-tests profile}; do
       timeout 400 python3 bench/prefix_cache.py multiturn --config configs/qwen3_5-9b-text --users 48 --turns 6 \
         --out "$OUT/multiturn_9b.json" 2>&1 | quiet | tee "$OUT/multiturn_9b.log" | tail -6 ;;
     spec)
-      timeout 110 python3 -m pytest -q -rf -p no:cacheprovider -n 3 tests/gpu/test_speculative_cuda.py \
+      timeout 150 python3 -m pytest -q -rf -p no:cacheprovider -n 3 tests/gpu/test_speculative_cuda.py tests/kernels/test_gdn_short_rows.py \
         tests/gpu/test_step_graphs_cuda.py::test_snapshot_cuts_inside_graphed_extend_steps 2>&1 \
         | tee "$OUT/tests_spec.log" | tail -8
       timeout 130 python3 bench/step_profile.py --config configs/qwen3_5-9b-text --steps 5 \
