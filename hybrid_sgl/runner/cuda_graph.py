@@ -19,10 +19,11 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 
-from hybrid_sgl.batch import ForwardMode, StepPlan
+from hybrid_sgl.batch import ForwardBatch, ForwardMode, StepPlan
 from hybrid_sgl.runner.step_inputs import StepInputs
 
 logger = logging.getLogger(__name__)
@@ -63,9 +64,13 @@ class StepGraphs:
     rows hold at most SHORT_ROW_TOKENS tokens (StepPlan.short_rows)."""
 
     def __init__(self, *, model: torch.nn.Module, inputs: StepInputs, mode: ForwardMode,
-                 shapes: list[tuple[int, int]], with_prev: bool = False, short_rows: bool = False):
+                 shapes: list[tuple[int, int]], with_prev: bool = False, short_rows: bool = False,
+                 forward: Callable[[ForwardBatch], torch.Tensor] | None = None):
+        """forward: what a graph runs on its step's ForwardBatch (default: the model, then the logits of a
+        decode step); its output [T or B, ...] is read after each replay."""
         self.model, self.inputs, self.mode, self.with_prev = model, inputs, mode, with_prev
         self.short_rows = short_rows
+        self.forward = forward
         self.shapes = sorted(shapes)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}
@@ -81,6 +86,8 @@ class StepGraphs:
 
     def _forward(self, shape: tuple[int, int]) -> torch.Tensor:
         fb = self.inputs.batch(self.mode, *shape, with_prev=self.with_prev, short_rows=self.short_rows)
+        if self.forward is not None:
+            return self.forward(fb)
         hidden = self.model(fb)
         return self.model.compute_logits(hidden) if self.mode is ForwardMode.DECODE else hidden
 

@@ -133,6 +133,8 @@ class ModelRunner:
         self.graphs, self.extend_graphs, self.verify_graphs = self._capture_graphs(backends)
         self.last_hidden: torch.Tensor | None = None
         self.speculative = SpecDecoder(self, self.spec_steps) if self.spec_steps else None
+        if self.speculative is not None and self.graphs is not None:
+            self.speculative.capture_graphs(min(self.args.cuda_graph_max_bs or 256, self.plan.max_running_requests))
         rows, pinned = self.plan.max_running_requests, self.device.type == "cuda"
         self._host_ids = [torch.empty(rows, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
         self._host_turn = 0
@@ -295,6 +297,8 @@ class ModelRunner:
         """Drop the weights, graphs, pools and step buffers once no step will run again (Engine.shutdown),
         so that whatever still holds the runner, its pools or the engine holds no device memory by them."""
         self.graphs = self.extend_graphs = self.verify_graphs = None
+        if self.speculative is not None:
+            self.speculative.release()
         self.model = self.inputs = self.last_hidden = self._masks = None
         for pool in (self.state_pool, self.kv_pool):
             if pool is not None:

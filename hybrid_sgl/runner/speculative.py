@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hybrid_sgl.batch import ForwardMode, StepPlan
+from hybrid_sgl.runner.cuda_graph import StepGraphs, decode_sizes, short_row_shapes
 from hybrid_sgl.runner.sampler import filtered_probs
 
 if TYPE_CHECKING:
@@ -84,6 +85,42 @@ class SpecDecoder:
         self.runner, self.k = runner, num_steps
         self.verified_rows = 0  # rows verified with drafts, over all steps
         self.verified_tokens = 0  # tokens those rows gained
+        # CUDA graphs of the MTP passes (capture_graphs): the first over short rows of entries, the chained
+        # one-entry passes decode-shaped; draft_in is their static input of final hidden states
+        self.first_graphs: StepGraphs | None = None
+        self.chain_graphs: StepGraphs | None = None
+        self.draft_in: torch.Tensor | None = None
+
+    def capture_graphs(self, max_bs: int) -> None:
+        """Capture the MTP passes for up to max_bs requests: first passes of k + 1 entries a row at most
+        (the tokens a verify row keeps), and the chained one-entry passes."""
+        r = self.runner
+        self.draft_in = torch.zeros(r.inputs.max_tokens, r.config.hidden_size, dtype=r.dtype, device=r.device)
+
+        def forward(fb):
+            return r.model.draft_hidden(fb.input_ids, self.draft_in[:fb.num_tokens], fb)
+
+        first = [s for s in short_row_shapes(max_bs, self.k + 1) if r.inputs.fits(*s)]
+        self.first_graphs = StepGraphs(model=r.model, inputs=r.inputs, mode=ForwardMode.EXTEND, shapes=first,
+                                       short_rows=True, forward=forward)
+        self.chain_graphs = StepGraphs(model=r.model, inputs=r.inputs, mode=ForwardMode.DECODE,
+                                       shapes=[(bs, bs) for bs in decode_sizes(max_bs)], forward=forward)
+        self.first_graphs.capture()
+        self.chain_graphs.capture()
+
+    def release(self) -> None:
+        self.first_graphs = self.chain_graphs = self.draft_in = None
+
+    def _mtp_pass(self, plan: StepPlan, hidden: torch.Tensor, graphs: StepGraphs | None) -> torch.Tensor:
+        """The MTP layer over the plan's entries, hidden [T, H] the final hidden state before each:
+        a replay of the plan's graph shape, else eagerly. Returns [T, H]."""
+        r = self.runner
+        shape = graphs.shape_for(plan) if graphs is not None else None
+        if shape is None:
+            fb = r.eager_batch(plan)
+            return r.model.draft_hidden(fb.input_ids, hidden, fb)
+        self.draft_in[: hidden.shape[0]].copy_(hidden)
+        return graphs.run(plan, shape)
 
     @property
     def accept_length(self) -> float:
@@ -171,9 +208,8 @@ class SpecDecoder:
         model, hidden = r.model, r.last_hidden
         plan = StepPlan(mode=ForwardMode.EXTEND, tokens=[e.tokens for e in entries],
                         prefix_lens=[e.start for e in entries], slots=[e.req.slot for e in entries])
-        fb = r.eager_batch(plan)
         rows = torch.tensor([row for e in entries for row in e.hidden_rows], device=hidden.device)
-        out = model.draft_hidden(fb.input_ids, hidden[rows], fb)
+        out = self._mtp_pass(plan, hidden[rows], self.first_graphs)
         last = torch.tensor(list(_last_rows(entries)), device=out.device)
         h = out[last]
         proposed = [[t] for t in model.compute_logits(h).argmax(dim=-1).tolist()]
@@ -184,8 +220,7 @@ class SpecDecoder:
             plan = StepPlan(mode=ForwardMode.DECODE, tokens=[[proposed[i][-1]] for i in live],
                             prefix_lens=[entries[i].start + len(entries[i].tokens) - 1 + step for i in live],
                             slots=[entries[i].req.slot for i in live])
-            fb = r.eager_batch(plan)
-            h = model.draft_hidden(fb.input_ids, h, fb)
+            h = self._mtp_pass(plan, h, self.chain_graphs)
             for i, t in zip(live, model.compute_logits(h).argmax(dim=-1).tolist()):
                 proposed[i].append(t)
             step += 1

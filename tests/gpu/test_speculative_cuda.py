@@ -24,3 +24,32 @@ def test_greedy_output_equals_plain_decoding_on_cuda(tiny_checkpoint, monkeypatc
     spec, stats = _generate(path, PROMPTS, GREEDY, **CUDA, **SPEC)
     assert [o["output_ids"] for o in spec] == [o["output_ids"] for o in plain]
     assert stats["avg_spec_accept_length"] > 1.5
+
+
+def test_verify_and_draft_graphs_replay_and_match_eager_steps(tiny_checkpoint):
+    """With CUDA graphs, verify steps replay the short-row verify graphs and the MTP passes their draft
+    graphs; the drafts, verify counts and tokens equal those of the eager steps (--disable-cuda-graph)."""
+    from hybrid_sgl.engine import Engine
+
+    path = tiny_checkpoint("qwen3_5", mtp=True)
+
+    def run(**kw):
+        with Engine(model_path=path, dtype="float32", log_level="warning", **CUDA, **SPEC, **kw) as engine:
+            replays = {"verify": 0, "first": 0, "chain": 0}
+            r, spec = engine.runner, engine.runner.speculative
+            for name, graphs in (("verify", r.verify_graphs), ("first", spec.first_graphs),
+                                 ("chain", spec.chain_graphs)):
+                if graphs is not None:
+                    run_ = graphs.run
+                    graphs.run = lambda *a, _r=run_, _n=name, **k: (replays.__setitem__(_n, replays[_n] + 1),
+                                                                   _r(*a, **k))[1]
+            outs = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+            engine.check_integrity()
+        return outs, replays
+
+    graphed, replays = run()
+    eager, none = run(disable_cuda_graph=True)
+    assert all(n > 0 for n in replays.values()), replays
+    assert not any(none.values())
+    assert [o["output_ids"] for o in graphed] == [o["output_ids"] for o in eager]
+    assert [o["meta_info"]["spec_verify_ct"] for o in graphed] == [o["meta_info"]["spec_verify_ct"] for o in eager]
