@@ -3,8 +3,8 @@
 # (graphs on and off in one process) of the 9B, Nemotron-H-8B and Falcon-H1-7B shapes, the prefix-hit TTFT
 # and the multi-turn serving run with the cache on and off, and the whole CUDA suite. Run from the repo
 # root with the wheel folder carried (WHEELS, default .whl_srv; bench/device_wheels.sh fills it).
-# `spec` (under four minutes): the speculative-decoding and snapshot-cut CUDA tests, then the 9B verify,
-# decode and 4k-prefill-with-default-cuts steps.
+# `spec` (under six minutes): the speculative-decoding, short-row and snapshot-cut CUDA tests, then the 9B
+# verify and decode steps with their top kernels and a cProfile of the eager steps.
 # `specbench`: tok/s with speculative decoding on / off, 9B shape, the test-only drafter at acceptance 0.81.
 # `hostprof`: a cProfile of the eager decode b1 and extend steps (where a layer's host time goes).
 #   bash bench/h200_step_run.sh [tests|profile|mamba|ttft|multiturn|suite|spec|hostprof|specbench ...]   (default: tests profile)
@@ -35,15 +35,15 @@ for part in ${*:-tests profile}; do
       timeout 150 python3 -m pytest -q -rf -p no:cacheprovider -n 3 tests/gpu/test_speculative_cuda.py tests/kernels/test_gdn_short_rows.py \
         tests/gpu/test_step_graphs_cuda.py::test_snapshot_cuts_inside_graphed_extend_steps 2>&1 \
         | tee "$OUT/tests_spec.log" | tail -8
-      timeout 130 python3 bench/step_profile.py --config configs/qwen3_5-9b-text --steps 5 \
-        --cases "decode b1,verify 4 b1,decode b32,verify 4 b32,prefill 4k,prefill 4k default cuts" \
-        --out "$OUT/step_profile_spec.json" 2>&1 | quiet | tee "$OUT/step_profile_spec.log" | tail -20 ;;
+      timeout 170 python3 bench/step_profile.py --config configs/qwen3_5-9b-text --steps 5 \
+        --cases "decode b1,verify 4 b1,decode b32,verify 4 b32" --top-kernels 12 --host-profile "$OUT/host_profile.txt" \
+        --out "$OUT/step_profile_spec.json" 2>&1 | quiet | tee "$OUT/step_profile_spec.log" | tail -90 ;;
     hostprof)
       timeout 200 python3 bench/step_profile.py --config configs/qwen3_5-9b-text --steps 5 \
         --cases "decode b1,extend 64 after 4k,decode b32,verify 4 b32" --host-profile "$OUT/host_profile.txt" --top-kernels 14 \
         --out "$OUT/step_profile_host.json" 2>&1 | quiet | tee "$OUT/step_profile_host.log" | tail -80 ;;
     specbench)
-      timeout 560 python3 bench/spec_decode.py --config configs/qwen3_5-9b-text --batch ${SPEC_BATCH:-1,64} \
+      timeout ${SPEC_TIMEOUT:-560} python3 bench/spec_decode.py --config configs/qwen3_5-9b-text --batch ${SPEC_BATCH:-1,64} \
         --prompt 512 --output 128 --accept 0.81 --out "$OUT/spec_decode_9b.json" 2>&1 | quiet \
         | tee "$OUT/spec_decode_9b.log" | tail -12 ;;
     suite)

@@ -4,7 +4,8 @@ at batch 1 and at high concurrency, at a measured accept length?
     PYTHONPATH=$PWD python bench/spec_decode.py --config configs/qwen3_5-9b-text --out spec.json \
         [--accept 0.81] [--batch 1,64] [--prompt 512] [--output 128]
 
-Each case runs in its own process (a fresh device): first plain decoding, whose greedy tokens are the
+Each case runs in its own process (a fresh device), with decode graphs up to its batch and no prefill graphs
+(prefill is left out of the rate, and each capture costs start-up time): first plain decoding, whose greedy tokens are the
 truth, then the same requests with --speculative-algorithm NEXTN. With a trained MTP layer (the
 bundled default model) the drafts are the layer's own (--accept none). With dummy weights (the real
 shapes) the MTP layer is random, so a TEST-ONLY drafter sets the acceptance: the MTP layer still runs
@@ -69,7 +70,7 @@ def run_case(a: argparse.Namespace) -> dict:
     ids = prompts(batch, a.prompt, config.vocab_size)
     kw = dict(model_path=a.config, device=a.device, log_level="warning", skip_tokenizer_init=True,
               context_length=a.prompt + a.output + 8, max_running_requests=max(batch, 1), random_seed=0,
-              disable_radix_cache=True)
+              disable_radix_cache=True, cuda_graph_max_bs=max(batch, 1), cuda_graph_max_tokens=0)
     if a.dummy:
         kw["load_format"] = "dummy"
     truth_file = f"{a.out or 'spec'}.truth.b{batch}.json"
