@@ -4,9 +4,9 @@ at batch 1 and at high concurrency, at a measured accept length?
     PYTHONPATH=$PWD python bench/spec_decode.py --config configs/qwen3_5-9b-text --out spec.json \
         [--accept 0.81] [--batch 1,64] [--prompt 512] [--output 128]
 
-Each case runs in its own process (a fresh device), with decode graphs up to its batch and no prefill graphs
-(prefill is left out of the rate, and each capture costs start-up time): first plain decoding, whose greedy tokens are the
-truth, then the same requests with --speculative-algorithm NEXTN. With a trained MTP layer (the
+Each case runs in its own process (a fresh device), with decode graphs up to its batch and no prefill
+graphs (prefill is left out of the rate; each capture costs start-up time): first plain decoding, whose
+greedy tokens are the truth, then the same requests with --speculative-algorithm NEXTN. With a trained MTP layer (the
 bundled default model) the drafts are the layer's own (--accept none). With dummy weights (the real
 shapes) the MTP layer is random, so a TEST-ONLY drafter sets the acceptance: the MTP layer still runs
 every draft pass (its cost is paid), then each proposed token is replaced by the true next token with
