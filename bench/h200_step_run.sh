@@ -33,7 +33,7 @@ for part in ${*:-tests profile}; do
         --out "$OUT/multiturn_9b.json" 2>&1 | quiet | tee "$OUT/multiturn_9b.log" | tail -6 ;;
     spec)
       timeout 150 python3 -m pytest -q -rf -p no:cacheprovider -n 3 tests/gpu/test_speculative_cuda.py tests/kernels/test_gdn_short_rows.py \
-        tests/gpu/test_step_graphs_cuda.py::test_snapshot_cuts_inside_graphed_extend_steps 2>&1 \
+        tests/gpu/test_step_graphs_cuda.py::test_snapshot_cuts_inside_graphed_extend_steps tests/gpu/test_warm_up_cuda.py 2>&1 \
         | tee "$OUT/tests_spec.log" | tail -8
       timeout 170 python3 bench/step_profile.py --config configs/qwen3_5-9b-text --steps 5 \
         --cases "decode b1,verify 4 b1,decode b32,verify 4 b32" --top-kernels 12 --host-profile "$OUT/host_profile.txt" \

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -119,7 +120,8 @@ class ModelRunner:
                                      quantization=fp8_config(config.quantization_config, args.quantization,
                                                               args.enable_fp8_experts))
         self.state_shapes, self.kv_shapes = self._state_shapes(), self._kv_shapes()
-        self.plan = self._plan_memory()
+        warm_up_start = time.perf_counter()
+        self.plan = self._plan_memory()  # runs the largest prefill step once (compiles and tunes its kernels)
         if tp.size > 1:
             p = self.plan
             tp.check_same("the memory plan (slots, pages, snapshots, context length)",
@@ -142,6 +144,9 @@ class ModelRunner:
         self.sampler = Sampler()
         if self.device.type == "cuda" and tp.rank == 0:  # rank 0 samples for every rank
             self._warm_up_sampler()
+        if self.device.type == "cuda":
+            logger.info("warm-up before serving (the largest prefill step, CUDA graphs, the sampler): %.1f s",
+                        time.perf_counter() - warm_up_start)
         for line in self.model.dispatch_plan():
             logger.info(line)
         logger.info(self.plan.describe())
