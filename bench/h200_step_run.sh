@@ -46,8 +46,8 @@ for part in ${*:-tests profile}; do
       timeout 120 python3 -m pytest -q -rf -p no:cacheprovider -n 3 tests/gpu/test_speculative_cuda.py \
         tests/kernels/test_gdn_short_rows.py tests/kernels/test_causal_conv1d_rows.py 2>&1 | tail -4
       timeout 120 python3 bench/step_profile.py --config configs/qwen3_5-9b-text --steps 3 \
-        --cases "decode b1,verify 4 b1,decode b32,verify 4 b32" --out "$OUT/step_profile_verify.json" 2>&1 | quiet \
-        | tee "$OUT/step_profile_verify.log" | tail -14 ;;
+        --cases "decode b1,verify 4 b1,decode b32,verify 4 b32" --top-kernels 8 --out "$OUT/step_profile_verify.json" 2>&1 | quiet \
+        | tee "$OUT/step_profile_verify.log" | tail -60 ;;
     specbench)
       timeout ${SPEC_TIMEOUT:-560} python3 bench/spec_decode.py --config configs/qwen3_5-9b-text --batch ${SPEC_BATCH:-1,64} \
         --prompt 512 --output 128 --accept 0.81 --out "/tmp/spec_decode_9b.json" 2>&1 | quiet \
