@@ -66,7 +66,7 @@ def test_nextn_greedy_equals_plain_and_drafts_are_accepted_and_match_the_trainin
     assert accept > 1.0, accept
 
     sys.path.insert(0, os.path.join(ROOT, "tools", "default_model"))
-    from train_mtp import chained_drafts, load_mtp
+    from mtp_layer import chained_drafts, load_mtp
     from transformers import Qwen3_5ForCausalLM
 
     base = Qwen3_5ForCausalLM.from_pretrained(CHECKPOINT, dtype=torch.float32).eval()
