@@ -32,7 +32,7 @@ for part in ${*:-tests profile}; do
       timeout 400 python3 bench/prefix_cache.py multiturn --config configs/qwen3_5-9b-text --users 48 --turns 6 \
         --out "$OUT/multiturn_9b.json" 2>&1 | quiet | tee "$OUT/multiturn_9b.log" | tail -6 ;;
     spec)
-      timeout 150 python3 -m pytest -q -rf -p no:cacheprovider -n 3 tests/gpu/test_speculative_cuda.py tests/kernels/test_gdn_short_rows.py tests/kernels/test_causal_conv1d_rows.py \
+      timeout 150 python3 -m pytest -q -rf -p no:cacheprovider -n 3 tests/gpu/test_speculative_cuda.py tests/kernels/test_gdn_short_rows.py \
         tests/gpu/test_step_graphs_cuda.py::test_snapshot_cuts_inside_graphed_extend_steps tests/gpu/test_warm_up_cuda.py 2>&1 \
         | tee "$OUT/tests_spec.log" | tail -8
       timeout 170 python3 bench/step_profile.py --config configs/qwen3_5-9b-text --steps 5 \
@@ -44,7 +44,7 @@ for part in ${*:-tests profile}; do
         --out "$OUT/step_profile_host.json" 2>&1 | quiet | tee "$OUT/step_profile_host.log" | tail -80 ;;
     verifysteps)  # the short-row and speculative CUDA tests, then the verify / decode step table (no host profile)
       timeout 120 python3 -m pytest -q -rf -p no:cacheprovider -n 3 tests/gpu/test_speculative_cuda.py \
-        tests/kernels/test_gdn_short_rows.py tests/kernels/test_causal_conv1d_rows.py 2>&1 | tail -4
+        tests/kernels/test_gdn_short_rows.py 2>&1 | tail -4
       timeout 120 python3 bench/step_profile.py --config configs/qwen3_5-9b-text --steps 3 \
         --cases "decode b1,verify 4 b1,decode b32,verify 4 b32" --top-kernels 8 --out "$OUT/step_profile_verify.json" 2>&1 | quiet \
         | tee "$OUT/step_profile_verify.log" | tail -60 ;;
