@@ -49,22 +49,30 @@ def _check_snapshot_args(snap_pos, snap_slots, num_seqs: int) -> bool:
     return True
 
 
-def _gdn_prefill_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, cu_seqlens, state_slots, has_initial_state,
-                     scale, snap_pos=None, snap_slots=None, state_config=None):
+def check_varlen_args(q, k, v, a, b, A_log, dt_bias, ssm_states, cu_seqlens, state_slots, has_initial_state,
+                      snap_pos, snap_slots) -> tuple[int, int, int, int, int, int, bool]:
+    """The shapes of a packed varlen GDN call (gdn_prefill's and gdn_short_rows.gdn_rows' arguments), checked:
+    (T, HK, K, HV, V, N, whether it takes snapshots)."""
     T, HK, K = q.shape
     HV, V = v.shape[1:]
     N = state_slots.shape[0]
     assert k.shape == q.shape and v.shape[0] == T and HV % HK == 0, (q.shape, k.shape, v.shape)
-    assert q.dtype == k.dtype == v.dtype, (q.dtype, k.dtype, v.dtype)
     assert a.shape == (T, HV) and b.shape == (T, HV), (a.shape, b.shape)
     assert A_log.shape == (HV,) and dt_bias.shape == (HV,)
-    assert 16 <= K <= 128 and 16 <= V <= 256, f"head dims K={K}, V={V}: supported are 16 <= K <= 128, 16 <= V <= 256"
     assert ssm_states.shape[1:] == (HV, K, V), f"ssm_states {tuple(ssm_states.shape)} != [S, {HV}, {K}, {V}]"
     assert ssm_states.stride()[1:] == (K * V, V, 1), "ssm_states must be contiguous within a slot"
     assert cu_seqlens.shape == (N + 1,) and has_initial_state.shape == (N,)
     for name, x in (("q", q), ("k", k), ("v", v), ("a", a), ("b", b)):
         assert x.stride(-1) == 1, f"{name} needs a unit stride on its last dim; got strides {x.stride()}"
-    has_snap = _check_snapshot_args(snap_pos, snap_slots, N)
+    return T, HK, K, HV, V, N, _check_snapshot_args(snap_pos, snap_slots, N)
+
+
+def _gdn_prefill_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, cu_seqlens, state_slots, has_initial_state,
+                     scale, snap_pos=None, snap_slots=None, state_config=None):
+    T, HK, K, HV, V, N, has_snap = check_varlen_args(q, k, v, a, b, A_log, dt_bias, ssm_states, cu_seqlens,
+                                                     state_slots, has_initial_state, snap_pos, snap_slots)
+    assert q.dtype == k.dtype == v.dtype, (q.dtype, k.dtype, v.dtype)
+    assert 16 <= K <= 128 and 16 <= V <= 256, f"head dims K={K}, V={V}: supported are 16 <= K <= 128, 16 <= V <= 256"
     o = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
     if N == 0:
         return o

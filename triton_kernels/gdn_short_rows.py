@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from triton_kernels.gdn_chunk import _check_snapshot_args
+from triton_kernels.gdn_chunk import check_varlen_args
 from triton_kernels.gdn_gating import gdn_gate, l2norm
 from triton_kernels.gdn_recurrent import _decode_config
 
@@ -122,18 +122,8 @@ def gdn_rows(
 ) -> torch.Tensor:
     """gdn_chunk.gdn_prefill computed token by token (the same arguments, shapes and result; q, k, v, a, b
     may be strided views), for rows of a few tokens; rows in pad_slot are skipped (zero outputs)."""
-    T, HK, K = q.shape
-    HV, V = v.shape[1:]
-    N = state_slots.shape[0]
-    assert k.shape == q.shape and v.shape[0] == T and HV % HK == 0, (q.shape, k.shape, v.shape)
-    assert a.shape == (T, HV) and b.shape == (T, HV), (a.shape, b.shape)
-    assert A_log.shape == (HV,) and dt_bias.shape == (HV,)
-    assert ssm_states.shape[1:] == (HV, K, V), f"ssm_states {tuple(ssm_states.shape)} != [S, {HV}, {K}, {V}]"
-    assert ssm_states.stride()[1:] == (K * V, V, 1), "ssm_states must be contiguous within a slot"
-    assert cu_seqlens.shape == (N + 1,) and has_initial_state.shape == (N,)
-    for name, x in (("q", q), ("k", k), ("v", v), ("a", a), ("b", b)):
-        assert x.stride(-1) == 1, f"{name} needs a unit stride on its last dim; got strides {x.stride()}"
-    has_snap = _check_snapshot_args(snap_pos, snap_slots, N)
+    T, HK, K, HV, V, N, has_snap = check_varlen_args(q, k, v, a, b, A_log, dt_bias, ssm_states, cu_seqlens,
+                                                     state_slots, has_initial_state, snap_pos, snap_slots)
     scale = K ** -0.5 if scale is None else scale
     o = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
     if N == 0:
