@@ -13,6 +13,7 @@ verify step of k + 1 tokens is the same plan with longer rows.
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -57,8 +58,8 @@ class StepPlan:
     def has_snapshots(self) -> bool:
         return bool(self.snapshots) and any(self.snapshots)
 
-    @property
-    def short_rows(self) -> bool:
+    @functools.cached_property
+    def short_rows(self) -> bool:  # (read by each graph set and the eager path: computed once a plan)
         """An extend step whose every row holds at most SHORT_ROW_TOKENS tokens."""
         return self.mode is ForwardMode.EXTEND and all(len(run) <= SHORT_ROW_TOKENS for run in self.tokens)
 

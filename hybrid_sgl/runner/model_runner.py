@@ -132,11 +132,9 @@ class ModelRunner:
         self.state_pool, self.kv_pool, self.allocator = self.pools
         self.inputs = self._step_inputs(self.allocator, self.kv_pool, self.state_pool, self._max_step_tokens(),
                                         self.plan.max_running_requests + 1)
-        self.graphs, self.extend_graphs, self.verify_graphs = self._capture_graphs(backends)
         self.last_hidden: torch.Tensor | None = None
         self.speculative = SpecDecoder(self, self.spec_steps) if self.spec_steps else None
-        if self.speculative is not None and self.graphs is not None:
-            self.speculative.capture_graphs(min(self.args.cuda_graph_max_bs or 256, self.plan.max_running_requests))
+        self.graphs, self.extend_graphs, self.verify_graphs = self._capture_graphs(backends)
         rows, pinned = self.plan.max_running_requests, self.device.type == "cuda"
         self._host_ids = [torch.empty(rows, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
         self._host_turn = 0
@@ -256,7 +254,8 @@ class ModelRunner:
 
     def _capture_graphs(self, backends: Backends) -> tuple[StepGraphs | None, StepGraphs | None, StepGraphs | None]:
         """(decode graphs, extend graphs, verify graphs), each None when not captured. Verify graphs (with
-        speculative decoding) are extend graphs of short rows, k + 1 tokens a request."""
+        speculative decoding) are extend graphs of short rows, k + 1 tokens a request; the MTP passes'
+        graphs are captured at their shapes too (SpecDecoder.capture_graphs)."""
         if not self._graphs_possible():
             return None, None, None
         max_bs = min(self.args.cuda_graph_max_bs or 256, self.plan.max_running_requests)
@@ -269,11 +268,12 @@ class ModelRunner:
             extend = StepGraphs(model=self.model, inputs=self.inputs, mode=ForwardMode.EXTEND,
                                 shapes=extend_shapes(self._extend_graph_tokens(), self.plan.max_running_requests + 1))
             extend.capture()
-        if self.spec_steps:
+        if self.speculative is not None:
             shapes = [s for s in short_row_shapes(max_bs, self.spec_steps + 1) if self.inputs.fits(*s)]
             verify = StepGraphs(model=self.model, inputs=self.inputs, mode=ForwardMode.EXTEND, shapes=shapes,
                                 short_rows=True)
             verify.capture()
+            self.speculative.capture_graphs(shapes, decode_sizes(max_bs))
         return decode, extend, verify
 
     @torch.inference_mode()

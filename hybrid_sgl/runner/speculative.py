@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hybrid_sgl.batch import ForwardMode, StepPlan
-from hybrid_sgl.runner.cuda_graph import StepGraphs, decode_sizes, short_row_shapes
+from hybrid_sgl.runner.cuda_graph import StepGraphs
 from hybrid_sgl.runner.sampler import filtered_probs
 
 if TYPE_CHECKING:
@@ -91,20 +91,19 @@ class SpecDecoder:
         self.chain_graphs: StepGraphs | None = None
         self.draft_in: torch.Tensor | None = None
 
-    def capture_graphs(self, max_bs: int) -> None:
-        """Capture the MTP passes for up to max_bs requests: first passes of k + 1 entries a row at most
-        (the tokens a verify row keeps), and the chained one-entry passes."""
+    def capture_graphs(self, short_shapes: list[tuple[int, int]], batch_sizes: list[int]) -> None:
+        """Capture the MTP passes: the first passes at the verify steps' short-row shapes (a verify row keeps
+        at most k + 1 tokens), the chained one-entry passes at the decode batch sizes."""
         r = self.runner
         self.draft_in = torch.zeros(r.inputs.max_tokens, r.config.hidden_size, dtype=r.dtype, device=r.device)
 
         def forward(fb):
             return r.model.draft_hidden(fb.input_ids, self.draft_in[:fb.num_tokens], fb)
 
-        first = [s for s in short_row_shapes(max_bs, self.k + 1) if r.inputs.fits(*s)]
-        self.first_graphs = StepGraphs(model=r.model, inputs=r.inputs, mode=ForwardMode.EXTEND, shapes=first,
+        self.first_graphs = StepGraphs(model=r.model, inputs=r.inputs, mode=ForwardMode.EXTEND, shapes=short_shapes,
                                        short_rows=True, forward=forward)
         self.chain_graphs = StepGraphs(model=r.model, inputs=r.inputs, mode=ForwardMode.DECODE,
-                                       shapes=[(bs, bs) for bs in decode_sizes(max_bs)], forward=forward)
+                                       shapes=[(bs, bs) for bs in batch_sizes], forward=forward)
         self.first_graphs.capture()
         self.chain_graphs.capture()
 
