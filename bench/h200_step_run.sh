@@ -6,8 +6,7 @@
 # `spec` (under six minutes): the speculative-decoding, short-row and snapshot-cut CUDA tests, then the 9B
 # verify and decode steps with their top kernels and a cProfile of the eager steps.
 # `specbench`: tok/s with speculative decoding on / off, 9B shape, the test-only drafter at acceptance 0.81.
-# `hostprof`: a cProfile of the eager decode b1 and extend steps (where a layer's host time goes).
-#   bash bench/h200_step_run.sh [tests|profile|mamba|ttft|multiturn|suite|spec|hostprof|verifysteps|specbench ...]   (default: tests profile)
+#   bash bench/h200_step_run.sh [tests|profile|mamba|ttft|multiturn|suite|spec|specbench ...]   (default: tests profile)
 . "$(dirname "$0")/device_env.sh"
 git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || true  # the tree that travels may carry an older .git: results record the commit by hand too
 
@@ -38,16 +37,6 @@ for part in ${*:-tests profile}; do
       timeout 170 python3 bench/step_profile.py --config configs/qwen3_5-9b-text --steps 5 \
         --cases "decode b1,verify 4 b1,decode b32,verify 4 b32" --top-kernels 12 --host-profile "$OUT/host_profile.txt" \
         --out "$OUT/step_profile_spec.json" 2>&1 | quiet | tee "$OUT/step_profile_spec.log" | tail -90 ;;
-    hostprof)
-      timeout 200 python3 bench/step_profile.py --config configs/qwen3_5-9b-text --steps 5 \
-        --cases "decode b1,extend 64 after 4k,decode b32,verify 4 b32" --host-profile "$OUT/host_profile.txt" --top-kernels 14 \
-        --out "$OUT/step_profile_host.json" 2>&1 | quiet | tee "$OUT/step_profile_host.log" | tail -80 ;;
-    verifysteps)  # the short-row and speculative CUDA tests, then the verify / decode step table (no host profile)
-      timeout 120 python3 -m pytest -q -rf -p no:cacheprovider -n 3 tests/gpu/test_speculative_cuda.py \
-        tests/kernels/test_gdn_short_rows.py 2>&1 | tail -4
-      timeout 120 python3 bench/step_profile.py --config configs/qwen3_5-9b-text --steps 3 \
-        --cases "decode b1,verify 4 b1,decode b32,verify 4 b32" --top-kernels 8 --out "$OUT/step_profile_verify.json" 2>&1 | quiet \
-        | tee "$OUT/step_profile_verify.log" | tail -60 ;;
     specbench)
       timeout ${SPEC_TIMEOUT:-560} python3 bench/spec_decode.py --config configs/qwen3_5-9b-text --batch ${SPEC_BATCH:-1,64} \
         --prompt 512 --output 128 --accept 0.81 --out "/tmp/spec_decode_9b.json" 2>&1 | quiet \
