@@ -5,7 +5,7 @@
 # root with the wheel folder carried (WHEELS, default .whl_srv; bench/device_wheels.sh fills it).
 # `spec` (under six minutes): the speculative-decoding, short-row and snapshot-cut CUDA tests, then the 9B
 # verify and decode steps with their top kernels and a cProfile of the eager steps.
-# `specbench`: tok/s with speculative decoding on / off, 9B shape, the test-only drafter at acceptance 0.81.
+# `specbench`: tok/s with speculative decoding on / off, 9B shape, TEST-ONLY forced acceptance 0.81.
 #   bash bench/h200_step_run.sh [tests|profile|mamba|ttft|multiturn|suite|spec|specbench ...]   (default: tests profile)
 . "$(dirname "$0")/device_env.sh"
 git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || true  # the tree that travels may carry an older .git: results record the commit by hand too
