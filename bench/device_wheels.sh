@@ -31,7 +31,7 @@ wheels=(
   pytest-xdist==3.8.0 execnet==2.1.2
 )
 mkdir -p "$dest"
-"$pip" download -q --no-deps --only-binary=:all: --python-version "$python_version" --implementation cp \
+$pip download -q --no-deps --only-binary=:all: --python-version "$python_version" --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform any -d "$dest" "${wheels[@]}" 2> >(grep -v "is ignored" >&2)
 ls "$dest"
