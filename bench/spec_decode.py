@@ -24,6 +24,7 @@ equal the plain run's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -46,6 +47,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dummy", action="store_true", help="random weights (default for the configs/ shapes)")
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=None)
+    p.add_argument("--profile", default=None, help="write a profile of each case's timed run here (appended): "
+                   "the engine loop's cProfile and the device's kernels (torch.profiler)")
     p.add_argument("--run", default=None, help=argparse.SUPPRESS)  # internal: one case in this process
     return p.parse_args(argv)
 
@@ -53,6 +56,52 @@ def parse_args(argv=None) -> argparse.Namespace:
 def prompts(batch: int, length: int, vocab: int) -> list[list[int]]:
     rng = random.Random(batch * 1000 + length)
     return [[rng.randrange(10, vocab - 10) for _ in range(length)] for _ in range(batch)]
+
+
+@contextlib.contextmanager
+def profiled(path: str | None, title: str, limit: int = 30):
+    """Around one timed run: a cProfile of the engine loop's steps (Scheduler.step, on its thread) and a
+    torch.profiler trace of the device, summarized into `path` (nothing when None)."""
+    if path is None:
+        yield
+        return
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    from hybrid_sgl.scheduler.scheduler import Scheduler
+
+    prof, step = cProfile.Profile(), Scheduler.step
+
+    def profiled_step(self):
+        prof.enable()
+        try:
+            return step(self)
+        finally:
+            prof.disable()
+
+    Scheduler.step = profiled_step
+    activities = [torch.profiler.ProfilerActivity.CPU] + (
+        [torch.profiler.ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    start = time.perf_counter()
+    try:
+        with torch.profiler.profile(activities=activities) as trace:
+            yield
+    finally:
+        Scheduler.step = step
+    wall = time.perf_counter() - start
+    kernels = [e for e in trace.key_averages() if e.device_time_total > 0 and e.device_type.name == "CUDA"]
+    busy = sum(e.device_time_total for e in kernels) / 1e3
+    text = io.StringIO()
+    text.write(f"\n######## {title}: wall {wall * 1e3:.1f} ms, kernels {busy:.1f} ms "
+               f"({sum(e.count for e in kernels)} launches)\n")
+    for e in sorted(kernels, key=lambda e: -e.device_time_total)[:15]:
+        text.write(f"  {e.device_time_total / 1e3:9.2f} ms {e.count:7d}x  {e.key[:90]}\n")
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(limit)
+    with open(path, "a") as f:
+        f.write(text.getvalue())
 
 
 def run_case(a: argparse.Namespace) -> dict:
@@ -96,9 +145,10 @@ def run_case(a: argparse.Namespace) -> dict:
         start = time.perf_counter()
         engine.generate(input_ids=ids, sampling_params={**params, "max_new_tokens": 1})
         prefill_s = time.perf_counter() - start
-        start = time.perf_counter()
-        outs = engine.generate(input_ids=ids, sampling_params=params, rid=rids)
-        wall_s = time.perf_counter() - start
+        with profiled(a.profile, f"batch {batch}, {'spec' if spec else 'plain'}"):
+            start = time.perf_counter()
+            outs = engine.generate(input_ids=ids, sampling_params=params, rid=rids)
+            wall_s = time.perf_counter() - start
         decoded = sum(len(o["output_ids"]) - 1 for o in outs)
         stats = engine.stats()
     tokens = [o["output_ids"] for o in outs]
@@ -121,6 +171,8 @@ def main() -> None:
         for mode in ("plain", "spec"):
             cmd = [sys.executable, __file__, "--config", a.config, "--prompt", str(a.prompt), "--output", str(a.output),
                    "--accept", a.accept, "--device", a.device, "--out", a.out or "spec", "--run", f"{batch}:{mode}"]
+            if a.profile:
+                cmd += ["--profile", a.profile]
             if a.dummy:
                 cmd.append("--dummy")
             proc = subprocess.run(cmd, capture_output=True, text=True)
