@@ -133,10 +133,11 @@ class Allocator:
         self._write_pages(slot, start, new)
 
     def _write_pages(self, slot: int, start: int, pages: list[int]) -> None:
-        """page_table[slot, start:start + len(pages)] = pages, queued on the stream from pinned memory: a
-        blocking copy would wait for the step in flight, behind which the overlapped decode grows the next step's
-        pages."""
-        values = torch.tensor(pages, dtype=torch.int32, pin_memory=self.page_table.is_cuda)
+        """page_table[slot, start:start + len(pages)] = pages, queued on the stream: a blocking copy would wait
+        for the step in flight, behind which the overlapped decode grows the next step's pages. From pageable
+        memory (CUDA stages it at once, with no device wait): a pinned tensor a call would cost an allocation
+        of pinned memory while the last ones still wait for their copies."""
+        values = torch.tensor(pages, dtype=torch.int32)
         self.page_table[slot, start:start + len(pages)].copy_(values, non_blocking=True)
 
     def _unref(self, page: int) -> None:

@@ -46,6 +46,16 @@ class StatePool:
         self.conv[:, dst].copy_(self.conv[:, src])
         self.ssm[:, dst].copy_(self.ssm[:, src])
 
+    def copy_slots(self, src: list[int], dst: list[int]) -> None:
+        """State of every layer at rows src[i] -> dst[i] (dst distinct, none of them a src): one gather and
+        one scatter a tensor, queued on the stream (no host wait)."""
+        if not src:
+            return
+        dev = self.conv.device
+        src_t, dst_t = (torch.tensor(x, dtype=torch.int64).to(dev, non_blocking=True) for x in (src, dst))
+        self.conv.index_copy_(1, dst_t, self.conv.index_select(1, src_t))
+        self.ssm.index_copy_(1, dst_t, self.ssm.index_select(1, src_t))
+
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(conv [S+1, W-1, D], ssm [S+1, ...]) of state layer `index`, as views into the pool."""
         return self.conv[index], self.ssm[index]

@@ -85,6 +85,7 @@ class SpecDecoder:
         self.runner, self.k = runner, num_steps
         self.verified_rows = 0  # rows verified with drafts, over all steps
         self.verified_tokens = 0  # tokens those rows gained
+        self._rollbacks: list[tuple[int, int]] = []  # (verify row, slot) state copies keep() asked for
         # CUDA graphs of the MTP passes (capture_graphs): the first over short rows of entries, the chained
         # one-entry passes decode-shaped; draft_in is their static input of final hidden states
         self.first_graphs: StepGraphs | None = None
@@ -103,23 +104,25 @@ class SpecDecoder:
         self.first_graphs = StepGraphs(model=r.model, inputs=r.inputs, mode=ForwardMode.EXTEND, shapes=short_shapes,
                                        short_rows=True, forward=forward)
         self.chain_graphs = StepGraphs(model=r.model, inputs=r.inputs, mode=ForwardMode.DECODE,
-                                       shapes=[(bs, bs) for bs in batch_sizes], forward=forward)
+                                       shapes=[(bs, bs) for bs in batch_sizes], with_prev=True, forward=forward)
         self.first_graphs.capture()
         self.chain_graphs.capture()
 
     def release(self) -> None:
         self.first_graphs = self.chain_graphs = self.draft_in = None
 
-    def _mtp_pass(self, plan: StepPlan, hidden: torch.Tensor, graphs: StepGraphs | None) -> torch.Tensor:
+    def _mtp_pass(self, plan: StepPlan, hidden: torch.Tensor, graphs: StepGraphs | None,
+                  prev_ids: torch.Tensor | None = None) -> torch.Tensor:
         """The MTP layer over the plan's entries, hidden [T, H] the final hidden state before each:
-        a replay of the plan's graph shape, else eagerly. Returns [T, H]."""
+        a replay of the plan's graph shape, else eagerly. prev_ids: the ids the plan's prev_rows take
+        (on the device). Returns [T, H]."""
         r = self.runner
         shape = graphs.shape_for(plan) if graphs is not None else None
         if shape is None:
-            fb = r.eager_batch(plan)
+            fb = r.eager_batch(plan, prev_ids)
             return r.model.draft_hidden(fb.input_ids, hidden, fb)
         self.draft_in[: hidden.shape[0]].copy_(hidden)
-        return graphs.run(plan, shape)
+        return graphs.run(plan, shape, prev_ids=prev_ids)
 
     @property
     def accept_length(self) -> float:
@@ -145,9 +148,9 @@ class SpecDecoder:
 
         r = self.runner
         tokens, cuts, rows, draft_rows, plain_rows = [], [], [], [], []
+        offset = 0
         for i, (it, d) in enumerate(zip(items, drafts)):
             run = it.req.token_slice(it.start, it.end) + d
-            offset = sum(len(t) for t in tokens)
             tokens.append(run)
             if d:
                 state_rows = r.allocator.draft_rows(it.req.slot)
@@ -158,6 +161,7 @@ class SpecDecoder:
                 cuts.append([])
                 plain_rows.append((i, len(rows)))
                 rows.append(offset + len(run) - 1)
+            offset += len(run)
         plan = StepPlan(mode=ForwardMode.EXTEND, tokens=tokens, prefix_lens=[it.start for it in items],
                         slots=[it.req.slot for it in items], snapshots=cuts if draft_rows else None, logit_rows=rows)
         logits = r.forward_step(plan)
@@ -167,13 +171,10 @@ class SpecDecoder:
         candidates = [[res.next_token] for res in results]
         greedy_rows = [(i, f) for i, f in draft_rows if items[i].req.params.greedy]
         if greedy_rows:
-            idx = torch.cat([torch.arange(f, f + len(drafts[i]) + 1) for i, f in greedy_rows])
-            greedy = logits[idx.to(logits.device)].argmax(dim=-1).tolist()
-            at = 0
-            for i, _ in greedy_rows:
+            greedy = logits.argmax(dim=-1).tolist()  # every logit row: one read of the step's tokens
+            for i, f in greedy_rows:
                 d = drafts[i]
-                own = greedy[at:at + len(d) + 1]
-                at += len(d) + 1
+                own = greedy[f:f + len(d) + 1]
                 j = 0
                 while j < len(d) and d[j] == own[j]:
                     j += 1
@@ -188,18 +189,26 @@ class SpecDecoder:
         return candidates, results
 
     def keep(self, req: Req, run_len: int, kept: int) -> None:
-        """req's verify row of run_len tokens keeps its first `kept` (1..run_len): its slot's state goes
-        back to the state after them."""
+        """req's verify row of run_len tokens keeps its first `kept` (1..run_len): its slot's state is to go
+        back to the state after them, in the next roll_back (one copy for the whole step)."""
         self.verified_tokens += kept
         if kept < run_len:
-            r = self.runner
-            r.state_pool.copy_slot(r.allocator.draft_rows(req.slot)[kept - 1], req.slot)
+            self._rollbacks.append((self.runner.allocator.draft_rows(req.slot)[kept - 1], req.slot))
+
+    def roll_back(self) -> None:
+        """Queue the state copies of the rows kept since the last call (before anything reads the slots)."""
+        if self._rollbacks:
+            src, dst = zip(*self._rollbacks)
+            self.runner.state_pool.copy_slots(list(src), list(dst))
+            self._rollbacks = []
 
     # ---- draft -----------------------------------------------------------------------------------
     @torch.inference_mode()
     def draft(self, entries: list[DraftEntries]) -> list[list[int]]:
         """Run the entries through the MTP layer (one extend pass) and chain each one's drafts; needs
-        the step's final hidden states in runner.last_hidden and pages up to the last draft entry."""
+        the step's final hidden states in runner.last_hidden and pages up to the last draft entry. The
+        passes are queued back to back, each taking the last one's argmax on the device (prev_rows);
+        the host reads the drafts once, at the end."""
         r = self.runner
         if not entries:
             return []
@@ -207,25 +216,41 @@ class SpecDecoder:
         model, hidden = r.model, r.last_hidden
         plan = StepPlan(mode=ForwardMode.EXTEND, tokens=[e.tokens for e in entries],
                         prefix_lens=[e.start for e in entries], slots=[e.req.slot for e in entries])
-        rows = torch.tensor([row for e in entries for row in e.hidden_rows], device=hidden.device)
-        out = self._mtp_pass(plan, hidden[rows], self.first_graphs)
-        last = torch.tensor(list(_last_rows(entries)), device=out.device)
-        h = out[last]
-        proposed = [[t] for t in model.compute_logits(h).argmax(dim=-1).tolist()]
-        live = [i for i, e in enumerate(entries) if e.want > 1]
-        h = h[torch.tensor(live, device=h.device, dtype=torch.long)]
+        out = self._mtp_pass(plan, hidden[_index([row for e in entries for row in e.hidden_rows], hidden.device)],
+                             self.first_graphs)
+        h = out[_index(list(_last_rows(entries)), out.device)]
+        ids = model.compute_logits(h).argmax(dim=-1)
+        columns = [(list(range(len(entries))), ids)]  # (entries, their draft ids [len(entries)]) per draft
         step = 1
-        while live:  # entry (d_step, the MTP layer's own last output) at the position after the last one
-            plan = StepPlan(mode=ForwardMode.DECODE, tokens=[[proposed[i][-1]] for i in live],
+        while True:  # entry (d_step, the MTP layer's own last output) at the position after the last one
+            was = columns[-1][0]
+            keep = [n for n, i in enumerate(was) if entries[i].want > step]
+            if not keep:
+                break
+            live = [was[n] for n in keep]
+            if len(keep) < len(was):
+                index = _index(keep, h.device)
+                h, ids = h[index], ids[index]
+            plan = StepPlan(mode=ForwardMode.DECODE, tokens=[[0]] * len(live),
                             prefix_lens=[entries[i].start + len(entries[i].tokens) - 1 + step for i in live],
-                            slots=[entries[i].req.slot for i in live])
-            h = self._mtp_pass(plan, h, self.chain_graphs)
-            for i, t in zip(live, model.compute_logits(h).argmax(dim=-1).tolist()):
-                proposed[i].append(t)
+                            slots=[entries[i].req.slot for i in live], prev_rows=list(range(len(live))))
+            h = self._mtp_pass(plan, h, self.chain_graphs, prev_ids=ids)
+            ids = model.compute_logits(h).argmax(dim=-1)
+            columns.append((live, ids))
             step += 1
-            keep = [n for n, i in enumerate(live) if entries[i].want > step]
-            h, live = h[torch.tensor(keep, device=h.device, dtype=torch.long)], [live[n] for n in keep]
+        flat = torch.cat([c for _, c in columns]).tolist()  # the one host read of the drafting
+        proposed: list[list[int]] = [[] for _ in entries]
+        at = 0
+        for live, _ in columns:
+            for i in live:
+                proposed[i].append(flat[at])
+                at += 1
         return [p[:e.want] for p, e in zip(proposed, entries)]
+
+
+def _index(values: list[int], device: torch.device) -> torch.Tensor:
+    """values as an int64 index on `device`, copied without waiting for the device."""
+    return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
 
 
 def _last_rows(entries: list[DraftEntries]):

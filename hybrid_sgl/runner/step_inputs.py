@@ -3,9 +3,11 @@ tensor-parallel followers alike.
 
 The host writes a plan into one flat int64 buffer (pinned on CUDA; two in turn, since a launched
 step's copy may still wait in the stream while the host fills the next) and copies it to a static
-device buffer with one copy. Everything else is derived on the device from that buffer, with no
-host sync, so a captured graph can hold the derivation and replay it for the next plan of the same
-shape. Layout for a shape of T tokens and B rows (padded shapes included):
+device buffer with one copy. A host buffer is written again only once its last copy has run (an
+event per turn), so the host may run any number of steps ahead of the device. Everything else is
+derived on the device from that buffer, with no host sync, so a captured graph can hold the
+derivation and replay it for the next plan of the same shape. Layout for a shape of T tokens and B
+rows (padded shapes included):
 
     ids [T] | positions [T] | prev_row [T] | row [T] | slots [B] | prefix_lens [B] | cu_seqlens [B + 1]
     | snap_pos [B * C] | snap_slots [B * C]
@@ -45,7 +47,12 @@ class StepInputs:
         self.dev = torch.zeros(size, dtype=torch.int64, device=device)
         self.prev_ids = torch.zeros(max(max_rows, 1), dtype=torch.int64, device=device)
         self.rows_host = torch.zeros((2, max_tokens), dtype=torch.int64, pin_memory=device.type == "cuda")
-        self.rows_dev = torch.zeros(max_tokens, dtype=torch.int64, device=device)
+        self.rows_dev = torch.zeros((2, max_tokens), dtype=torch.int64, device=device)
+        self.rows_turn = 0
+        # per turn of each host buffer: an event recorded after its last copy (CUDA only)
+        on_gpu = device.type == "cuda"
+        self.copied = [torch.cuda.Event() if on_gpu else None for _ in range(2)]
+        self.rows_copied = [torch.cuda.Event() if on_gpu else None for _ in range(2)]
 
     def fits(self, num_tokens: int, num_rows: int) -> bool:
         return num_tokens <= self.max_tokens and num_rows <= self.max_rows
@@ -61,6 +68,7 @@ class StepInputs:
         assert t <= T and b <= B and (t == T or b < B), f"plan of {t} tokens, {b} rows in shape ({T}, {B})"
         assert self.fits(T, B), f"shape ({T}, {B}) exceeds the buffers ({self.max_tokens}, {self.max_rows})"
         self.turn ^= 1
+        _wait(self.copied[self.turn])
         h = self.host_view[self.turn]
         ids, pos, prev, row = h[:T], h[T:2 * T], h[2 * T:3 * T], h[3 * T:4 * T]
         slots, prefix, cu, snap_pos, snap_slots = _split_rows(h, T, B)
@@ -92,18 +100,24 @@ class StepInputs:
                     snap_slots[i * MAX_CUTS + c] = index
         n = layout_size(T, B)
         self.dev[:n].copy_(self.host[self.turn, :n], non_blocking=True)
+        _record(self.copied[self.turn])
         if prev_ids is not None:
             self.prev_ids[: prev_ids.shape[0]].copy_(prev_ids)
 
     def logit_rows(self, rows: list[int]) -> torch.Tensor:
-        """rows as a device index [len(rows)], through a pinned buffer (no pageable copy, no wait)."""
+        """rows as a device index [len(rows)], through a pinned buffer (no pageable copy, no wait). The
+        index stays valid until the next call but one."""
         n = len(rows)
         if n > self.max_tokens:
             return torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
-        host = self.rows_host[self.turn, :n]
+        self.rows_turn ^= 1
+        turn = self.rows_turn
+        _wait(self.rows_copied[turn])
+        host = self.rows_host[turn, :n]
         host.numpy()[:] = rows
-        out = self.rows_dev[:n]
+        out = self.rows_dev[turn, :n]
         out.copy_(host, non_blocking=True)
+        _record(self.rows_copied[turn])
         return out
 
     # ---- device: the ForwardBatch of the last fill (capturable) --------------------------------------
@@ -161,3 +175,14 @@ def for_runner(runner, max_tokens: int, max_rows: int) -> StepInputs:
     return StepInputs(max_tokens=max_tokens, max_rows=max_rows, page_table=a.page_table, page_size=a.page_size,
                       pad_slot=a.pad_slot, kv_pool=runner.kv_pool, state_pool=runner.state_pool,
                       device=runner.device)
+
+
+def _wait(event: torch.cuda.Event | None) -> None:
+    """Wait until the host buffer's last copy has run (CUDA; a no-op before its first copy)."""
+    if event is not None:
+        event.synchronize()
+
+
+def _record(event: torch.cuda.Event | None) -> None:
+    if event is not None:
+        event.record()

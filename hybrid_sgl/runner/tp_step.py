@@ -39,6 +39,10 @@ class RecordingStatePool(StatePool):
         super().copy_slot(src, dst)
         self.copies.append((src, dst))
 
+    def copy_slots(self, src: list[int], dst: list[int]) -> None:
+        super().copy_slots(src, dst)
+        self.copies.extend(zip(src, dst))
+
 
 class RecordingKVPool(KVPool):
     """Rank 0's KV pool: also notes each page copy for the other ranks."""

@@ -73,6 +73,7 @@ class SpecPipeline(PlainPipeline):
                 entries.append(DraftEntries(req=req, start=start, tokens=req.token_slice(start + 1, start + 1 + kept),
                                             hidden_rows=list(range(offset, offset + kept)), want=spec.budget(req)))
             offset += 1 + len(draft)
+        spec.roll_back()  # before a finished request's slot goes to the prefix cache
         for req in changed:
             if req.finished:
                 host.release(req)
