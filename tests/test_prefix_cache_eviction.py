@@ -71,6 +71,34 @@ def test_a_snapshot_in_use_outlives_a_deeper_one_nobody_uses_and_unused_ones_age
     cache.check_integrity()
 
 
+def _restore(cache: PrefixCache, tokens: list[int]) -> int:
+    """Admit a request for tokens as the scheduler would (match, lock, restore, free); returns the hit."""
+    m = cache.match(tokens, limit=len(tokens) - 1)
+    cache.lock(m.node)
+    slot = cache.allocator.alloc_slot()
+    cache.restore(m, slot)
+    cache.allocator.free_slot(slot)
+    cache.release(m.node)
+    return m.pos
+
+
+def test_a_snapshot_whose_neighbour_above_went_is_worth_its_whole_reach_at_its_next_use():
+    cache = _cache(num_snapshots=2)
+    stem = list(range(1, 41))
+    _snapshot(cache, stem[:32])  # saves 32
+    _snapshot(cache, stem[:36])  # saves 4 over the one at 32
+    deep = next(s for n in cache._nodes() for s in n.snapshots if s.pos == 36)
+    assert deep.saves == 4
+    cache._evict_snapshot(next(s for n in cache._nodes() for s in n.snapshots if s.pos == 32))
+    assert _restore(cache, stem[:36] + [99]) == 36
+    assert deep.saves == 36  # nothing above it any more: it now saves all 36 tokens
+    _snapshot(cache, [60] * 24)  # saves 24, never used
+    _snapshot(cache, [61] * 28)  # the pool is full: the unused 24 goes, not the one at 36 (used twice, 36 each)
+    assert _positions(cache) == [28, 36]
+    cache.check_integrity()
+    cache.allocator.check_integrity(cache_pages=cache.held_pages(), cache_snapshots=cache.held_snapshots())
+
+
 def test_evictable_pages_are_part_of_the_cached_pages():
     cache = _cache(num_snapshots=4)
     _snapshot(cache, list(range(1, 11)))  # 10 tokens: two whole pages and a snapshot tail page

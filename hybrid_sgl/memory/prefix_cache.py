@@ -22,7 +22,8 @@ below it is useless for a hybrid model and goes at once.
 
 Snapshots are evicted by value (greedy-dual-size-frequency): every snapshot costs the same bytes
 (one state slot), and is worth the tokens it `saves` (its position less the deepest snapshot
-above it on its path, when it was taken) times how often it was used. Its `priority` is
+above it on its path, when it was taken or last used: one whose neighbours above were evicted is
+worth more at its next use) times how often it was used. Its `priority` is
 `inflation + uses * saves`, where `inflation` is the priority of the last snapshot evicted, so
 that one that stopped being used ages out however much it once saved. A new snapshot worth less
 than every snapshot held is not taken when the pool is full.
@@ -152,6 +153,7 @@ class PrefixCache:
         if m.snapshot is not None:
             snap = m.snapshot
             snap.last_used, snap.uses = now, snap.uses + 1
+            snap.saves = snap.pos - self._deepest_snapshot_above(snap.node, self._path_tokens(snap))
             snap.priority = self._inflation + snap.uses * snap.saves
             self.snapshots_hit += 1
         n = m.node
@@ -252,12 +254,22 @@ class PrefixCache:
             n = n.parent
         return best
 
+    @staticmethod
+    def _path_tokens(snap: Snapshot) -> list[int]:
+        """The tokens before snap.pos: the keys from the root down to its node, then its tail."""
+        keys, n = [], snap.node
+        while n is not None:
+            keys.append(n.key)
+            n = n.parent
+        path = [t for key in reversed(keys) for t in key]
+        return path[:snap.pos - len(snap.tail)] + list(snap.tail)
+
     def _add_snapshot(self, node: Node, pos: int, tail: tuple[int, ...], tail_page: int | None, slot: int | None,
                       filled: int | None, saves: int) -> None:
         now = next(self._clock)
         for snap in node.snapshots:
             if snap.pos == pos and snap.tail == tail:
-                snap.last_used = now
+                snap.last_used, snap.saves = now, saves
                 snap.priority = self._inflation + snap.uses * snap.saves
                 if filled is not None:
                     self.allocator.free_snapshot(filled)
