@@ -149,14 +149,22 @@ def _stream_batch(engine, prompts: list[list[int]], max_new: int) -> dict:
             "cached_tokens": sum(o["meta_info"]["cached_tokens"] for o in outs.values()), "outs": outs}
 
 
-def case_shared(engine, vocab: int, n: int) -> dict:
+def shared_prompts(vocab: int, n: int) -> tuple[list[list[int]], list[int], list[int]]:
+    """The shared-prefix workload: n prompts, each one of 32 system prompts of 1-6k tokens + 300-1,500
+    tokens of its own. Returns the prompts, each one's system prompt (0-31) and the system prompts' lengths."""
     rng = random.Random(3)
     systems = [_tokens(rng, vocab, rng.randrange(1000, 6001)) for _ in range(32)]
-    prompts, shared = [], 0
+    prompts, which = [], []
     for _ in range(n):
-        system = rng.choice(systems)
-        prompts.append(system + _tokens(rng, vocab, rng.randrange(300, 1501)))
-        shared += len(system)
+        k = rng.randrange(len(systems))  # what rng.choice(systems) draws
+        prompts.append(systems[k] + _tokens(rng, vocab, rng.randrange(300, 1501)))
+        which.append(k)
+    return prompts, which, [len(x) for x in systems]
+
+
+def case_shared(engine, vocab: int, n: int) -> dict:
+    prompts, which, lens = shared_prompts(vocab, n)
+    shared = sum(lens[k] for k in which)
     r = _stream_batch(engine, prompts, 16)
     r.pop("outs")
     return {**r, "requests": n, "shared_prefix_tokens": shared, "hit_rate": r["cached_tokens"] / shared,

@@ -181,19 +181,21 @@ class PrefixCache:
 
     # ---- insert ------------------------------------------------------------------------------------
     def insert(self, tokens: list[int], pages: list[int], slot: int | None, keep: bool,
-               filled: int | None = None) -> Node:
+               filled: int | None = None, saves: int | None = None) -> Node:
         """Cache the prefix `tokens` whose KV sits in `pages` (a running slot's page list) and a
         snapshot of the state after it: copied from `slot`, or already copied to the snapshot slot
-        `filled` (see take_snapshot_slot). Returns the node holding the last whole page; with keep,
-        that node comes back locked (the slot still writes past it: call `release` when done), else
-        a node left without a snapshot below it is dropped."""
+        `filled` (see take_snapshot_slot). saves: the tokens the snapshot is worth (default: over the
+        deepest snapshot above it). Returns the node holding the last whole page; with keep, that node
+        comes back locked (the slot still writes past it: call `release` when done), else a node left
+        without a snapshot below it is dropped."""
         ps = self.page_size
         whole = len(tokens) // ps * ps
         node = self._insert_pages(tokens[:whole], pages[:whole // ps])
         self.lock(node)
         if (slot is not None or filled is not None) and self.stateful and len(tokens) > 0:
             tail = tuple(tokens[whole:])
-            saves = len(tokens) - self._deepest_snapshot_above(node, tokens)
+            if saves is None:
+                saves = len(tokens) - self._deepest_snapshot_above(node, tokens)
             self._add_snapshot(node, len(tokens), tail, pages[whole // ps] if tail else None, slot, filled, saves)
         elif filled is not None:
             self.allocator.free_snapshot(filled)

@@ -89,7 +89,7 @@ class PrefixSharing(BasePrefixSharing):
             self.cache.restore(m, slot)
         finally:
             self.cache.pin(m, -1)
-        req.num_computed = m.pos
+        req.num_computed = req.restored_at = m.pos
         if req.num_preemptions == 0:
             req.cached_tokens = m.pos
             self.cache.lookup_tokens += len(req.prompt_ids)
@@ -113,23 +113,29 @@ class PrefixSharing(BasePrefixSharing):
     # ---- snapshots inside a chunk -------------------------------------------------------------------
     def plan_snapshots(self, items: list[BatchItem], waiting: Iterable[Req]) -> None:
         """Give each prompt chunk its snapshot points (positions strictly inside it) and a snapshot
-        slot for each, while slots can be had for what a point would save."""
+        slot for each, while slots can be had for what a point would save. A branch point, which another
+        request is known to share, saves that request everything past the snapshot its own row started
+        from (the fixed points of the same pass above it are no help to it once they are evicted)."""
         waiting = list(waiting)[:PEERS_CHECKED]
         for item in items:
-            points = self.snapshot_points(item.req, item.start, item.end, waiting)
+            req = item.req
+            branches = self.branch_points(req, item.start, item.end, waiting)
+            points = self.snapshot_points(req, item.start, item.end, branches)
+            req.shared_cuts = tuple(p for p in points if p in branches)
             for pos, before in zip(points, [item.start] + points):
-                index = self.cache.take_snapshot_slot(pos - before)
+                index = self.cache.take_snapshot_slot(pos - (req.restored_at if pos in branches else before))
                 if index is not None:
                     item.snapshots.append((pos, index))
 
-    def snapshot_points(self, req: Req, start: int, end: int, waiting: list[Req]) -> list[int]:
-        """Cut positions in (start, end), ascending, at most MAX_CUTS: branch points and the last
+    def branch_points(self, req: Req, start: int, end: int, waiting: list[Req]) -> set[int]:
+        """Positions in (start, end) where req's prompt and a cached or waiting one part."""
+        wanted = {req.branch_pos} | {self.branch_point(req, other) for other in waiting if other is not req}
+        return {p for p in wanted if start < p < end}
+
+    def snapshot_points(self, req: Req, start: int, end: int, branches: set[int]) -> list[int]:
+        """Cut positions in (start, end), ascending, at most MAX_CUTS: the branch points and the last
         prompt position but one first, then the fixed positions, deepest first."""
-        wanted = {req.branch_pos, len(req.prompt_ids) - 1}
-        for other in waiting:
-            if other is not req:
-                wanted.add(self.branch_point(req, other))
-        points = {p for p in wanted if start < p < end}
+        points = set(branches) | {p for p in (len(req.prompt_ids) - 1,) if start < p < end}
         fixed = [p for p in cut_points(start, end, self.interval) if p not in points]
         points.update(fixed[::-1][:max(0, MAX_CUTS - len(points))])
         return sorted(points)[-MAX_CUTS:]
@@ -139,8 +145,8 @@ class PrefixSharing(BasePrefixSharing):
         req = item.req
         for pos, index in item.snapshots:
             self.cache.insert(req.fill_ids[:pos], self.allocator.slot_pages[req.slot], None, keep=False,
-                              filled=index)
-        item.snapshots = []
+                              filled=index, saves=pos - req.restored_at if pos in req.shared_cuts else None)
+        item.snapshots, req.shared_cuts = [], ()
 
     def drop_snapshots(self, items: list[BatchItem]) -> None:
         """The step failed: give its snapshot slots back."""

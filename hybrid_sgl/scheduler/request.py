@@ -44,6 +44,8 @@ class Req:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     cache_node: Node | None = None  # prefix-cache node this request locks (it reads or writes its pages)
     branch_pos: int = 0  # cached pages go on to here without a snapshot: take one here
+    restored_at: int = 0  # where its last admission restored a snapshot (0: none)
+    shared_cuts: tuple[int, ...] = ()  # snapshot positions of the chunk being computed that others share
     prompt_head: tuple[int, ...] | None = None  # first prompt tokens, to find requests sharing a prefix fast
     finish_reason: dict | None = None
     num_preemptions: int = 0
