@@ -72,3 +72,30 @@ def test_default_cut_points_put_one_at_four_fifths_of_any_prefix_from_256():
         assert below[-1] >= 0.8 * shared, shared
     assert cut_points(0, 300, None) == [64, 96, 128, 192, 256]
     assert cut_points(96, 256, 100) == [100, 200]
+
+
+def test_a_branch_point_snapshot_is_worth_all_its_row_computed(tiny_checkpoint):
+    """Two requests sharing a 600-token system prompt, sent together: the first computes it, with a cut at
+    the branch point (600) and fixed cuts above it (512, ...). The branch snapshot is taken at the worth of
+    the 600 tokens the second request is spared, not the 88 over the cut at 512 (which is evicted long
+    before it is)."""
+    path = tiny_checkpoint("qwen3_5")
+    args = ServerArgs(model_path=path, device="cpu", dtype="float32", page_size=PAGE,
+                      max_running_requests=8).resolved()
+    runner = ModelRunner(args, ModelConfig.from_hf(path))
+    cache = PrefixCache(allocator=runner.allocator, state_pool=runner.state_pool, kv_pool=runner.kv_pool)
+    taken, add = {}, cache._add_snapshot
+
+    def recording_add(node, pos, tail, tail_page, slot, filled, saves):
+        taken.setdefault(pos, saves)
+        return add(node, pos, tail, tail_page, slot, filled, saves)
+
+    cache._add_snapshot = recording_add
+    s = Scheduler(runner, allocator=runner.allocator, chunked_prefill_size=1024,
+                  sharing=PrefixSharing(cache, snapshot_interval=None, min_branch_tokens=MIN_BRANCH_TOKENS))
+    system = _tokens(41, 600)
+    first, second = _serve(s, [_req("p0", system + _tokens(42, 30)), _req("p1", system + _tokens(43, 30))])
+    assert (first.cached_tokens, second.cached_tokens) == (0, 600)
+    assert taken[512] == 512 - 448  # a fixed cut: over the one at 448 of the same pass
+    assert taken[600] == 600  # the branch point: everything its row computed
+    s.check_integrity()
