@@ -108,3 +108,9 @@ class ForwardBatch:
         keyword arguments (snap_pos, snap_slots) that make its kernels write the snapshots (empty without)."""
         cuts = {} if self.snap_pos is None else {"snap_pos": self.snap_pos, "snap_slots": self.snap_slots}
         return core(self.cu_seqlens, self.state_slots, self.has_initial_state, cuts, *rows)
+
+
+def device_index(values: list[int], device: torch.device | str) -> torch.Tensor:
+    """values as an int64 index [len(values)] on `device`, copied from pageable memory without waiting for the
+    device (CUDA stages the values at once; the copy is queued on the stream)."""
+    return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)

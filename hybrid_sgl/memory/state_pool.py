@@ -11,6 +11,8 @@ Kernels update these tensors in place through slot indices.
 
 import torch
 
+from hybrid_sgl.batch import device_index
+
 
 class StatePool:
     def __init__(
@@ -51,8 +53,7 @@ class StatePool:
         one scatter a tensor, queued on the stream (no host wait)."""
         if not src:
             return
-        dev = self.conv.device
-        src_t, dst_t = (torch.tensor(x, dtype=torch.int64).to(dev, non_blocking=True) for x in (src, dst))
+        src_t, dst_t = device_index(src, self.conv.device), device_index(dst, self.conv.device)
         self.conv.index_copy_(1, dst_t, self.conv.index_select(1, src_t))
         self.ssm.index_copy_(1, dst_t, self.ssm.index_select(1, src_t))
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from hybrid_sgl.batch import ForwardMode, StepPlan
+from hybrid_sgl.batch import ForwardMode, StepPlan, device_index
 from hybrid_sgl.runner.cuda_graph import StepGraphs
 from hybrid_sgl.runner.sampler import filtered_probs
 
@@ -216,9 +216,9 @@ class SpecDecoder:
         model, hidden = r.model, r.last_hidden
         plan = StepPlan(mode=ForwardMode.EXTEND, tokens=[e.tokens for e in entries],
                         prefix_lens=[e.start for e in entries], slots=[e.req.slot for e in entries])
-        out = self._mtp_pass(plan, hidden[_index([row for e in entries for row in e.hidden_rows], hidden.device)],
+        out = self._mtp_pass(plan, hidden[device_index([row for e in entries for row in e.hidden_rows], hidden.device)],
                              self.first_graphs)
-        h = out[_index(list(_last_rows(entries)), out.device)]
+        h = out[device_index(list(_last_rows(entries)), out.device)]
         ids = model.compute_logits(h).argmax(dim=-1)
         columns = [(list(range(len(entries))), ids)]  # (entries, their draft ids [len(entries)]) per draft
         step = 1
@@ -229,7 +229,7 @@ class SpecDecoder:
                 break
             live = [was[n] for n in keep]
             if len(keep) < len(was):
-                index = _index(keep, h.device)
+                index = device_index(keep, h.device)
                 h, ids = h[index], ids[index]
             plan = StepPlan(mode=ForwardMode.DECODE, tokens=[[0]] * len(live),
                             prefix_lens=[entries[i].start + len(entries[i].tokens) - 1 + step for i in live],
@@ -246,11 +246,6 @@ class SpecDecoder:
                 proposed[i].append(flat[at])
                 at += 1
         return [p[:e.want] for p, e in zip(proposed, entries)]
-
-
-def _index(values: list[int], device: torch.device) -> torch.Tensor:
-    """values as an int64 index on `device`, copied without waiting for the device."""
-    return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
 
 
 def _last_rows(entries: list[DraftEntries]):

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hybrid_sgl.batch import MAX_CUTS, ForwardBatch, ForwardMode, StepPlan
+from hybrid_sgl.batch import MAX_CUTS, ForwardBatch, ForwardMode, StepPlan, device_index
 
 NUM_BUILDS = [0]  # host builds so far (tests count them per step)
 
@@ -109,7 +109,7 @@ class StepInputs:
         index stays valid until the next call but one."""
         n = len(rows)
         if n > self.max_tokens:
-            return torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
+            return device_index(rows, self.device)
         self.rows_turn ^= 1
         turn = self.rows_turn
         _wait(self.rows_copied[turn])

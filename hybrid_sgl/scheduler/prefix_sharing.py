@@ -121,9 +121,9 @@ class PrefixSharing(BasePrefixSharing):
             req = item.req
             branches = self.branch_points(req, item.start, item.end, waiting)
             points = self.snapshot_points(req, item.start, item.end, branches)
-            req.shared_cuts = tuple(p for p in points if p in branches)
+            req.shared_cuts = {p: p - req.restored_at for p in points if p in branches}
             for pos, before in zip(points, [item.start] + points):
-                index = self.cache.take_snapshot_slot(pos - (req.restored_at if pos in branches else before))
+                index = self.cache.take_snapshot_slot(req.shared_cuts.get(pos, pos - before))
                 if index is not None:
                     item.snapshots.append((pos, index))
 
@@ -145,8 +145,8 @@ class PrefixSharing(BasePrefixSharing):
         req = item.req
         for pos, index in item.snapshots:
             self.cache.insert(req.fill_ids[:pos], self.allocator.slot_pages[req.slot], None, keep=False,
-                              filled=index, saves=pos - req.restored_at if pos in req.shared_cuts else None)
-        item.snapshots, req.shared_cuts = [], ()
+                              filled=index, saves=req.shared_cuts.get(pos))
+        item.snapshots, req.shared_cuts = [], {}
 
     def drop_snapshots(self, items: list[BatchItem]) -> None:
         """The step failed: give its snapshot slots back."""

@@ -45,7 +45,7 @@ class Req:
     cache_node: Node | None = None  # prefix-cache node this request locks (it reads or writes its pages)
     branch_pos: int = 0  # cached pages go on to here without a snapshot: take one here
     restored_at: int = 0  # where its last admission restored a snapshot (0: none)
-    shared_cuts: tuple[int, ...] = ()  # snapshot positions of the chunk being computed that others share
+    shared_cuts: dict[int, int] = field(default_factory=dict)  # the chunk's cuts others share -> tokens each saves
     prompt_head: tuple[int, ...] | None = None  # first prompt tokens, to find requests sharing a prefix fast
     finish_reason: dict | None = None
     num_preemptions: int = 0
