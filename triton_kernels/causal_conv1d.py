@@ -163,6 +163,75 @@ def _causal_conv1d_update_kernel(
     tl.store(p_y, b_y.to(y.dtype.element_ty), mask=m_d)
 
 
+@triton.jit(do_not_specialize=["C"])
+def _causal_conv1d_rows_kernel(
+    x,
+    weight,
+    bias,
+    conv_states,
+    cu_seqlens,
+    state_slots,
+    has_initial_state,
+    snap_pos,
+    snap_slots,
+    y,
+    stride_x_t,
+    stride_s,
+    pad_slot,
+    C,
+    D: tl.constexpr,
+    W: tl.constexpr,
+    BD: tl.constexpr,
+    BW: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    USE_SILU: tl.constexpr,
+    HAS_SNAP: tl.constexpr,
+):
+    """One program per (channel block, row) for rows of a few tokens: the row's tokens one after another
+    (taps before the row start read the slot's state), then the snapshot of each cut and the final state.
+    Rows in pad_slot are skipped (zero outputs). The prefill kernel's contract, without its 64-token tiles."""
+    i_d, i_n = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    zero = o_d * 0  # scalar bounds enter masks through a vector (the interpreter cannot broadcast a bool)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    length = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
+    slot = tl.load(state_slots + i_n).to(tl.int64)
+    p_y = y + bos * D + o_d
+    if slot == pad_slot:
+        for t in range(length):
+            tl.store(p_y + t * D, tl.zeros([BD], dtype=tl.float32).to(y.dtype.element_ty), mask=m_d)
+        return
+    first = (1 - W) * (tl.load(has_initial_state + i_n) != 0).to(tl.int32)
+    p_x = x + bos * stride_x_t
+    p_s = conv_states + slot * stride_s
+    for t in range(length):
+        b_y = tl.zeros([BD], dtype=tl.float32)
+        if HAS_BIAS:
+            b_y += tl.load(bias + o_d, mask=m_d, other=0.0).to(tl.float32)
+        for j in tl.static_range(W):
+            pos = zero + t + (j - (W - 1))  # the tap's position in the row; below 0: row pos + W - 1 of the state
+            b_in = tl.load(p_x + pos * stride_x_t + o_d, mask=m_d & (pos >= 0), other=0.0).to(tl.float32)
+            b_in += tl.load(p_s + (pos + W - 1) * D + o_d, mask=m_d & (pos < 0) & (pos >= first),
+                            other=0.0).to(tl.float32)
+            b_y += b_in * tl.load(weight + o_d * W + j, mask=m_d, other=0.0).to(tl.float32)
+        if USE_SILU:
+            b_y = b_y * tl.sigmoid(b_y)
+        tl.store(p_y + t * D, b_y.to(y.dtype.element_ty), mask=m_d)
+    o_j = tl.arange(0, BW)
+    if HAS_SNAP:
+        for i_cut in range(C):
+            p_cut = tl.load(snap_pos + i_n * C + i_cut)
+            rows = (W - 1) * (p_cut > 0).to(tl.int32)  # -1: no cut, no rows
+            b_f, m_j = _last_inputs(p_x, p_s, p_cut, first, rows, stride_x_t, o_d, m_d, D, W, BW)
+            p_snap = conv_states + tl.load(snap_slots + i_n * C + i_cut).to(tl.int64) * stride_s
+            tl.store(p_snap + o_j[:, None] * D + o_d[None, :], b_f.to(conv_states.dtype.element_ty), mask=m_j)
+    tl.debug_barrier()  # every thread's reads of the initial state come before the writes below
+    b_f, m_j = _last_inputs(p_x, p_s, length, first, W - 1, stride_x_t, o_d, m_d, D, W, BW)
+    tl.debug_barrier()
+    tl.store(p_s + o_j[:, None] * D + o_d[None, :], b_f.to(conv_states.dtype.element_ty), mask=m_j)
+
+
 def _check_conv_args(x, weight, bias, conv_states, activation):
     D, W = weight.shape
     assert x.ndim == 2 and x.shape[1] == D and x.stride(1) == 1, f"x {tuple(x.shape)} strides {x.stride()}"
@@ -217,6 +286,41 @@ def _conv_prefill_fwd(x, weight, bias, conv_states, cu_seqlens, state_slots, has
         x.stride(0), conv_states.stride(0), N, snap_pos.shape[1] if has_snap else 1,
         D=D, W=W, BT=BT, BD=BD, BW=triton.next_power_of_2(W - 1), BLOCK_N=64,
         HAS_BIAS=bias is not None, USE_SILU=activation is not None, HAS_SNAP=has_snap, num_warps=num_warps,
+    )
+    return y
+
+
+def causal_conv1d_rows(
+    *,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_states: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    state_slots: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    pad_slot: int = -1,
+    activation: str | None = "silu",
+    snap_pos: torch.Tensor | None = None,
+    snap_slots: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """causal_conv1d_prefill for rows of a few tokens (speculative verify steps): one program per channel
+    block and row, token by token, instead of 64-token tiles; rows in pad_slot are skipped (zero outputs)."""
+    D, W = _check_conv_args(x, weight, bias, conv_states, activation)
+    T, N = x.shape[0], state_slots.shape[0]
+    assert cu_seqlens.shape == (N + 1,) and has_initial_state.shape == (N,)
+    has_snap = _check_snapshot_args(snap_pos, snap_slots, N)
+    y = torch.empty(T, D, dtype=x.dtype, device=x.device)
+    if N == 0:
+        return y
+    BD, num_warps = _update_config(N)
+    BD = min(BD, triton.next_power_of_2(D))
+    _causal_conv1d_rows_kernel[(triton.cdiv(D, BD), N)](
+        x, weight, bias, conv_states, cu_seqlens, state_slots, has_initial_state,
+        snap_pos if has_snap else state_slots, snap_slots if has_snap else state_slots, y,
+        x.stride(0), conv_states.stride(0), pad_slot, snap_pos.shape[1] if has_snap else 1,
+        D=D, W=W, BD=BD, BW=triton.next_power_of_2(W - 1), HAS_BIAS=bias is not None,
+        USE_SILU=activation is not None, HAS_SNAP=has_snap, num_warps=num_warps,
     )
     return y
 

@@ -59,6 +59,7 @@ class LinearAttnOps:
     gdn_prefill: Callable
     gdn_decode: Callable
     gdn_rows: Callable  # gdn_prefill's contract token by token, for short rows; skips pad-slot rows
+    conv_rows: Callable  # conv_prefill's likewise
     dense: DenseOps
 
 
@@ -178,8 +179,11 @@ def _torch_linear_attn(dense: DenseOps) -> LinearAttnOps:
     def gdn_rows_ref(*, pad_slot: int = -1, **kwargs):  # (pad rows computed too: their outputs are unread)
         return gdn_chunk.gdn_prefill_ref(**kwargs)
 
+    def conv_rows_ref(*, pad_slot: int = -1, **kwargs):
+        return conv.causal_conv1d_prefill_ref(**kwargs)
+
     return LinearAttnOps("torch", conv.causal_conv1d_prefill_ref, conv.causal_conv1d_update_ref,
-                         gdn_chunk.gdn_prefill_ref, gdn_recurrent.gdn_decode_ref, gdn_rows_ref, dense)
+                         gdn_chunk.gdn_prefill_ref, gdn_recurrent.gdn_decode_ref, gdn_rows_ref, conv_rows_ref, dense)
 
 
 def _triton_linear_attn(dense: DenseOps) -> LinearAttnOps:
@@ -187,7 +191,8 @@ def _triton_linear_attn(dense: DenseOps) -> LinearAttnOps:
     from triton_kernels import gdn_chunk, gdn_recurrent, gdn_short_rows
 
     return LinearAttnOps("triton", conv.causal_conv1d_prefill, conv.causal_conv1d_update,
-                         gdn_chunk.gdn_prefill, gdn_recurrent.gdn_decode, gdn_short_rows.gdn_rows, dense)
+                         gdn_chunk.gdn_prefill, gdn_recurrent.gdn_decode, gdn_short_rows.gdn_rows,
+                         conv.causal_conv1d_rows, dense)
 
 
 def _torch_ssm(dense: DenseOps) -> SSMOps:

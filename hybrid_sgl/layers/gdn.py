@@ -61,14 +61,14 @@ class GatedDeltaNet(nn.Module):
                                     z=z, norm_weight=self.norm.weight, norm_eps=self.norm.eps)  # normed in the kernel
             return self.out_proj(o.view(t, s.value_dim))
 
-        # short rows (verify steps): the recurrence token by token, pad rows skipped; else in 64-token chunks
+        # short rows (verify steps): token by token, pad rows skipped; else in 64-token chunks
         short = {"pad_slot": fb.state_pool.pad_slot} if fb.short_rows else {}
+        conv = self.ops.conv_rows if fb.short_rows else self.ops.conv_prefill
         recurrence = self.ops.gdn_rows if fb.short_rows else self.ops.gdn_prefill
 
         def core(cu_seqlens, state_slots, has_initial_state, cuts, qkv, a, b):
-            qkv = self.ops.conv_prefill(x=qkv, weight=self.conv_weight, bias=None, conv_states=conv_states,
-                                        cu_seqlens=cu_seqlens, state_slots=state_slots,
-                                        has_initial_state=has_initial_state, **cuts)
+            qkv = conv(x=qkv, weight=self.conv_weight, bias=None, conv_states=conv_states, cu_seqlens=cu_seqlens,
+                       state_slots=state_slots, has_initial_state=has_initial_state, **cuts, **short)
             q, k, v = self._heads(qkv)
             return recurrence(q=q, k=k, v=v, a=a, b=b, A_log=self.A_log, dt_bias=self.dt_bias, ssm_states=ssm_states,
                               state_slots=state_slots, cu_seqlens=cu_seqlens, has_initial_state=has_initial_state,

@@ -57,6 +57,11 @@ BT, BD, warps = conv._prefill_config()
 for snap in (False, True):
     out[f"conv prefill{' cuts' * snap}"] = compile_sm90(conv._causal_conv1d_prefill_kernel, cv,
         dict(D=D, W=4, BT=BT, BD=BD, BW=4, BLOCK_N=64, HAS_BIAS=False, USE_SILU=True, HAS_SNAP=snap), warps, 1)
+for rows in (1, 32, 64):  # verify steps: short rows token by token
+    BD, warps = conv._update_config(rows)
+    for snap in (False, True):
+        out[f"conv rows N{rows}{' cuts' * snap}"] = compile_sm90(conv._causal_conv1d_rows_kernel, cv,
+            dict(D=D, W=4, BD=BD, BW=4, HAS_BIAS=False, USE_SILU=True, HAS_SNAP=snap), warps, 1)
 for batch in (1, 8, 64):
     BD, warps = conv._update_config(batch)
     out[f"conv update B{batch}"] = compile_sm90(conv._causal_conv1d_update_kernel, cv,
