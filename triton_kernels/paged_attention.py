@@ -203,7 +203,9 @@ def _check_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
 # ----------------------------------------------------------------------------- extend
 
 
-@triton.jit
+# rows and block-table width (tight in eager steps) vary with the step: not specialized, so a new step shape
+# needs no new compile (warm-up.py warms each launch config)
+@triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
 def _extend_kernel(
     q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, o, qk_scale, num_seqs,
     stride_qt, stride_qh, stride_qd, stride_kp, stride_ks, stride_kh, stride_kd,

@@ -36,7 +36,9 @@ def paged_attention_decode_ref(
                                       cu_seqlens_q=cu, seq_lens=seq_lens, scale=scale)
 
 
-@triton.jit
+# block-table width (a tight table in eager steps) and split count vary with the batch: not specialized, so a
+# new batch needs no new compile
+@triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _decode_kernel(
     q, k_cache, v_cache, block_table, seq_lens, o, part_o, part_lse, qk_scale, num_splits,
     stride_qb, stride_qh, stride_qd, stride_kp, stride_ks, stride_kh, stride_kd,
@@ -100,7 +102,7 @@ def _decode_kernel(
         tl.store(part_lse + row, m_i + tl.log2(l_i), mask=o_g < G)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_reduce_kernel(
     part_o, part_lse, seq_lens, o, num_splits, stride_ob, stride_oh, stride_od,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,

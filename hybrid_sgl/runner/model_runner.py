@@ -39,6 +39,7 @@ from hybrid_sgl.runner.sampler import Sampler, ids_logprobs, logprobs_of
 from hybrid_sgl.runner.speculative import SpecDecoder
 from hybrid_sgl.runner.step_inputs import StepInputs
 from hybrid_sgl.runner.tp_step import step_message
+from hybrid_sgl.runner.warm_up import CompileWatch, warm_up_eager_steps
 from hybrid_sgl.sampling_params import SamplingParams
 from hybrid_sgl.scheduler.request import Req
 from hybrid_sgl.server_args import ServerArgs
@@ -120,6 +121,7 @@ class ModelRunner:
                                      quantization=fp8_config(config.quantization_config, args.quantization,
                                                               args.enable_fp8_experts))
         self.state_shapes, self.kv_shapes = self._state_shapes(), self._kv_shapes()
+        self.compile_watch = CompileWatch() if self.device.type == "cuda" else None
         warm_up_start = time.perf_counter()
         self.plan = self._plan_memory()  # runs the largest prefill step once (compiles and tunes its kernels)
         if tp.size > 1:
@@ -140,11 +142,14 @@ class ModelRunner:
         self._host_turn = 0
         self._masks: MaskBuffer | None = None  # token bitmasks of constrained requests, made on first use
         self.sampler = Sampler()
-        if self.device.type == "cuda" and tp.rank == 0:  # rank 0 samples for every rank
-            self._warm_up_sampler()
         if self.device.type == "cuda":
-            logger.info("warm-up before serving (the largest prefill step, CUDA graphs, the sampler): %.1f s",
-                        time.perf_counter() - warm_up_start)
+            eager_steps = warm_up_eager_steps(self)  # every rank: the steps' all-reduces pair up
+            if tp.rank == 0:  # rank 0 samples for every rank
+                self._warm_up_sampler()
+            self.compile_watch.serving()
+            logger.info("warm-up before serving (the largest prefill step, CUDA graphs, %d eager steps, the "
+                        "sampler): %.1f s, %d kernels compiled", eager_steps, time.perf_counter() - warm_up_start,
+                        self.compile_watch.total)
         for line in self.model.dispatch_plan():
             logger.info(line)
         logger.info(self.plan.describe())
@@ -302,6 +307,8 @@ class ModelRunner:
         """Drop the weights, graphs, pools and step buffers once no step will run again (Engine.shutdown),
         so that whatever still holds the runner, its pools or the engine holds no device memory by them."""
         self.graphs = self.extend_graphs = self.verify_graphs = None
+        if self.compile_watch is not None:
+            self.compile_watch.close()
         if self.speculative is not None:
             self.speculative.release()
         self.model = self.inputs = self.last_hidden = self._masks = None
