@@ -429,5 +429,6 @@ def _with_index(d: dict, index: int, single: bool) -> dict:
 def _configure_logging(level: str) -> None:
     root = logging.getLogger()
     if not root.handlers:
-        logging.basicConfig(format="[%(asctime)s %(name)s] %(message)s", datefmt="%H:%M:%S")
+        logging.basicConfig(format="[%(asctime)s.%(msecs)03d %(name)s] %(message)s",
+                            datefmt="%H:%M:%S")
     logging.getLogger("hybrid_sgl").setLevel(level.upper())

@@ -98,7 +98,7 @@ def worker_main(args: ServerArgs, rank: int, init_method: str, conn) -> None:
     """Rank `rank`: build this rank's shards and pools, then replay rank 0's steps until told to stop."""
     from hybrid_sgl.runner.model_runner import ModelRunner
 
-    logging.basicConfig(format=f"[%(asctime)s tp{rank} %(name)s] %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(format=f"[%(asctime)s.%(msecs)03d tp{rank} %(name)s] %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("hybrid_sgl").setLevel("WARNING")
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     _share_cpu(args)
