@@ -17,7 +17,7 @@ offline (in-process Engine, one engine with the cache and one without):
   TTFT (first streamed token).
 multiturn (over HTTP, a launched server each with and without --disable-radix-cache): --users
 simulated users x --turns turns; each turn sends the whole conversation so far plus ~200 new
-tokens and generates 128: total throughput and mean TTFT.
+tokens and generates 128: total throughput, mean and p90 TTFT, and each turn's (min, mean, max) TTFT.
 TTFT is wall time from submission to the first token seen by the caller.
 """
 
@@ -261,8 +261,11 @@ async def _users(url: str, vocab: int, users: int, turns: int) -> dict:
     results = await asyncio.gather(*(user(u) for u in range(users)))
     wall = time.perf_counter() - start
     rows = [r for rs in results for r in rs]
+    by_turn = [[rs[k][0] for rs in results] for k in range(turns)]
     return {"seconds": wall, "output_tok_s": sum(n for _, n, _ in rows) / wall,
             "mean_ttft_ms": 1e3 * statistics.mean(t for t, _, _ in rows),
+            "p90_ttft_ms": 1e3 * statistics.quantiles([t for t, _, _ in rows], n=10)[-1],
+            "ttft_ms_by_turn": [[round(1e3 * f(ts), 1) for f in (min, statistics.mean, max)] for ts in by_turn],
             "cached_tokens": sum(c for _, _, c in rows), "turns": len(rows)}
 
 
@@ -276,7 +279,7 @@ def multiturn(args) -> dict:
     for label, flag in (("cache", ""), ("no_cache", " --disable-radix-cache")):
         server = (f"--model-path {args.config} --load-format dummy --skip-tokenizer-init "
                   f"--context-length {int(8192 * SCALE)} "
-                  f"--random-seed 0{flag}")
+                  f"--random-seed 0 --decode-log-interval 8{flag}")
         log = os.path.join(os.environ.get("OUT", "."), f"multiturn_{label}.log")
         with launched_server(server, log, 1200) as url:
             report[label] = asyncio.run(_users(url, vocab, args.users, args.turns))
