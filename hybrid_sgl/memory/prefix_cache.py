@@ -203,25 +203,50 @@ class PrefixCache:
             self.release(node)
         return node
 
+    def insert_cuts(self, tokens: list[int], pages: list[int], cuts: list[tuple[int, int, int | None]]) -> None:
+        """`insert(tokens[:pos], pages, None, keep=False, filled=index, saves=saves)` for each (pos, index,
+        saves) of cuts (one row's snapshots, ascending pos), walking the row's path once: each cut's
+        pages are inserted from where the cut before it ended, then its snapshot added, so each default
+        `saves` counts from the snapshot before it as it would one insert after another."""
+        ps, node, done = self.page_size, self.root, 0
+        for pos, filled, saves in cuts:
+            whole = pos // ps * ps
+            node = self._insert_pages(tokens, pages, node, done, whole)
+            done = whole
+            if not self.stateful or pos == 0:
+                self.allocator.free_snapshot(filled)
+                continue
+            tail = tuple(tokens[whole:pos])
+            if saves is None:
+                saves = pos - self._deepest_snapshot_above(node, tokens[:pos])
+            self._add_snapshot(node, pos, tail, pages[whole // ps] if tail else None, None, filled, saves)
+        self.lock(node)
+        self.release(node)
+
     def release(self, node: Node) -> None:
         """Undo one `lock` and drop what nobody can use any more."""
         self.unlock(node)
         self._prune(node)
 
-    def _insert_pages(self, tokens: list[int], pages: list[int]) -> Node:
-        ps, node, pos, now = self.page_size, self.root, 0, next(self._clock)
+    def _insert_pages(self, tokens: list[int], pages: list[int], node: Node | None = None, pos: int = 0,
+                      end: int | None = None) -> Node:
+        """The node (its end == end, default len(tokens)) of the path of tokens[:end] with the KV in pages,
+        whose first `pos` tokens are already the path down to `node` (default: from the root)."""
+        ps, now = self.page_size, next(self._clock)
+        node = self.root if node is None else node
+        end = len(tokens) if end is None else end
         node.last_used = now
-        while pos < len(tokens):
+        while pos < end:
             first = tuple(tokens[pos:pos + ps])
             child = node.children.get(first)
             if child is None:
-                for page in pages[pos // ps:]:
+                for page in pages[pos // ps:end // ps]:
                     self.allocator.ref_page(page)
-                child = Node(key=tuple(tokens[pos:]), pages=list(pages[pos // ps:]), start=pos, parent=node,
-                             last_used=now)
+                child = Node(key=tuple(tokens[pos:end]), pages=list(pages[pos // ps:end // ps]), start=pos,
+                             parent=node, last_used=now)
                 node.children[first] = child
                 return child
-            k = _common_pages(child.key, tokens, pos, ps)
+            k = _common_pages(child.key, tokens, pos, ps, end)
             if k * ps < len(child.key):
                 child = self._split(child, k)
             child.last_used = now
@@ -438,9 +463,9 @@ class PrefixCache:
                 assert (s.tail_page is None) == (len(s.tail) == 0), "tail page without tail (or the reverse)"
 
 
-def _common_pages(key: tuple[int, ...], tokens: list[int], pos: int, ps: int) -> int:
-    """How many whole pages of key equal tokens[pos:]."""
-    n = min(len(key), len(tokens) - pos) // ps
+def _common_pages(key: tuple[int, ...], tokens: list[int], pos: int, ps: int, end: int | None = None) -> int:
+    """How many whole pages of key equal tokens[pos:end]."""
+    n = min(len(key), (len(tokens) if end is None else end) - pos) // ps
     if tuple(tokens[pos:pos + n * ps]) == key[:n * ps]:
         return n
     lo, hi = 0, n  # key[:lo*ps] matches, key[:hi*ps] does not

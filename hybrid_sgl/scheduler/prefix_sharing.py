@@ -143,9 +143,8 @@ class PrefixSharing(BasePrefixSharing):
     def snapshots_done(self, item: BatchItem) -> None:
         """The step ran: its snapshots go into the cache with their prefixes."""
         req = item.req
-        for pos, index in item.snapshots:
-            self.cache.insert(req.fill_ids[:pos], self.allocator.slot_pages[req.slot], None, keep=False,
-                              filled=index, saves=req.shared_cuts.get(pos))
+        self.cache.insert_cuts(req.fill_ids, self.allocator.slot_pages[req.slot],
+                               [(pos, index, req.shared_cuts.get(pos)) for pos, index in item.snapshots])
         item.snapshots, req.shared_cuts = [], {}
 
     def drop_snapshots(self, items: list[BatchItem]) -> None:
