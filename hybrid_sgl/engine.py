@@ -86,6 +86,10 @@ class Engine:
                                                               snapshot_interval=args.snapshot_interval,
                                                               policy=args.schedule_policy))
         self.loop = EngineLoop(self.scheduler, decode_log_interval=args.decode_log_interval)
+        # the objects of start-up (modules, weights' wrappers, graphs: ~350k) leave the cycle collector's
+        # passes: each full pass over them would stall the engine thread ~0.1 s while serving
+        gc.collect()
+        gc.freeze()
         self.loop.start()
         self.rids = RidRegistry()
         self.max_prompt_chars = self.runner.context_length * PROMPT_CHARS_PER_TOKEN
@@ -130,6 +134,7 @@ class Engine:
             self.tp_workers = None
         if not self.loop.is_alive:  # else a step may still run on them
             self.runner.release()
+            gc.unfreeze()  # (every engine's start-up objects: collected again from here on)
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()

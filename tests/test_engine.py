@@ -246,3 +246,17 @@ def test_shutdown_gives_the_weights_and_pools_back_and_engines_run_in_a_row(tiny
         engine.shutdown()
         assert weight() is None and engine.runner.model is None
         assert engine.runner.kv_pool.k.numel() == 0 and engine.runner.state_pool.ssm.numel() == 0
+
+
+def test_start_up_objects_leave_the_cycle_collector_until_shutdown(tiny_checkpoint):
+    """The engine freezes what start-up made (gc.freeze: no full collection walks it while serving) and
+    unfreezes at shutdown, so what it leaves is collected again."""
+    import gc
+
+    gc.unfreeze()
+    engine = Engine(model_path=tiny_checkpoint("qwen3_5"), device="cpu", dtype="float32", log_level="warning")
+    try:
+        assert gc.get_freeze_count() > 1000
+    finally:
+        engine.shutdown()
+    assert gc.get_freeze_count() == 0
