@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from hybrid_sgl.runner.sampler import BatchParams, Sampler, _keep, _kept_probs, filtered_probs, sample, sample_ref
+from hybrid_sgl.runner.warm_up import warm_up_sampler
 from hybrid_sgl.sampling_params import SamplingParams
 from hybrid_sgl.scheduler.request import Req
 from triton_kernels.sampling import top_logits
@@ -268,7 +269,7 @@ def test_warm_up_leaves_the_default_generator_alone(tiny_checkpoint):
     runner = make_scheduler(tiny_checkpoint(), max_running_requests=6).runner
     torch.manual_seed(11)
     before = torch.get_rng_state()
-    runner._warm_up_sampler()
+    warm_up_sampler(runner)
     assert torch.equal(torch.get_rng_state(), before)
 
 

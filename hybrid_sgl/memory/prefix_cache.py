@@ -192,13 +192,8 @@ class PrefixCache:
         whole = len(tokens) // ps * ps
         node = self._insert_pages(tokens[:whole], pages[:whole // ps])
         self.lock(node)
-        if (slot is not None or filled is not None) and self.stateful and len(tokens) > 0:
-            tail = tuple(tokens[whole:])
-            if saves is None:
-                saves = len(tokens) - self._deepest_snapshot_above(node, tokens)
-            self._add_snapshot(node, len(tokens), tail, pages[whole // ps] if tail else None, slot, filled, saves)
-        elif filled is not None:
-            self.allocator.free_snapshot(filled)
+        if slot is not None or filled is not None:
+            self._snapshot_at(node, tokens, pages, len(tokens), slot, filled, saves)
         if not keep:
             self.release(node)
         return node
@@ -213,15 +208,23 @@ class PrefixCache:
             whole = pos // ps * ps
             node = self._insert_pages(tokens, pages, node, done, whole)
             done = whole
-            if not self.stateful or pos == 0:
-                self.allocator.free_snapshot(filled)
-                continue
-            tail = tuple(tokens[whole:pos])
-            if saves is None:
-                saves = pos - self._deepest_snapshot_above(node, tokens[:pos])
-            self._add_snapshot(node, pos, tail, pages[whole // ps] if tail else None, None, filled, saves)
+            self._snapshot_at(node, tokens, pages, pos, None, filled, saves)
         self.lock(node)
         self.release(node)
+
+    def _snapshot_at(self, node: Node, tokens: list[int], pages: list[int], pos: int, slot: int | None,
+                     filled: int | None, saves: int | None) -> None:
+        """The snapshot of the state after tokens[:pos] (copied from `slot`, or already in `filled`) on
+        `node`, which ends at pos's last whole page; `filled` goes back when there is nothing to keep."""
+        if not self.stateful or pos == 0:
+            if filled is not None:
+                self.allocator.free_snapshot(filled)
+            return
+        whole = pos // self.page_size * self.page_size
+        tail = tuple(tokens[whole:pos])
+        if saves is None:
+            saves = pos - self._deepest_snapshot_above(node, tokens[:pos])
+        self._add_snapshot(node, pos, tail, pages[whole // self.page_size] if tail else None, slot, filled, saves)
 
     def release(self, node: Node) -> None:
         """Undo one `lock` and drop what nobody can use any more."""

@@ -39,8 +39,7 @@ from hybrid_sgl.runner.sampler import Sampler, ids_logprobs, logprobs_of
 from hybrid_sgl.runner.speculative import SpecDecoder
 from hybrid_sgl.runner.step_inputs import StepInputs
 from hybrid_sgl.runner.tp_step import step_message
-from hybrid_sgl.runner.warm_up import CompileWatch, warm_up_eager_steps
-from hybrid_sgl.sampling_params import SamplingParams
+from hybrid_sgl.runner.warm_up import CompileWatch, warm_up_eager_steps, warm_up_sampler
 from hybrid_sgl.scheduler.request import Req
 from hybrid_sgl.server_args import ServerArgs
 
@@ -145,7 +144,7 @@ class ModelRunner:
         if self.device.type == "cuda":
             eager_steps = warm_up_eager_steps(self)  # every rank: the steps' all-reduces pair up
             if tp.rank == 0:  # rank 0 samples for every rank
-                self._warm_up_sampler()
+                warm_up_sampler(self)
             self.compile_watch.serving()
             logger.info("warm-up before serving (the largest prefill step, CUDA graphs, %d eager steps, the "
                         "sampler): %.1f s, %d kernels compiled", eager_steps, time.perf_counter() - warm_up_start,
@@ -281,27 +280,6 @@ class ModelRunner:
             self.speculative.capture_graphs(shapes, decode_sizes(max_bs))
         return decode, extend, verify
 
-    @torch.inference_mode()
-    def _warm_up_sampler(self) -> None:
-        """Sample at the largest batch the memory profile allowed for, once with every filter, a seeded
-        and a greedy row, once with temperature alone, once with top_p alone: the first sampled steps would
-        otherwise compile the sampling kernels (the draw with and without top-k's ties, the top_p race and
-        its search), load torch's (topk, RNG) and grow the caching allocator by the [rows, V] temporaries.
-        The default generator is left as it was."""
-        rows = min(self.plan.max_running_requests, self.args.max_running_requests or 256)
-        knobs = [SamplingParams(temperature=0.7), SamplingParams(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05),
-                 SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=0)]
-        reqs = [Req(rid=f"warm-up-{i}", prompt_ids=[0], params=knobs[i] if i < len(knobs) else knobs[0])
-                for i in range(rows)]
-        reqs[min(2, rows - 1)].generator = torch.Generator(device=self.device).manual_seed(0)
-        logits = torch.zeros(rows, self.config.vocab_size, device=self.device)  # flat: top_p past the candidates
-        uniform = [[Req(rid=f"warm-up-{n}-{i}", prompt_ids=[0], params=knobs[n]) for i in range(rows)]
-                   for n in (0, 2)]  # temperature alone, top_p alone
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            for batch in (reqs, *uniform):
-                Sampler()(logits, batch, self.config.eos_token_ids)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
     def release(self) -> None:
         """Drop the weights, graphs, pools and step buffers once no step will run again (Engine.shutdown),

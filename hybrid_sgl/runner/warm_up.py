@@ -1,4 +1,4 @@
-"""Warm-up of the eager steps, and a watch on kernels compiled after warm-up.
+"""Warm-up before serving (the eager steps, the sampler), and a watch on kernels compiled after it.
 
 Triton compiles a kernel once per specialization of its arguments: each integer argument is classed
 as 1, a multiple of 16 or other, each pointer as 16-byte aligned or not, and every constexpr value
@@ -12,12 +12,16 @@ kernel compiled after that, so a shape the warm-up misses shows in the log with 
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import torch
 import triton
 
 from hybrid_sgl.batch import ForwardMode, StepPlan
+from hybrid_sgl.runner.sampler import Sampler
+from hybrid_sgl.sampling_params import SamplingParams
+from hybrid_sgl.scheduler.request import Req
 
 logger = logging.getLogger(__name__)
 
@@ -113,8 +117,8 @@ def eager_decode_plans(page_size: int, context_length: int, num_slots: int) -> l
 def warm_up_eager_steps(runner) -> int:
     """Run eager_warm_up_plans and eager_decode_plans on runner's live pools (slots, pages and snapshot
     rows taken and given back; the tokens are arbitrary), each extend row cut twice when snapshot rows
-    are free. Every rank of a
-    tensor-parallel group runs the same steps (the model's all-reduces pair up). Returns the steps run."""
+    are free. Every rank of a tensor-parallel group runs the same steps (the model's all-reduces pair
+    up). Returns the steps run."""
     a, config = runner.allocator, runner.config
     plans = eager_warm_up_plans(runner._max_step_tokens(), runner._extend_graph_tokens(), a.page_size,
                                 a.num_free_slots, runner.context_length)
@@ -138,7 +142,7 @@ def warm_up_eager_steps(runner) -> int:
                         cut_rows.append(index)
                 snapshots.append(cuts)
             tokens = [[(7 * i + j) % config.vocab_size for j in range(n)] for i, n in enumerate(lens)]
-            ends = [sum(lens[:i + 1]) - 1 for i in range(len(lens))]
+            ends = [end - 1 for end in itertools.accumulate(lens)]
             plan = StepPlan(mode=mode, tokens=tokens, prefix_lens=prefix_lens, slots=slots,
                             snapshots=snapshots if any(snapshots) else None, logit_rows=ends)
             hidden = runner.model(runner.eager_batch(plan))
@@ -152,3 +156,26 @@ def warm_up_eager_steps(runner) -> int:
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
     return ran
+
+
+@torch.inference_mode()
+def warm_up_sampler(runner) -> None:
+    """Sample at the largest batch the memory profile allowed for, once with every filter, a seeded
+    and a greedy row, once with temperature alone, once with top_p alone: the first sampled steps would
+    otherwise compile the sampling kernels (the draw with and without top-k's ties, the top_p race and
+    its search), load torch's (topk, RNG) and grow the caching allocator by the [rows, V] temporaries.
+    The default generator is left as it was."""
+    rows = min(runner.plan.max_running_requests, runner.args.max_running_requests or 256)
+    knobs = [SamplingParams(temperature=0.7), SamplingParams(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05),
+             SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=0)]
+    reqs = [Req(rid=f"warm-up-{i}", prompt_ids=[0], params=knobs[i] if i < len(knobs) else knobs[0])
+            for i in range(rows)]
+    reqs[min(2, rows - 1)].generator = torch.Generator(device=runner.device).manual_seed(0)
+    logits = torch.zeros(rows, runner.config.vocab_size, device=runner.device)  # flat: top_p past the candidates
+    uniform = [[Req(rid=f"warm-up-{n}-{i}", prompt_ids=[0], params=knobs[n]) for i in range(rows)]
+               for n in (0, 2)]  # temperature alone, top_p alone
+    with torch.random.fork_rng(devices=[runner.device] if runner.device.type == "cuda" else []):
+        for batch in (reqs, *uniform):
+            Sampler()(logits, batch, runner.config.eos_token_ids)
+    if runner.device.type == "cuda":
+        torch.cuda.synchronize(runner.device)
