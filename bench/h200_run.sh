@@ -96,6 +96,18 @@ for part in "$@"; do
         timeout 150 python3 bench/moe_kernels.py --no-tune --no-profile --models 35B $fp8 --tokens 1 2 4 8 16 2>&1 \
           | tee "$OUT/moe_35b${fp8:+_fp8}.md" | grep -E "^\||copy|Error"
       done ;;
+    moe_batch)  # the fused MoE at 35B-A3B, T 16-128 (decode batches past the expert GEMVs), bf16 and FP8 experts, split by kernel
+      for fp8 in "" --fp8; do
+        timeout 130 python3 bench/moe_kernels.py --no-tune --models 35B $fp8 --tokens 16 32 64 128 2>&1 \
+          | tee "$OUT/moe_batch_35b${fp8:+_fp8}.md" | grep -E "^\||copy|Error"
+      done ;;
+    fp8_35b_b32)  # 35B-A3B cut to its first 20 layers (bf16 fits one H100), batch 1 / 32: bf16, FP8 linears, FP8 linears and experts; kernels at batch 32
+      python3 -c "import json; c = json.load(open('configs/qwen3_5-35b-a3b-text/config.json')); c.update(num_hidden_layers=20, layer_types=c['layer_types'][:20]); import os; os.makedirs('configs/tmp_35b_20l', exist_ok=True); json.dump(c, open('configs/tmp_35b_20l/config.json', 'w'))"
+      offline bf16_35b20 tmp_35b_20l --batch 1,32 --prompt 512 --output 64 --skip-hf
+      offline fp8_35b20 tmp_35b_20l --batch 1,32 --prompt 512 --output 64 --skip-hf --engine-arg quantization=fp8
+      offline fp8e_35b20 tmp_35b_20l --batch 1,32 --prompt 512 --output 64 --skip-hf $FP8_EXPERTS
+      profile 35b20_b32_bf16 tmp_35b_20l --batch 32 --graphs
+      profile 35b20_b32_fp8 tmp_35b_20l --batch 32 --graphs --engine-arg quantization=fp8 ;;
     moe_tune)  # the fused MoE's launch configs at 35B-A3B, T 1 and 8, bf16 and FP8
       for fp8 in "" --fp8; do
         timeout 200 python3 bench/moe_kernels.py --no-profile --models 35B $fp8 --tokens 1 8 2>&1 \
