@@ -36,6 +36,11 @@ profile() {  # profile NAME CONFIG ARGS...: bench/decode_profile.py into $OUT/pr
   date +%T; timeout 150 python3 bench/decode_profile.py --config "configs/$config" --top 30 "$@" 2>&1 | quiet \
     | tee "$OUT/profile_$name.md" | head -40
 }
+cut_35b() {  # configs/tmp_35b_20l: 35B-A3B's first 20 layers (its bf16 weights fit one H100), made on the GPU machine
+  python3 -c "import json, os; c = json.load(open('configs/qwen3_5-35b-a3b-text/config.json')); \
+c.update(num_hidden_layers=20, layer_types=c['layer_types'][:20]); os.makedirs('configs/tmp_35b_20l', exist_ok=True); \
+json.dump(c, open('configs/tmp_35b_20l/config.json', 'w'))"
+}
 group() {  # group NAME SECONDS FILES...: one pytest run, each test named as it ends (-v), into $OUT/tests_NAME.log
   local name=$1 limit=$2; shift 2; date +%T
   timeout "$limit" python3 -m pytest -v -rfE -p no:cacheprovider --durations=10 "$@" > "$OUT/tests_$name.log" 2>&1
@@ -102,12 +107,23 @@ for part in "$@"; do
           | tee "$OUT/moe_batch_35b${fp8:+_fp8}.md" | grep -E "^\||copy|Error"
       done ;;
     fp8_35b_b32)  # 35B-A3B cut to its first 20 layers (bf16 fits one H100), batch 1 / 32: bf16, FP8 linears, FP8 linears and experts; kernels at batch 32
-      python3 -c "import json; c = json.load(open('configs/qwen3_5-35b-a3b-text/config.json')); c.update(num_hidden_layers=20, layer_types=c['layer_types'][:20]); import os; os.makedirs('configs/tmp_35b_20l', exist_ok=True); json.dump(c, open('configs/tmp_35b_20l/config.json', 'w'))"
+      cut_35b
       offline bf16_35b20 tmp_35b_20l --batch 1,32 --prompt 512 --output 64 --skip-hf
       offline fp8_35b20 tmp_35b_20l --batch 1,32 --prompt 512 --output 64 --skip-hf --engine-arg quantization=fp8
       offline fp8e_35b20 tmp_35b_20l --batch 1,32 --prompt 512 --output 64 --skip-hf $FP8_EXPERTS
       profile 35b20_b32_bf16 tmp_35b_20l --batch 32 --graphs
       profile 35b20_b32_fp8 tmp_35b_20l --batch 32 --graphs --engine-arg quantization=fp8 ;;
+    fp8_sweep)  # FP8 against bf16 at batch 1-128: the 9B (dense) and 35B-A3B cut to 20 layers (FP8 linears; FP8 linears and experts)
+      cut_35b
+      sweep="--batch 1,8,32,64,128 --prompt 256 --output 32 --skip-hf"
+      offline sweep_bf16_9b qwen3_5-9b-text $sweep
+      offline sweep_fp8_9b qwen3_5-9b-text $sweep --engine-arg quantization=fp8
+      offline sweep_bf16_35b20 tmp_35b_20l $sweep
+      offline sweep_fp8_35b20 tmp_35b_20l $sweep --engine-arg quantization=fp8
+      offline sweep_fp8e_35b20 tmp_35b_20l $sweep $FP8_EXPERTS ;;
+    engine_cycle)  # two 9B engines in a row: device memory after shutdown, first-request TTFT of each prompt size
+      timeout 300 python3 bench/engine_cycle.py --config configs/qwen3_5-9b-text --out "$OUT/engine_cycle_9b.json" 2>&1 \
+        | quiet | tee "$OUT/engine_cycle_9b.log" | tail -14 ;;
     moe_tune)  # the fused MoE's launch configs at 35B-A3B, T 1 and 8, bf16 and FP8
       for fp8 in "" --fp8; do
         timeout 200 python3 bench/moe_kernels.py --no-profile --models 35B $fp8 --tokens 1 8 2>&1 \

@@ -2,7 +2,9 @@
 a new grammar's compile stall the running requests?
 
 Constrained decoding cost: decode tok/s of a batch with a 10-field JSON schema against the same
-batch unconstrained (each run twice, alternated; the better run of each side), the time to attach a
+batch unconstrained (each run three times, alternated; the better run of each side), and the median
+time of the decode steps that give every request a token (a constrained request that finishes early
+shrinks its batch, so the whole-generate tok/s compares unlike batches; the step times do not), the time to attach a
 cached grammar, and the step times of running requests while a new grammar compiles (they must not
 stall). Every constrained output is checked to be valid JSON for the schema (or a prefix of it, when
 the tokens run out).
@@ -43,12 +45,15 @@ def timed_steps(engine: Engine) -> list[tuple[float, float, int]]:
     return records
 
 
-def decode_rate(engine: Engine, prompts: list[list[int]], params: dict) -> tuple[float, list[dict]]:
+def decode_rate(engine: Engine, prompts: list[list[int]], params: dict, records: list) -> tuple[float, float, list]:
+    """(tok/s of the whole generate, median seconds of its steps that gave every request a token, outputs)."""
     engine.generate(input_ids=prompts, sampling_params={**params, "max_new_tokens": 4})  # warm up
+    first = len(records)
     t = time.perf_counter()
     outs = engine.generate(input_ids=prompts, sampling_params=params)
     dt = time.perf_counter() - t
-    return sum(o["meta_info"]["completion_tokens"] for o in outs) / dt, outs
+    full = [s for _, s, n in records[first:] if n == len(prompts)]
+    return sum(o["meta_info"]["completion_tokens"] for o in outs) / dt, statistics.median(full), outs
 
 
 def main() -> None:
@@ -67,13 +72,22 @@ def main() -> None:
     prompts = [[(17 * i + 31 * j) % (vocab - 10) + 5 for j in range(a.prompt)] for i in range(a.batch)]
     base = {"max_new_tokens": a.output, "temperature": 0.8}
     rates: dict[str, list[float]] = {"free": [], "json": []}
-    for _ in range(2):  # alternated, so that neither side alone pays a cold start
-        rates["free"].append(decode_rate(engine, prompts, {**base, "ignore_eos": True})[0])
-        rate, outs = decode_rate(engine, prompts, {**base, "json_schema": json.dumps(SCHEMA)})
+    steps: dict[str, list[float]] = {"free": [], "json": []}
+    records = timed_steps(engine)
+    for _ in range(3):  # alternated, so that neither side alone pays a cold start
+        rate, step, _ = decode_rate(engine, prompts, {**base, "ignore_eos": True}, records)
+        rates["free"].append(rate)
+        steps["free"].append(step)
+        rate, step, outs = decode_rate(engine, prompts, {**base, "json_schema": json.dumps(SCHEMA)}, records)
         rates["json"].append(rate)
+        steps["json"].append(step)
     print(f"runs, tok/s: free {', '.join(f'{r:.0f}' for r in rates['free'])}; "
           f"json-schema {', '.join(f'{r:.0f}' for r in rates['json'])}")
+    print(f"runs, median ms of the steps that gave all {a.batch} requests a token: free "
+          f"{', '.join(f'{s * 1e3:.2f}' for s in steps['free'])}; json-schema "
+          f"{', '.join(f'{s * 1e3:.2f}' for s in steps['json'])}")
     free, constrained = max(rates["free"]), max(rates["json"])
+    free_step, json_step = statistics.median(steps["free"]), statistics.median(steps["json"])
     stops = [o for o in outs if o["meta_info"]["finish_reason"]["type"] == "stop"]
     for o in stops:
         obj = json.loads(o["text"])
@@ -81,6 +95,8 @@ def main() -> None:
     assert all(o["text"].startswith("{") for o in outs)
     print(f"| batch | free tok/s | json-schema tok/s | ratio | finished by the grammar |\n|---|---|---|---|---|\n"
           f"| {a.batch} | {free:.0f} | {constrained:.0f} | {constrained / free:.3f} | {len(stops)}/{len(outs)} |")
+    print(f"\nwhole-batch decode steps (the median run): free {free_step * 1e3:.2f} ms, json-schema "
+          f"{json_step * 1e3:.2f} ms: json-schema at {free_step / json_step:.1%} of the free speed")
 
     cache = engine.scheduler.grammars
     key = GrammarKey("json", json.dumps(SCHEMA))
@@ -90,7 +106,6 @@ def main() -> None:
     print(f"\nattach a cached grammar (lookup + matcher): {(time.perf_counter() - t) * 10:.3f} ms")
 
     # a new grammar compiles while the batch decodes: step times before and during the compile
-    records = timed_steps(engine)
     it = engine.generate(input_ids=prompts[:-1], sampling_params={**base, "ignore_eos": True}, stream=True)
     for _ in range(20):
         next(it)
