@@ -23,6 +23,13 @@ def allocated() -> int:
     return torch.cuda.memory_allocated()
 
 
+def largest_live_cuda_tensors(n: int = 6) -> list[tuple]:
+    """(shape, dtype, MiB) of the n largest CUDA tensors the collector can reach: what a leak holds."""
+    found = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.is_cuda]
+    found.sort(key=lambda t: -t.untyped_storage().nbytes())
+    return [(tuple(t.shape), t.dtype, t.untyped_storage().nbytes() / MIB) for t in found[:n]]
+
+
 def test_three_engines_in_a_row_give_the_device_back(tiny_checkpoint):
     path = tiny_checkpoint("qwen3_5")
     before = allocated()
@@ -45,5 +52,6 @@ def test_three_engines_in_a_row_give_the_device_back(tiny_checkpoint):
         left.append(allocated() - before)
     assert outputs[0] == outputs[1] == outputs[2]
     assert min(held) > 64 * MIB, held  # the engine's weights, pools and graphs: the check below means something
-    assert max(left) < 1024 * MIB and max(left) < min(held) // 10, (held, left)
-    assert left[2] - left[0] <= 4 * MIB, left  # nothing piles up from one engine to the next
+    leak = (held, left, largest_live_cuda_tensors())
+    assert max(left) < 1024 * MIB and max(left) < min(held) // 10, leak
+    assert left[2] - left[0] <= 4 * MIB, leak  # nothing piles up from one engine to the next
