@@ -130,3 +130,40 @@ def test_tail_pages_of_snapshots_on_a_locked_path_can_be_evicted_but_not_a_pinne
         a.unref_page(page)
     cache.check_integrity()
     a.check_integrity(cache_pages=cache.held_pages(), cache_snapshots=cache.held_snapshots())
+
+
+def test_the_eviction_heap_picks_what_a_scan_of_every_snapshot_would():
+    """Random inserts, restores, pins and evictions over a small snapshot pool: at every turn the heap's
+    cheapest unpinned snapshot is the minimum of a scan over all of them (priority, last use, age), and the
+    cache's integrity check (which covers the heap) holds."""
+    import random
+
+    from hybrid_sgl.memory.prefix_cache import _eviction_order
+
+    rng = random.Random(0)
+    cache = _cache(num_snapshots=6)
+    prompts = [[rng.randrange(1, 5) for _ in range(rng.randrange(5, 30))] for _ in range(40)]
+    pinned = []
+    for turn in range(300):
+        tokens = rng.choice(prompts)
+        action = rng.random()
+        if action < 0.5:
+            _snapshot(cache, tokens)
+        elif action < 0.8:
+            _restore(cache, tokens + [9])
+        elif action < 0.9 and not pinned:
+            m = cache.match(tokens + [9], limit=len(tokens))
+            if m.snapshot is not None:
+                cache.lock(m.node)
+                cache.pin(m, +1)
+                pinned.append(m)
+        elif pinned:
+            m = pinned.pop()
+            cache.pin(m, -1)
+            cache.release(m.node)
+        held = [s for s in cache._snapshots if not s.pins]
+        expected = min(held, key=_eviction_order) if held else None
+        assert cache._cheapest_snapshot() is expected, turn
+        if not pinned:
+            cache.check_integrity()
+    assert cache.stats()["snapshots_taken"] > 20 and cache.stats()["snapshots_hit"] > 10
