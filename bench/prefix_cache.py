@@ -49,6 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cases", default="ttft,n8,shared,random")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every prompt length (small models on CPU)")
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--server-args", default="",
+                   help="multiturn: more launch_server flags, e.g. '--max-running-requests 64' (CPU runs cap it at 32)")
     p.add_argument("--out", default=None)
     return p.parse_args(argv)
 
@@ -279,7 +281,7 @@ def multiturn(args) -> dict:
     for label, flag in (("cache", ""), ("no_cache", " --disable-radix-cache")):
         server = (f"--model-path {args.config} --load-format dummy --skip-tokenizer-init "
                   f"--context-length {int(8192 * SCALE)} "
-                  f"--random-seed 0 --decode-log-interval 8{flag}")
+                  f"--random-seed 0 --decode-log-interval 8{flag} {args.server_args}")
         log = os.path.join(os.environ.get("OUT", "."), f"multiturn_{label}.log")
         with launched_server(server, log, 1200) as url:
             report[label] = asyncio.run(_users(url, vocab, args.users, args.turns))
