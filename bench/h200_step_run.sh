@@ -6,7 +6,8 @@
 # `spec` (under six minutes): the speculative-decoding, short-row and snapshot-cut CUDA tests, then the 9B
 # verify and decode steps with their top kernels and a cProfile of the eager steps.
 # `specbench`: tok/s with speculative decoding on / off, 9B shape, TEST-ONLY forced acceptance 0.81 (SPEC_PROFILE=1:
-#   with the engine loop's cProfile and the kernels of each timed run in spec_profile.txt).
+#   with the engine loop's cProfile and the kernels of each timed run in spec_profile.txt; SPEC_TOKEN_MAP=top:32768:
+#   the drafts choose among 32k token ids, --speculative-token-map).
 # `prefix`: the shared-prefix (SHARED_REQUESTS, default 1000) and unrelated-prompts workloads, cache on / off.
 #   bash bench/h200_step_run.sh [tests|profile|mamba|ttft|multiturn|suite|spec|specbench|prefix ...]   (default: tests profile)
 . "$(dirname "$0")/device_env.sh"
@@ -41,7 +42,8 @@ for part in ${*:-tests profile}; do
         --out "$OUT/step_profile_spec.json" 2>&1 | quiet | tee "$OUT/step_profile_spec.log" | tail -90 ;;
     specbench)
       timeout ${SPEC_TIMEOUT:-560} python3 bench/spec_decode.py --config configs/qwen3_5-9b-text --batch ${SPEC_BATCH:-1,64} \
-        --prompt 512 --output 128 --accept 0.81 --out "/tmp/spec_decode_9b.json" ${SPEC_PROFILE:+--profile "$OUT/spec_profile.txt"} 2>&1 | quiet \
+        --prompt 512 --output 128 --accept 0.81 --out "/tmp/spec_decode_9b.json" ${SPEC_PROFILE:+--profile "$OUT/spec_profile.txt"} \
+        ${SPEC_TOKEN_MAP:+--token-map "$SPEC_TOKEN_MAP"} 2>&1 | quiet \
         | tee "$OUT/spec_decode_9b.log" | tail -12; cp /tmp/spec_decode_9b.json "$OUT/" ;;
     prefix)  # the shared-prefix and unrelated-prompts workloads, cache on and off
       timeout 330 python3 bench/prefix_cache.py offline --config configs/qwen3_5-9b-text --cases shared,random \

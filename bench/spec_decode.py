@@ -36,6 +36,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
+def _token_map_file(spec: str) -> str:
+    """A file for --speculative-token-map: `spec` itself, or for top:N a JSON list of ids 0..N-1 (with dummy
+    weights which ids does not matter: only how many lm_head rows a draft pass reads)."""
+    if not spec.startswith("top:"):
+        return spec
+    import json
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(list(range(int(spec[4:]))), f)
+    return f.name
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=os.path.join(ROOT, "configs", "qwen3_5-9b-text"))
@@ -45,6 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--accept", default="0.81",
                    help="the test-only drafter's per-token acceptance, or none (the MTP layer's own drafts)")
     p.add_argument("--dummy", action="store_true", help="random weights (default for the configs/ shapes)")
+    p.add_argument("--token-map", default=None,
+                   help="--speculative-token-map for the spec runs: a file, or top:N for ids 0..N-1 (dummy weights)")
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=None)
     p.add_argument("--profile", default=None, help="write a profile of each case's timed run here (appended): "
@@ -122,6 +137,8 @@ def run_case(a: argparse.Namespace) -> dict:
     if spec:
         kw.update(speculative_algorithm="NEXTN", speculative_num_steps=3, speculative_eagle_topk=1,
                   speculative_num_draft_tokens=4)
+        if a.token_map:
+            kw["speculative_token_map"] = _token_map_file(a.token_map)
         if a.accept != "none":
             p, rng, original = float(a.accept), random.Random(0), SpecDecoder.verify
 
@@ -173,6 +190,8 @@ def main() -> None:
                    "--accept", a.accept, "--device", a.device, "--out", a.out or "spec", "--run", f"{batch}:{mode}"]
             if a.profile:
                 cmd += ["--profile", a.profile]
+            if a.token_map:
+                cmd += ["--token-map", a.token_map]
             if a.dummy:
                 cmd.append("--dummy")
             proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -117,6 +117,12 @@ class ServerArgs:
     speculative_eagle_topk: int = _f(1, "Draft branches per step: only 1 (a chain; tree drafting is not built).")
     speculative_num_draft_tokens: int | None = _f(None, "Tokens verified per request and step: num_steps + 1 "
                                                   "(the only value a chain allows). Default: that.")
+    speculative_token_map: str | None = _f(None, "The drafts' small vocabulary (FR-Spec): a file of frequent token "
+                                           "ids (torch.save of a list or 1-D tensor, as SGLang reads it, or a JSON "
+                                           "list; tools/token_map.py writes one). Drafts choose among these ids "
+                                           "only, reading that many lm_head rows a draft pass instead of the whole "
+                                           "vocabulary; verification keeps the whole vocabulary, so greedy output "
+                                           "is unchanged. Default: the whole vocabulary.")
     # ---- structured outputs, tools, reasoning ----
     grammar_backend: str = _f("xgrammar", "Backend for regex / JSON schema / EBNF constrained decoding; none: "
                               "constrained requests are refused.", ["xgrammar", "none"])
@@ -318,7 +324,13 @@ def _check_chat_template(path: str, tokenizer_path: str | None) -> None:
 def _check_speculative(args: ServerArgs) -> None:
     """The speculative-decoding flags this engine can run (a chain of MTP drafts), before any heavy work."""
     if args.speculative_algorithm is None:
+        if args.speculative_token_map is not None:
+            raise ValueError("--speculative-token-map narrows the drafts' vocabulary and needs "
+                             "--speculative-algorithm NEXTN (or EAGLE)")
         return
+    if args.speculative_token_map is not None and not os.path.isfile(args.speculative_token_map):
+        raise ValueError(f"--speculative-token-map {args.speculative_token_map}: no such file (a local .pt or .json "
+                         "list of token ids)")
     if args.speculative_eagle_topk != 1:
         raise ValueError(f"--speculative-eagle-topk {args.speculative_eagle_topk}: only 1 (a chain of drafts) is "
                          "supported; tree drafting is not built")

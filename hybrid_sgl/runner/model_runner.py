@@ -35,6 +35,7 @@ from hybrid_sgl.memory.state_pool import StatePool
 from hybrid_sgl.models.base import Backends
 from hybrid_sgl.models.loader import build_model
 from hybrid_sgl.runner.cuda_graph import StepGraphs, decode_sizes, extend_shapes, short_row_shapes
+from hybrid_sgl.runner.draft_vocab import DraftVocab, load_token_map
 from hybrid_sgl.runner.sampler import Sampler, ids_logprobs, logprobs_of
 from hybrid_sgl.runner.speculative import SpecDecoder
 from hybrid_sgl.runner.step_inputs import StepInputs
@@ -101,6 +102,8 @@ class ModelRunner:
                              "mtp_num_hidden_layers in config.json): serve it without --speculative-algorithm")
         if not self.spec_steps and config.mtp_layers:
             config = dataclasses.replace(config, mtp_layers=0)  # its mtp.* tensors are skipped
+        token_map = (load_token_map(args.speculative_token_map, config.vocab_size)
+                     if self.spec_steps and args.speculative_token_map else None)
         self.config = config
         self.tp, self.broadcast = tp, broadcast
         self.local_config = local_config(config, tp.size)  # this rank's heads: what its pools hold
@@ -119,6 +122,11 @@ class ModelRunner:
                                      model_path=args.model_path, seed=args.random_seed,
                                      quantization=fp8_config(config.quantization_config, args.quantization,
                                                               args.enable_fp8_experts))
+        # the drafts' lm_head rows, made before the memory plan measures what is left
+        self.draft_vocab = DraftVocab(token_map, self.model.lm_head.weight) if token_map is not None else None
+        if self.draft_vocab is not None:
+            logger.info("drafts choose among %d of %d token ids (--speculative-token-map): %.1f MiB of lm_head rows",
+                        len(token_map), config.vocab_size, self.draft_vocab.nbytes / 2**20)
         self.state_shapes, self.kv_shapes = self._state_shapes(), self._kv_shapes()
         self.compile_watch = CompileWatch() if self.device.type == "cuda" else None
         warm_up_start = time.perf_counter()
@@ -289,7 +297,7 @@ class ModelRunner:
             self.compile_watch.close()
         if self.speculative is not None:
             self.speculative.release()
-        self.model = self.inputs = self.last_hidden = self._masks = None
+        self.model = self.inputs = self.last_hidden = self._masks = self.draft_vocab = None
         for pool in (self.state_pool, self.kv_pool):
             if pool is not None:
                 pool.release()

@@ -124,6 +124,14 @@ class SpecDecoder:
         self.draft_in[: hidden.shape[0]].copy_(hidden)
         return graphs.run(plan, shape, prev_ids=prev_ids)
 
+    def _draft_ids(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The MTP layer's outputs [N, H] -> the drafted ids [N]: the argmax over the whole vocabulary, or over
+        the --speculative-token-map ids (runner.draft_vocab)."""
+        r = self.runner
+        if r.draft_vocab is not None:
+            return r.draft_vocab.argmax(hidden)
+        return r.model.compute_logits(hidden).argmax(dim=-1)
+
     @property
     def accept_length(self) -> float:
         """Mean tokens gained per verified row (1.0 = no draft ever accepted)."""
@@ -213,13 +221,13 @@ class SpecDecoder:
         if not entries:
             return []
         assert all(e.tokens for e in entries), "an entry list is empty"
-        model, hidden = r.model, r.last_hidden
+        hidden = r.last_hidden
         plan = StepPlan(mode=ForwardMode.EXTEND, tokens=[e.tokens for e in entries],
                         prefix_lens=[e.start for e in entries], slots=[e.req.slot for e in entries])
         out = self._mtp_pass(plan, hidden[device_index([row for e in entries for row in e.hidden_rows], hidden.device)],
                              self.first_graphs)
         h = out[device_index(list(_last_rows(entries)), out.device)]
-        ids = model.compute_logits(h).argmax(dim=-1)
+        ids = self._draft_ids(h)
         columns = [(list(range(len(entries))), ids)]  # (entries, their draft ids [len(entries)]) per draft
         step = 1
         while True:  # entry (d_step, the MTP layer's own last output) at the position after the last one
@@ -235,7 +243,7 @@ class SpecDecoder:
                             prefix_lens=[entries[i].start + len(entries[i].tokens) - 1 + step for i in live],
                             slots=[entries[i].req.slot for i in live], prev_rows=list(range(len(live))))
             h = self._mtp_pass(plan, h, self.chain_graphs, prev_ids=ids)
-            ids = model.compute_logits(h).argmax(dim=-1)
+            ids = self._draft_ids(h)
             columns.append((live, ids))
             step += 1
         flat = torch.cat([c for _, c in columns]).tolist()  # the one host read of the drafting

@@ -55,6 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--json", default=None, help="write the results here too")
+    p.add_argument("--token-map", default=None,
+                   help="--speculative-token-map for the drafts (tools/token_map.py), in the spec-on run")
     return p.parse_args(argv)
 
 
@@ -96,7 +98,7 @@ def run(path: str, prompts: list[list[int]], args, spec: bool) -> dict:
     from hybrid_sgl.engine import Engine
 
     params = {"max_new_tokens": args.new_tokens, "temperature": 0, "ignore_eos": True}
-    extra = SPEC if spec else {}
+    extra = ({**SPEC, "speculative_token_map": args.token_map} if args.token_map else SPEC) if spec else {}
     with Engine(model_path=path, device=args.device, dtype=args.dtype, log_level="warning", **extra) as engine:
         engine.generate(input_ids=prompts[0][:8], sampling_params={**params, "max_new_tokens": 8})  # warm-up
         sd = engine.runner.speculative
@@ -147,7 +149,7 @@ def measure(args) -> dict:
               else f"cpu ({threads} torch thread{'s' if threads > 1 else ''})")
     return {
         "device": device, "dtype": args.dtype, "prompts": len(prompts), "prompt_tokens": args.prompt_tokens,
-        "new_tokens": args.new_tokens, "speculative": SPEC,
+        "new_tokens": args.new_tokens, "speculative": SPEC, "token_map": args.token_map,
         "greedy_output_identical": all(same), "identical_prompts": sum(same),
         "accept_length": round(on["accept_length"], 3), "verify_rows": on["verify_rows"],
         "tokens_per_verify_ct": round(on["tokens_per_verify_ct"], 3),
