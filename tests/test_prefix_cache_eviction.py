@@ -138,7 +138,7 @@ def test_the_eviction_heap_picks_what_a_scan_of_every_snapshot_would():
     cache's integrity check (which covers the heap) holds."""
     import random
 
-    from hybrid_sgl.memory.prefix_cache import _eviction_order
+    from hybrid_sgl.memory.eviction_order import eviction_key
 
     rng = random.Random(0)
     cache = _cache(num_snapshots=6)
@@ -162,8 +162,8 @@ def test_the_eviction_heap_picks_what_a_scan_of_every_snapshot_would():
             cache.pin(m, -1)
             cache.release(m.node)
         held = [s for s in cache._snapshots if not s.pins]
-        expected = min(held, key=_eviction_order) if held else None
-        assert cache._cheapest_snapshot() is expected, turn
+        expected = min(held, key=eviction_key) if held else None
+        assert cache._order.cheapest() is expected, turn
         if not pinned:
             cache.check_integrity()
     assert cache.stats()["snapshots_taken"] > 20 and cache.stats()["snapshots_hit"] > 10

@@ -31,11 +31,11 @@ than every snapshot held is not taken when the pool is full.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from dataclasses import dataclass, field
 
 from hybrid_sgl.memory.allocator import Allocator, OutOfPages
+from hybrid_sgl.memory.eviction_order import EvictionOrder, eviction_key
 from hybrid_sgl.memory.kv_pool import KVPool
 from hybrid_sgl.memory.state_pool import StatePool
 
@@ -94,9 +94,7 @@ class PrefixCache:
         self.root = Node(key=(), pages=[], start=0)
         self._clock = itertools.count(1)
         self._snapshots: dict[Snapshot, None] = {}  # every snapshot held
-        # (priority, last_used, born, snapshot) of every snapshot, a heap; an entry whose snapshot was evicted or
-        # ranked again since is stale and dropped when it comes to the top
-        self._ranks: list[tuple[float, int, int, Snapshot]] = []
+        self._order = EvictionOrder(self._snapshots)  # which snapshot goes first when slots run out
         self._born = itertools.count()
         self._inflation = 0.0  # priority of the last snapshot evicted
         self.hit_tokens = 0  # tokens restored from the cache, over all admissions
@@ -161,7 +159,7 @@ class PrefixCache:
             snap.last_used, snap.uses = now, snap.uses + 1
             snap.saves = snap.pos - self._deepest_snapshot_above(snap.node, self._path_tokens(snap))
             snap.priority = self._inflation + snap.uses * snap.saves
-            self._rank(snap)
+            self._order.rank(snap)
             self.snapshots_hit += 1
         n = m.node
         while n is not None:
@@ -308,7 +306,7 @@ class PrefixCache:
             if snap.pos == pos and snap.tail == tail:
                 snap.last_used, snap.saves = now, saves
                 snap.priority = self._inflation + snap.uses * snap.saves
-                self._rank(snap)
+                self._order.rank(snap)
                 if filled is not None:
                     self.allocator.free_snapshot(filled)
                 return
@@ -323,42 +321,18 @@ class PrefixCache:
                         saves=saves, priority=self._inflation + saves, born=next(self._born))
         node.snapshots.append(snap)
         self._snapshots[snap] = None
-        self._rank(snap)
+        self._order.rank(snap)
         self.snapshots_taken += 1
 
     def take_snapshot_slot(self, saves: int | None = None) -> int | None:
         """A free snapshot slot, or None. When none is free, the lowest-priority snapshot is evicted,
         unless a snapshot saving `saves` tokens would rank below it (then None)."""
-        cheapest = self._cheapest_snapshot() if self.allocator.num_free_snapshots == 0 and self.stateful else None
+        cheapest = self._order.cheapest() if self.allocator.num_free_snapshots == 0 and self.stateful else None
         if cheapest is not None:
             if saves is not None and cheapest.priority > self._inflation + saves:
                 return None
             self._evict_snapshot(cheapest)
         return self.allocator.alloc_snapshot()
-
-    def _rank(self, snap: Snapshot) -> None:
-        """Enter snap's eviction order after it was added or its priority or last use changed."""
-        heapq.heappush(self._ranks, (snap.priority, snap.last_used, snap.born, snap))
-        if len(self._ranks) > 4 * len(self._snapshots) + 64:  # mostly stale entries: rebuild
-            self._ranks = [(s.priority, s.last_used, s.born, s) for s in self._snapshots]
-            heapq.heapify(self._ranks)
-
-    def _cheapest_snapshot(self) -> Snapshot | None:
-        """The unpinned snapshot evicted first (lowest priority, then least recently used, then oldest), or
-        None: the top of the heap, after dropping its stale entries (pinned ones are set aside meanwhile)."""
-        pinned, found = [], None
-        while self._ranks:
-            priority, last_used, _, snap = self._ranks[0]
-            if snap not in self._snapshots or (snap.priority, snap.last_used) != (priority, last_used):
-                heapq.heappop(self._ranks)
-            elif snap.pins:
-                pinned.append(heapq.heappop(self._ranks))
-            else:
-                found = snap
-                break
-        for entry in pinned:
-            heapq.heappush(self._ranks, entry)
-        return found
 
     # ---- eviction ----------------------------------------------------------------------------------
     def evict_pages(self, num_free: int) -> bool:
@@ -376,13 +350,13 @@ class PrefixCache:
             tails = [s for s in self._snapshots if s.tail_page is not None and not s.pins]
             if not tails:
                 return False
-            self._evict_snapshot(min(tails, key=_eviction_order))
+            self._evict_snapshot(min(tails, key=eviction_key))
         return True
 
     def evict_snapshots(self, num_free: int) -> bool:
         """Evict snapshots, lowest priority first, until num_free snapshot slots are free."""
         while self.allocator.num_free_snapshots < num_free:
-            cheapest = self._cheapest_snapshot()
+            cheapest = self._order.cheapest()
             if cheapest is None:
                 return False
             self._evict_snapshot(cheapest)
@@ -478,9 +452,7 @@ class PrefixCache:
         ps = self.page_size
         nodes = self._nodes()
         assert len(self._snapshots) == sum(len(n.snapshots) for n in nodes), "the snapshot list and the tree disagree"
-        current = {id(s) for p, used, _, s in self._ranks
-                   if s in self._snapshots and (s.priority, s.last_used) == (p, used)}
-        assert all(id(s) in current for s in self._snapshots), "a snapshot is missing from the eviction order"
+        self._order.check_integrity()
         for n in nodes:
             if n is self.root:
                 assert not n.key and not n.pages and n.start == 0, "root holds tokens"
@@ -514,10 +486,6 @@ def _common_pages(key: tuple[int, ...], tokens: list[int], pos: int, ps: int, en
         else:
             hi = mid
     return lo
-
-
-def _eviction_order(snap: Snapshot) -> tuple[float, int, int]:
-    return snap.priority, snap.last_used, snap.born
 
 
 def _leaf_age(node: Node) -> int:

@@ -288,7 +288,6 @@ class ModelRunner:
             self.speculative.capture_graphs(shapes, decode_sizes(max_bs))
         return decode, extend, verify
 
-
     def release(self) -> None:
         """Drop the weights, graphs, pools and step buffers once no step will run again (Engine.shutdown),
         so that whatever still holds the runner, its pools or the engine holds no device memory by them."""
