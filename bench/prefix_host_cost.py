@@ -28,16 +28,16 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 
 def one(a: argparse.Namespace) -> dict:
-    from prefix_replay import tiny_config
+    from prefix_replay import replay_engine
+
+    with tempfile.TemporaryDirectory() as folder:
+        return measure(a, replay_engine(a, folder, disable_radix_cache=a.variant == "no_cache", log_level="warning"))
+
+
+def measure(a: argparse.Namespace, engine) -> dict:
+    """The workload on `engine` (shut down at the end): wall time, snapshots taken, host time by step kind."""
     from step_timing import StepTimer
 
-    from hybrid_sgl import Engine
-
-    folder = tiny_config(a.vocab, tempfile.mkdtemp())
-    engine = Engine(model_path=folder, load_format="dummy", skip_tokenizer_init=True, dtype="float32",
-                    random_seed=0, context_length=8192, max_running_requests=a.max_running,
-                    max_mamba_cache_size=a.max_running + a.snapshots, max_total_tokens=a.kv_tokens,
-                    disable_radix_cache=a.variant == "no_cache", log_level="warning")
     prof = None
     if a.profile:  # a cProfile of the engine thread's steps (Scheduler.step)
         import cProfile
@@ -78,7 +78,7 @@ def one(a: argparse.Namespace) -> dict:
     for r in records:
         row = by_mode[r.mode]
         row[0] += 1
-        row[1] += r.wall_s - r.forward_s
+        row[1] += r.host_s
         row[2] += r.schedule_s
         row[3] += r.forward_s
     return {"variant": a.variant, "wall_s": wall, "snapshots_taken": stats["snapshots_taken"],
@@ -87,14 +87,13 @@ def one(a: argparse.Namespace) -> dict:
 
 
 def main() -> None:
+    from prefix_replay import add_plan_args
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prompts", type=int, default=128)
     p.add_argument("--prompt-tokens", type=int, default=1024)
     p.add_argument("--output", type=int, default=64)
-    p.add_argument("--vocab", type=int, default=248320)
-    p.add_argument("--max-running", type=int, default=256)
-    p.add_argument("--snapshots", type=int, default=220)
-    p.add_argument("--kv-tokens", type=int, default=832656)
+    add_plan_args(p)
     p.add_argument("--profile", default=None, help="write each variant's engine-thread cProfile to PROFILE.VARIANT.txt")
     p.add_argument("--variant", choices=["cache", "no_cache"], help="run this one here (else both, in children)")
     a = p.parse_args()

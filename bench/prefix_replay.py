@@ -34,6 +34,24 @@ def tiny_config(vocab: int, folder: str) -> str:
     return folder
 
 
+def add_plan_args(p: argparse.ArgumentParser) -> None:
+    """The replayed memory plan: the vocabulary and the running slots, snapshot slots and KV tokens of the GPU
+    run (defaults: the 9B's plan on one H100)."""
+    p.add_argument("--vocab", type=int, default=248320)
+    p.add_argument("--max-running", type=int, default=256)
+    p.add_argument("--snapshots", type=int, default=220)
+    p.add_argument("--kv-tokens", type=int, default=832656)
+
+
+def replay_engine(a: argparse.Namespace, folder: str, **engine_args):
+    """An Engine on CPU over tiny_config(a.vocab) in `folder` with the plan of add_plan_args."""
+    from hybrid_sgl import Engine
+
+    return Engine(model_path=tiny_config(a.vocab, folder), load_format="dummy", skip_tokenizer_init=True,
+                  device="cpu", context_length=8192, random_seed=0, max_running_requests=a.max_running,
+                  max_mamba_cache_size=a.max_running + a.snapshots, max_total_tokens=a.kv_tokens, **engine_args)
+
+
 def losses(which: list[int], lens: list[int], cached: list[int]) -> dict:
     """Shared tokens lost, by kind of request: first of its system prompt, later with no hit, partial hit."""
     seen, out = set(), collections.Counter()
@@ -49,21 +67,14 @@ def losses(which: list[int], lens: list[int], cached: list[int]) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--requests", type=int, default=1000)
-    p.add_argument("--vocab", type=int, default=248320)
-    p.add_argument("--max-running", type=int, default=256)
-    p.add_argument("--snapshots", type=int, default=220)
-    p.add_argument("--kv-tokens", type=int, default=832656)
+    add_plan_args(p)
     p.add_argument("--out", default=None)
     a = p.parse_args()
     from prefix_cache import shared_prompts
 
-    from hybrid_sgl import Engine
-
     prompts, which, lens = shared_prompts(a.vocab, a.requests)
     with tempfile.TemporaryDirectory() as folder:
-        engine = Engine(model_path=tiny_config(a.vocab, folder), load_format="dummy", skip_tokenizer_init=True,
-                        device="cpu", context_length=8192, random_seed=0, max_running_requests=a.max_running,
-                        max_mamba_cache_size=a.max_running + a.snapshots, max_total_tokens=a.kv_tokens)
+        engine = replay_engine(a, folder)
         try:
             outs = engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": 16, "temperature": 0,
                                                                         "ignore_eos": True})
