@@ -2,15 +2,16 @@
 at decode sizes and TFLOP/s at prefill sizes?
 
 FP8 GEMMs against bf16 cuBLAS (F.linear) on the Qwen3.5-9B linear shapes, same run. Decode-sized M
-(1, 2, 16, 64) runs the weight-only kernels (triton_kernels/fp8_weight_only.py), timed back to back inside a
-CUDA graph (no launch overhead, as in decode), reported as bytes moved per second against measured copy
-bandwidth; prefill-sized M (8192) runs the W8A8 GEMM
+(1, 2, 16, 32, 64) runs the weight-only kernels (triton_kernels/fp8_weight_only.py), from 17 rows also the
+W8A8 GEMMs and the path served (triton_kernels/fp8_few_rows.py: whichever of those timed faster), timed back to
+back inside a CUDA graph (no launch overhead, as in decode), reported as bytes moved per second against measured
+copy bandwidth; prefill-sized M (8192) runs the W8A8 GEMM
 (triton_kernels/fp8_gemm.py) through cuBLAS's block-scaled GEMM where torch has it and through the
 Triton kernel, as TFLOP/s, the activation quantization included. The first call per shape and M
 bucket autotunes (not timed). At 1-2 rows the two weight-only kernels are also timed apart ("gemv" on the CUDA
 cores, "dot" on the tensor cores), besides the one the dispatch picks.
 
-    python bench/fp8_kernels.py [--tokens 1 2 16 64 8192]
+    python bench/fp8_kernels.py [--tokens 1 2 16 32 64 8192]
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import triton.testing  # noqa: E402
 from moe_kernels import bench_ms, copy_bandwidth  # noqa: E402
 
+from triton_kernels.fastest import choices  # noqa: E402
+from triton_kernels.fp8_few_rows import W8A8_MIN_ROWS, fp8_few_rows_gemm  # noqa: E402
 from triton_kernels.fp8_gemm import _cublas_takes, fp8_gemm, fp8_gemm_ref  # noqa: E402
 from triton_kernels.fp8_quant import quantize_activations, quantize_fp8  # noqa: E402
 from triton_kernels.fp8_weight_only import (  # noqa: E402
@@ -40,7 +43,7 @@ from triton_kernels.fp8_weight_only import (  # noqa: E402
 
 SHAPES = {"mlp gate_up": (24576, 4096), "mlp down": (4096, 12288), "attn qkv+gate": (10240, 4096),
           "gdn in_proj": (12352, 4096), "o / out_proj": (4096, 4096)}
-TOKENS = [1, 2, 16, 64, 8192]
+TOKENS = [1, 2, 16, 32, 64, 8192]
 
 
 def layer_weights():
@@ -58,13 +61,16 @@ def in_graph_ms(fn) -> float:
 
 def kernels(m: int, n: int, k: int) -> dict:
     """name -> (fn, reference) of the FP8 paths that serve m rows."""
+    paths = {}
     if m <= 64:
-        paths = {"weight-only": (fp8_weight_only_gemm, fp8_weight_only_gemm_ref)}
+        paths["weight-only"] = (fp8_weight_only_gemm, fp8_weight_only_gemm_ref)
         if m <= GEMV_MAX_ROWS:
             paths.update({f"weight-only {kernel}": (functools.partial(one_kernel, kernel), fp8_weight_only_gemm_ref)
                           for kernel in ("gemv", "dot")})
-        return paths
-    paths = {"w8a8 triton": (lambda **kw: fp8_gemm(cublas=False, **kw), fp8_gemm_ref)}
+        if m < W8A8_MIN_ROWS:
+            return paths
+        paths["served (fp8_few_rows)"] = (fp8_few_rows_gemm, fp8_weight_only_gemm_ref)
+    paths["w8a8 triton"] = (lambda **kw: fp8_gemm(cublas=False, **kw), fp8_gemm_ref)
     if _cublas_takes(n, k, torch.device("cuda")):
         paths["w8a8 cublas"] = (lambda **kw: fp8_gemm(cublas=True, **kw), fp8_gemm_ref)
     return paths
@@ -103,6 +109,10 @@ def main() -> None:
                 print(f"| {name} | {n} x {k} | {m} | {path} | {t16:.4f} | {t8:.4f} | {t16 / t8:.2f} | "
                       f"{100 * bytes8 / (t8 * 1e-3) / copy_bw:.0f} | {100 * bytes16 / (t16 * 1e-3) / copy_bw:.0f} | "
                       f"{flops / (t8 * 1e-3) / 1e12:.0f} | {flops / (t16 * 1e-3) / 1e12:.0f} | {err:.1e} |")
+    served = {key: name for key, name in choices().items() if key[0] == "fp8_few_rows"}
+    if served:
+        print("\nfp8_few_rows chose (N, K, row bucket -> path): " +
+              ", ".join(f"{n}x{k} m{b} -> {name}" for (_, n, k, b, *_), name in served.items()))
     if max(tokens) <= 64:
         return
     x = torch.randn(8192, 4096, device="cuda").bfloat16()

@@ -121,6 +121,11 @@ for part in "$@"; do
       offline sweep_bf16_35b20 tmp_35b_20l $sweep
       offline sweep_fp8_35b20 tmp_35b_20l $sweep --engine-arg quantization=fp8
       offline sweep_fp8e_35b20 tmp_35b_20l $sweep $FP8_EXPERTS ;;
+    fp8_b64)  # the FP8 decode GEMMs at 32 / 64 rows (weight-only, W8A8, the path served), then 9B bf16 against FP8 at batch 32-128
+      timeout 150 python3 bench/fp8_kernels.py --tokens 32 64 2>&1 | tee "$OUT/fp8_kernels_b64.md" | grep -E "^\||chose|Error"
+      sweep="--batch 32,64,128 --prompt 256 --output 32 --skip-hf"
+      offline b64_bf16_9b qwen3_5-9b-text $sweep
+      offline b64_fp8_9b qwen3_5-9b-text $sweep --engine-arg quantization=fp8 ;;
     engine_cycle)  # two 9B engines in a row: device memory after shutdown, first-request TTFT of each prompt size
       timeout 300 python3 bench/engine_cycle.py --config configs/qwen3_5-9b-text --out "$OUT/engine_cycle_9b.json" 2>&1 \
         | quiet | tee "$OUT/engine_cycle_9b.log" | tail -14 ;;

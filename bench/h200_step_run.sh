@@ -7,9 +7,10 @@
 # verify and decode steps with their top kernels and a cProfile of the eager steps.
 # `specbench`: tok/s with speculative decoding on / off, 9B shape, TEST-ONLY forced acceptance 0.81 (SPEC_PROFILE=1:
 #   with the engine loop's cProfile and the kernels of each timed run in spec_profile.txt; SPEC_TOKEN_MAP=top:32768:
-#   the drafts choose among 32k token ids, --speculative-token-map).
+#   the drafts choose among 32k token ids, --speculative-token-map; SPEC_LIMITS=0,default: one spec run per
+#   --speculative-disable-by-batch-size, 0 timing the speculative pipeline at every batch size).
 # `prefix`: the shared-prefix (SHARED_REQUESTS, default 1000) and unrelated-prompts workloads, cache on / off.
-#   bash bench/h200_step_run.sh [tests|profile|mamba|ttft|multiturn|suite|spec|specbench|prefix ...]   (default: tests profile)
+#   bash bench/h200_step_run.sh [tests|profile|mamba|ttft|multiturn|suite|spec|specbench|prefix|tests_fp8_spec ...]   (default: tests profile)
 . "$(dirname "$0")/device_env.sh"
 git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || true  # the tree that travels may carry an older .git: results record the commit by hand too
 
@@ -42,13 +43,16 @@ for part in ${*:-tests profile}; do
         --out "$OUT/step_profile_spec.json" 2>&1 | quiet | tee "$OUT/step_profile_spec.log" | tail -90 ;;
     specbench)
       timeout ${SPEC_TIMEOUT:-560} python3 bench/spec_decode.py --config configs/qwen3_5-9b-text --batch ${SPEC_BATCH:-1,64} \
-        --prompt 512 --output 128 --accept 0.81 --out "/tmp/spec_decode_9b.json" ${SPEC_PROFILE:+--profile "$OUT/spec_profile.txt"} \
+        --prompt 512 --output 128 --accept 0.81 --limits "${SPEC_LIMITS:-default}" --out "/tmp/spec_decode_9b.json" ${SPEC_PROFILE:+--profile "$OUT/spec_profile.txt"} \
         ${SPEC_TOKEN_MAP:+--token-map "$SPEC_TOKEN_MAP"} 2>&1 | quiet \
         | tee "$OUT/spec_decode_9b.log" | tail -12; cp /tmp/spec_decode_9b.json "$OUT/" ;;
     prefix)  # the shared-prefix and unrelated-prompts workloads, cache on and off
       timeout 330 python3 bench/prefix_cache.py offline --config configs/qwen3_5-9b-text --cases shared,random \
         --shared-requests "${SHARED_REQUESTS:-1000}" --out "$OUT/prefix_9b.json" 2>&1 | quiet | tee "$OUT/prefix_9b.log" \
         | grep -E "hit_rate|output_tok_s|mean_ttft|rror" ;;
+    tests_fp8_spec)  # the FP8 GEMMs (the few-rows choice included) and FP8 models, speculative decoding on CUDA
+      timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -q -rf -p no:cacheprovider -n 4 tests/kernels/test_fp8_gemm.py \
+        tests/gpu/test_fp8_cuda.py tests/gpu/test_speculative_cuda.py 2>&1 | tee "$OUT/tests_fp8_spec.log" | tail -12 ;;
     suite)
       timeout 560 python3 -m pytest -q -rf -p no:cacheprovider -n 4 tests/gpu tests/kernels tests/test_composed_gpu.py \
         tests/test_fp8_checkpoint.py 2>&1 | tee "$OUT/suite.log" | tail -15 ;;

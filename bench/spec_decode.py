@@ -2,7 +2,7 @@
 at batch 1 and at high concurrency, at a measured accept length?
 
     PYTHONPATH=$PWD python bench/spec_decode.py --config configs/qwen3_5-9b-text --out spec.json \
-        [--accept 0.81] [--batch 1,64] [--prompt 512] [--output 128]
+        [--accept 0.81] [--batch 1,64] [--prompt 512] [--output 128] [--limits default,0]
 
 Each case runs in its own process (a fresh device), with decode graphs up to its batch and no prefill
 graphs (prefill is left out of the rate; each capture costs start-up time): first plain decoding, whose
@@ -14,6 +14,9 @@ greedy check), then each drafted row keeps its first j drafts, j counting succes
 --accept in a row, and a last token (tokens that are not the model's: for timing only). At --accept p
 a verify row gains 1 + p + p^2 + p^3 tokens on average (p = 0.81: about 3); the accept length
 reported is the engine's measured one.
+
+--limits runs the spec side once per --speculative-disable-by-batch-size given (0: drafts at every batch size,
+which times the speculative pipeline itself; default: the engine's, above which decode steps are plain).
 
 Reported per batch: decode tok/s (output tokens after the first / the wall time of the run less that
 of the same prompts with one new token, the prefix cache off: prefill is left out), spec / plain, the
@@ -60,6 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dummy", action="store_true", help="random weights (default for the configs/ shapes)")
     p.add_argument("--token-map", default=None,
                    help="--speculative-token-map for the spec runs: a file, or top:N for ids 0..N-1 (dummy weights)")
+    p.add_argument("--limits", default="default",
+                   help="--speculative-disable-by-batch-size of the spec runs, comma-separated, one spec run each: "
+                        "default (the engine's), or N (0: speculate at every batch size)")
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=None)
     p.add_argument("--profile", default=None, help="write a profile of each case's timed run here (appended): "
@@ -125,8 +131,8 @@ def run_case(a: argparse.Namespace) -> dict:
     from hybrid_sgl.config import ModelConfig
     from hybrid_sgl.runner.speculative import SpecDecoder
 
-    batch, spec = a.run.split(":")
-    batch, spec = int(batch), spec == "spec"
+    batch, mode = a.run.split(":", 1)
+    batch, spec = int(batch), mode.startswith("spec")
     config = ModelConfig.from_hf(a.config)
     ids = prompts(batch, a.prompt, config.vocab_size)
     kw = dict(model_path=a.config, device=a.device, log_level="warning", skip_tokenizer_init=True,
@@ -139,6 +145,8 @@ def run_case(a: argparse.Namespace) -> dict:
                   speculative_num_draft_tokens=4)
         if a.token_map:
             kw["speculative_token_map"] = _token_map_file(a.token_map)
+        if mode != "spec":  # spec:N
+            kw["speculative_disable_by_batch_size"] = int(mode.split(":")[1])
         if a.accept != "none":
             p, rng, original = float(a.accept), random.Random(0), SpecDecoder.verify
 
@@ -169,8 +177,8 @@ def run_case(a: argparse.Namespace) -> dict:
         decoded = sum(len(o["output_ids"]) - 1 for o in outs)
         stats = engine.stats()
     tokens = [o["output_ids"] for o in outs]
-    result = {"batch": batch, "spec": spec, "decode_tok_s": decoded / (wall_s - prefill_s), "wall_s": wall_s,
-              "prefill_s": prefill_s,
+    result = {"batch": batch, "mode": mode, "spec": spec, "decode_tok_s": decoded / (wall_s - prefill_s),
+              "wall_s": wall_s, "prefill_s": prefill_s,
               "accept_length": stats.get("avg_spec_accept_length"), "tokens": dict(zip(rids, tokens))}
     return result
 
@@ -183,9 +191,10 @@ def main() -> None:
     if a.config.startswith(os.path.join(ROOT, "configs")) or a.config.startswith("configs/"):
         a.dummy = a.dummy or not os.path.exists(os.path.join(a.config, "model.safetensors"))
     rows = []
+    spec_modes = ["spec" if x == "default" else f"spec:{int(x)}" for x in a.limits.split(",")]
     for batch in (int(b) for b in a.batch.split(",")):
         case = {}
-        for mode in ("plain", "spec"):
+        for mode in ["plain"] + spec_modes:
             cmd = [sys.executable, __file__, "--config", a.config, "--prompt", str(a.prompt), "--output", str(a.output),
                    "--accept", a.accept, "--device", a.device, "--out", a.out or "spec", "--run", f"{batch}:{mode}"]
             if a.profile:
@@ -200,25 +209,30 @@ def main() -> None:
                 print(proc.stdout[-3000:], proc.stderr[-3000:])
                 raise SystemExit(f"batch {batch} {mode} failed")
             case[mode] = json.loads(line[0][len("RESULT "):])
-        plain, spec = case["plain"], case["spec"]
-        same = None if a.accept != "none" else sum(spec["tokens"][r] == plain["tokens"][r] for r in plain["tokens"])
-        row = {"batch": batch, "plain_tok_s": round(plain["decode_tok_s"], 1),
-               "spec_tok_s": round(spec["decode_tok_s"], 1),
-               "speedup": round(spec["decode_tok_s"] / plain["decode_tok_s"], 3),
-               "accept_length": round(spec["accept_length"] or 0, 3),
-               "greedy_equal": "n/a (forced)" if same is None else f"{same}/{batch}"}
-        for mode in ("plain", "spec"):
-            row[f"{mode}_wall_s"] = round(case[mode]["wall_s"], 3)
-            row[f"{mode}_prefill_s"] = round(case[mode]["prefill_s"], 3)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        plain = case["plain"]
+        for mode in spec_modes:
+            spec = case[mode]
+            same = (None if a.accept != "none"
+                    else sum(spec["tokens"][r] == plain["tokens"][r] for r in plain["tokens"]))
+            row = {"batch": batch, "limit": "default" if mode == "spec" else int(mode.split(":")[1]),
+                   "plain_tok_s": round(plain["decode_tok_s"], 1), "spec_tok_s": round(spec["decode_tok_s"], 1),
+                   "speedup": round(spec["decode_tok_s"] / plain["decode_tok_s"], 3),
+                   "accept_length": round(spec["accept_length"] or 0, 3),
+                   "greedy_equal": "n/a (forced)" if same is None else f"{same}/{batch}"}
+            for m, c in (("plain", plain), ("spec", spec)):
+                row[f"{m}_wall_s"] = round(c["wall_s"], 3)
+                row[f"{m}_prefill_s"] = round(c["prefill_s"], 3)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     print(f"\n# Speculative decoding, {a.config}, prompt {a.prompt}, {a.output} out, drafts: "
-          f"{'MTP layer' if a.accept == 'none' else f'TEST-ONLY forced acceptance {a.accept} (every pass runs)'}\n")
-    print("| batch | plain tok/s | spec tok/s | spec / plain | accept length | greedy equal |")
-    print("|---|---|---|---|---|---|")
+          f"{'MTP layer' if a.accept == 'none' else f'TEST-ONLY forced acceptance {a.accept} (every pass runs)'}"
+          f"{f', token map {a.token_map}' if a.token_map else ''}\n")
+    print("| batch | --speculative-disable-by-batch-size | plain tok/s | spec tok/s | spec / plain | accept length "
+          "| greedy equal |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['batch']} | {r['plain_tok_s']} | {r['spec_tok_s']} | {r['speedup']}x | {r['accept_length']} "
-              f"| {r['greedy_equal']} |")
+        print(f"| {r['batch']} | {r['limit']} | {r['plain_tok_s']} | {r['spec_tok_s']} | {r['speedup']}x "
+              f"| {r['accept_length']} | {r['greedy_equal']} |")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"config": a.config, "accept": a.accept, "rows": rows}, f, indent=1)

@@ -22,6 +22,8 @@ from hybrid_sgl.server.tool_parser import GRAMMAR_MODELS as TOOL_PARSERS
 
 logger = logging.getLogger(__name__)
 
+# decode batches of this many requests or more skip speculative decoding (--speculative-disable-by-batch-size)
+SPEC_DISABLE_BY_BATCH_SIZE = 32
 BUNDLED_MODEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                              "configs", "default-model")
 
@@ -117,6 +119,11 @@ class ServerArgs:
     speculative_eagle_topk: int = _f(1, "Draft branches per step: only 1 (a chain; tree drafting is not built).")
     speculative_num_draft_tokens: int | None = _f(None, "Tokens verified per request and step: num_steps + 1 "
                                                   "(the only value a chain allows). Default: that.")
+    speculative_disable_by_batch_size: int = _f(SPEC_DISABLE_BY_BATCH_SIZE, "Decode steps of this many requests "
+                                                "or more run without drafts (plain decode steps, overlapped unless "
+                                                "--disable-overlap-schedule), as vLLM's option of this name: at high "
+                                                "concurrency a verify step costs more than its extra tokens give "
+                                                "(the default is the measured crossover, bench/README.md). 0: never.")
     speculative_token_map: str | None = _f(None, "The drafts' small vocabulary (FR-Spec): a file of frequent token "
                                            "ids (torch.save of a list or 1-D tensor, as SGLang reads it, or a JSON "
                                            "list; tools/token_map.py writes one). Drafts choose among these ids "
@@ -331,6 +338,9 @@ def _check_speculative(args: ServerArgs) -> None:
     if args.speculative_token_map is not None and not os.path.isfile(args.speculative_token_map):
         raise ValueError(f"--speculative-token-map {args.speculative_token_map}: no such file (a local .pt or .json "
                          "list of token ids)")
+    if args.speculative_disable_by_batch_size < 0:
+        raise ValueError(f"--speculative-disable-by-batch-size must be >= 0 (0: never), got "
+                         f"{args.speculative_disable_by_batch_size}")
     if args.speculative_eagle_topk != 1:
         raise ValueError(f"--speculative-eagle-topk {args.speculative_eagle_topk}: only 1 (a chain of drafts) is "
                          "supported; tree drafting is not built")

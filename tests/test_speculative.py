@@ -211,3 +211,36 @@ def test_verify_steps_run_the_recurrent_layers_token_by_token(tiny_checkpoint, m
     spec, _ = _generate(path, PROMPTS[:2], params, **kw, **SPEC)
     assert [o["output_ids"] for o in spec] == [o["output_ids"] for o in plain]
     assert calls[0] > 0
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_large_decode_batches_run_plain_steps_and_drafting_resumes_below_the_limit(tiny_checkpoint, monkeypatch,
+                                                                                   overlap):
+    """--speculative-disable-by-batch-size 3: while 3 or 4 requests decode, the steps are plain decode steps
+    (overlapped when overlap is on) and take no drafts; once two have finished, the other two verify drafts
+    again. Greedy output equals plain decoding throughout, and the pools stay whole."""
+    path = tiny_checkpoint("qwen3_5", mtp=True)
+    lengths = [6, 9, 24, 30]
+    params = [{**GREEDY, "max_new_tokens": n} for n in lengths]
+    plain, _ = _generate(path, PROMPTS, params)
+    truth = {tuple(prompt): o["output_ids"] for prompt, o in zip(PROMPTS, plain)}
+    scripted = ScriptedDrafts(truth, 0.9, seed=3)
+    monkeypatch.setattr(SpecDecoder, "draft", lambda self, entries: scripted(self, entries))
+    with Engine(model_path=path, **BASE, **SPEC, speculative_disable_by_batch_size=3,
+                disable_overlap_schedule=not overlap) as engine:
+        spec = engine.generate(input_ids=PROMPTS, sampling_params=params)
+        engine.check_integrity()
+        pipeline = engine.scheduler.pipeline
+        plain_steps, overlapped = pipeline.plain_decode_steps, pipeline.num_overlapped_steps
+    assert [o["output_ids"] for o in spec] == [o["output_ids"] for o in plain]
+    assert plain_steps == 8  # the second request's 8 decode steps (3 or 4 requests decode in each) ran plain
+    assert (overlapped > 0) == overlap
+    verify_ct = [o["meta_info"]["spec_verify_ct"] for o in spec]
+    assert verify_ct[0] == 0  # it ends while the batch is at the limit
+    assert verify_ct[3] > 0 and verify_ct[3] < 30 - plain_steps  # drafts kept after the batch shrank
+
+
+def test_the_batch_limit_of_speculation_is_checked_at_start(tiny_checkpoint):
+    with pytest.raises(ValueError, match="--speculative-disable-by-batch-size must be >= 0"):
+        ServerArgs(model_path=tiny_checkpoint("qwen3_5", mtp=True), **BASE, **SPEC,
+                   speculative_disable_by_batch_size=-1).resolved()

@@ -37,8 +37,8 @@ class DenseOps:
     qk_norm_rope: Callable  # q/k RMSNorm, then rotary, in one pass
     sigmoid_gate_mul: Callable
     linear: Callable  # 16-bit weights: (x, weight, bias) -> x @ weight^T + bias
-    fp8_weight_only_gemm: Callable  # FP8 weights, unquantized activations (decode rows)
-    fp8_weight_only_gated_gemm: Callable  # the same, silu(gate) * up of a gated MLP's gate_up
+    fp8_few_rows_gemm: Callable  # FP8 weights, decode rows: unquantized activations, or W8A8 where faster
+    fp8_few_rows_gated_gemm: Callable  # the same, silu(gate) * up of a gated MLP's gate_up
     fp8_gemm: Callable  # FP8 weights and activations (more rows)
 
 
@@ -129,12 +129,12 @@ def _torch_dense() -> DenseOps:
 def _triton_dense() -> DenseOps:
     from triton_kernels import attention_prep as prep
     from triton_kernels import dense_linear as dl
+    from triton_kernels import fp8_few_rows as few
     from triton_kernels import fp8_gemm, norms
-    from triton_kernels import fp8_weight_only as wo
 
     return DenseOps("triton", norms.rmsnorm, norms.add_rmsnorm, norms.gated_rmsnorm, norms.silu_and_mul, norms.relu2,
-                    prep.qk_norm_rope, prep.sigmoid_gate_mul, dl.dense_linear, wo.fp8_weight_only_gemm,
-                    wo.fp8_weight_only_gated_gemm, fp8_gemm.fp8_gemm)
+                    prep.qk_norm_rope, prep.sigmoid_gate_mul, dl.dense_linear, few.fp8_few_rows_gemm,
+                    few.fp8_few_rows_gated_gemm, fp8_gemm.fp8_gemm)
 
 
 DENSE = {"torch": _torch_dense, "triton": _triton_dense}

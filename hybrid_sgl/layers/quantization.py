@@ -213,10 +213,11 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Te
                ops: DenseOps) -> torch.Tensor:
     """x [..., K] -> [..., N]. Up to WEIGHT_ONLY_MAX_ROWS rows (decode) only the weight is FP8: the
     layer's time is its weight read, and unquantized activations keep greedy decoding close to the
-    unquantized model. More rows (prefill) quantize activations too and multiply on the FP8 tensor
-    cores."""
+    unquantized model (on CUDA, from a few dozen rows, W8A8 serves the shapes where it timed faster:
+    triton_kernels/fp8_few_rows.py). More rows (prefill) quantize activations too and multiply on the FP8
+    tensor cores."""
     rows = x.reshape(-1, x.shape[-1])
-    op = ops.fp8_weight_only_gemm if rows.shape[0] <= WEIGHT_ONLY_MAX_ROWS else ops.fp8_gemm
+    op = ops.fp8_few_rows_gemm if rows.shape[0] <= WEIGHT_ONLY_MAX_ROWS else ops.fp8_gemm
     y = op(x=rows, weight=weight, weight_scale_inv=weight_scale_inv, bias=bias)
     return y.view(*x.shape[:-1], weight.shape[0])
 
@@ -228,5 +229,5 @@ def fp8_gated_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: to
     rows = x.reshape(-1, x.shape[-1])
     if rows.shape[0] > WEIGHT_ONLY_MAX_ROWS:
         return ops.silu_and_mul(gate_up=fp8_linear(x, weight, weight_scale_inv, bias, ops))
-    y = ops.fp8_weight_only_gated_gemm(x=rows, weight=weight, weight_scale_inv=weight_scale_inv, bias=bias)
+    y = ops.fp8_few_rows_gated_gemm(x=rows, weight=weight, weight_scale_inv=weight_scale_inv, bias=bias)
     return y.view(*x.shape[:-1], weight.shape[0] // 2)

@@ -23,6 +23,11 @@ After every step, each row's new entries (the prompt chunk's, or the kept tokens
 one extend pass, whose last entry proposes d1; d2..dk come from one-entry passes that feed the MTP
 layer's own output back. Its KV sits in the KV pool as the layer after the model's, at the entries'
 positions, so cached prefixes carry it too.
+
+High concurrency: a decode step of disable_batch_size requests or more (--speculative-disable-by-batch-size)
+is a plain decode step, with no drafts and no MTP pass (scheduler/speculative.py). The MTP layer's KV then
+has no entries at those steps' positions; drafts made after the batch shrinks attend over them as they are,
+which can lower their acceptance but never changes a token (every draft is verified).
 """
 
 from __future__ import annotations
@@ -81,8 +86,9 @@ class DraftEntries:
 
 
 class SpecDecoder:
-    def __init__(self, runner: ModelRunner, num_steps: int):
+    def __init__(self, runner: ModelRunner, num_steps: int, disable_batch_size: int = 0):
         self.runner, self.k = runner, num_steps
+        self.disable_batch_size = disable_batch_size  # decode steps of this many rows or more take no drafts (0: never)
         self.verified_rows = 0  # rows verified with drafts, over all steps
         self.verified_tokens = 0  # tokens those rows gained
         self._rollbacks: list[tuple[int, int]] = []  # (verify row, slot) state copies keep() asked for
@@ -131,6 +137,10 @@ class SpecDecoder:
         if r.draft_vocab is not None:
             return r.draft_vocab.argmax(hidden)
         return r.model.compute_logits(hidden).argmax(dim=-1)
+
+    def speculates(self, rows: int) -> bool:
+        """Whether a decode step of `rows` requests verifies drafts (else it is a plain decode step)."""
+        return not self.disable_batch_size or rows < self.disable_batch_size
 
     @property
     def accept_length(self) -> float:
@@ -226,6 +236,8 @@ class SpecDecoder:
                         prefix_lens=[e.start for e in entries], slots=[e.req.slot for e in entries])
         out = self._mtp_pass(plan, hidden[device_index([row for e in entries for row in e.hidden_rows], hidden.device)],
                              self.first_graphs)
+        if not any(e.want for e in entries):  # the pass only writes the MTP layer's KV
+            return [[] for _ in entries]
         h = out[device_index(list(_last_rows(entries)), out.device)]
         ids = self._draft_ids(h)
         columns = [(list(range(len(entries))), ids)]  # (entries, their draft ids [len(entries)]) per draft

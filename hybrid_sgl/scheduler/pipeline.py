@@ -10,6 +10,7 @@ the same entries:
     in_flight          the items of a step launched but not applied yet (None: nothing in flight)
     advance(follow)    launch `follow` (the next batch the scheduler built without the in-flight
                        step's tokens, or None), then apply the step in flight
+    takes_follow_up(items)  whether that next batch may go behind the step in flight
     holders()          finished requests whose slot a step in flight still uses
     drop_in_flight()   after a failed step: forget the step in flight, free the slots it held
 
@@ -35,6 +36,7 @@ class StepHost(Protocol):
 
     sharing: BasePrefixSharing
     waiting: deque[Req]
+    running: list[Req]
     results: ResultApplier
 
     def release(self, req: Req, free_slot: bool = True, cache: bool = True) -> None: ...
@@ -62,6 +64,11 @@ class StepPipeline(ABC):
     def holders(self) -> list[Req]: ...
     @abstractmethod
     def drop_in_flight(self) -> None: ...
+
+    def takes_follow_up(self, items: list[BatchItem]) -> bool:
+        """Whether `items`, the next decode batch the scheduler built from the step in flight, may be
+        launched behind it; False: the step in flight is read first and the batch is scheduled anew."""
+        return True
 
     def run_to_end(self, mode: ForwardMode, items: list[BatchItem]) -> list[Req]:
         """Run a step, wait for it and apply its results. An extend step takes the prefix cache's

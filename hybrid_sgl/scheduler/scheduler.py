@@ -61,9 +61,9 @@ class Scheduler:
         self._arrivals = itertools.count()
         self.grammars = grammars
         self.sharing = sharing if sharing is not None else NoPrefixSharing(allocator)
-        pipeline = (SpecPipeline if getattr(runner, "speculative", None) is not None
-                    else OverlapPipeline if overlap else PlainPipeline)
-        self.pipeline: StepPipeline = pipeline(runner, self)
+        self.pipeline: StepPipeline = (SpecPipeline(runner, self, overlap=overlap)
+                                       if getattr(runner, "speculative", None) is not None
+                                       else OverlapPipeline(runner, self) if overlap else PlainPipeline(runner, self))
         self.compiling = CompilingQueue(grammars)
         self.on_batch: Callable[[ForwardMode, list[BatchItem]], None] = lambda mode, items: None  # step_log.py
 
@@ -175,7 +175,8 @@ class Scheduler:
             rows.append(j)
             pages += self.allocator.extra_pages_needed(req.slot, it.end + 1)
         stepping = {id(it.req) for it in in_flight}
-        if not items or any(r.is_decoding and id(r) not in stepping for r in self.running):
+        if (not items or any(r.is_decoding and id(r) not in stepping for r in self.running)
+                or not self.pipeline.takes_follow_up(items)):
             return None
         # unused cached prefixes may go now: no request in flight holds them, and the step in flight is
         # queued before any write into a page handed on here

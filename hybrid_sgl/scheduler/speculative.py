@@ -2,6 +2,11 @@
 step is a verify step of the drafts its requests carry (runner/speculative.py). After each step the
 MTP layer takes the step's new entries and proposes the next drafts.
 
+A decode step of the runner's disable_batch_size requests or more takes no drafts: it is a plain decode
+step, overlapped as in overlap.py (unless overlap is off), and so are the steps that follow it while the
+batch stays that large; the first decode step under the limit runs after the one in flight is read, as a
+verify step whose rows carry no drafts yet, and drafting resumes from its tokens.
+
 A verify row's tokens are applied one at a time through the scheduler's result rules, so stop
 tokens, stop strings and max_new_tokens end it exactly where plain decoding would; the slot's state
 then goes back to the state after the tokens kept. Pages for the next verify (the token and its
@@ -13,14 +18,17 @@ from __future__ import annotations
 from hybrid_sgl.batch import ForwardMode
 from hybrid_sgl.runner.model_runner import BatchItem, ItemResult, ModelRunner
 from hybrid_sgl.runner.speculative import DraftEntries, SpecDecoder
-from hybrid_sgl.scheduler.pipeline import PlainPipeline, StepHost
+from hybrid_sgl.scheduler.overlap import OverlapPipeline
+from hybrid_sgl.scheduler.pipeline import StepHost
 from hybrid_sgl.scheduler.request import Req, ReqStatus
 
 
-class SpecPipeline(PlainPipeline):
-    def __init__(self, runner: ModelRunner, host: StepHost):
+class SpecPipeline(OverlapPipeline):
+    def __init__(self, runner: ModelRunner, host: StepHost, overlap: bool = True):
         super().__init__(runner, host)
         self.spec: SpecDecoder = runner.speculative
+        self.overlap = overlap
+        self.plain_decode_steps = 0  # decode steps without drafts, run as the batch reached disable_batch_size
 
     @property
     def accept_length(self) -> float:
@@ -29,6 +37,8 @@ class SpecPipeline(PlainPipeline):
     def run(self, mode: ForwardMode, items: list[BatchItem]) -> list[Req]:
         if mode is ForwardMode.EXTEND:
             changed = self.run_to_end(mode, items)
+            # drafts for the next decode step, unless that step is too large to take them
+            drafting = self.spec.speculates(sum(r.is_decoding for r in self.host.running))
             entries, offset = [], 0
             for it in items:
                 req = it.req
@@ -37,11 +47,24 @@ class SpecPipeline(PlainPipeline):
                     if n > 0:
                         entries.append(DraftEntries(req=req, start=it.start, tokens=req.token_slice(it.start + 1,
                                                     it.start + 1 + n), hidden_rows=list(range(offset, offset + n)),
-                                                    want=self.spec.budget(req) if req.is_decoding else 0))
+                                                    want=self.spec.budget(req) if drafting and req.is_decoding else 0))
                 offset += it.end - it.start
             self._draft(entries)
             return changed
-        return self._verify(items)
+        if self.spec.speculates(len(items)):
+            return self._verify(items)
+        self.plain_decode_steps += 1
+        for it in items:  # drafts made for this step go unused
+            it.req.spec_drafts, it.req.spec_base = [], -1
+        return super().run(mode, items) if self.overlap else self.run_to_end(mode, items)
+
+    def takes_follow_up(self, items: list[BatchItem]) -> bool:
+        """A follow-up of the plain decode step in flight goes behind it while it is as large as the limit."""
+        return not self.spec.speculates(len(items))
+
+    def advance(self, follow: tuple[list[BatchItem], list[int]] | None) -> list[Req]:
+        self.plain_decode_steps += follow is not None
+        return super().advance(follow)
 
     def _verify(self, items: list[BatchItem]) -> list[Req]:
         host, spec = self.host, self.spec

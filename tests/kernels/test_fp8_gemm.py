@@ -227,3 +227,32 @@ def test_dense_few_rows_gemm_matches_linear(m, n, k, with_bias):
     ref = F.linear(x.float(), w.float(), None if bias is None else bias.float())
     tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(dense_few_rows_gemm(x=x, weight=w, bias=bias).float(), ref, **tol)
+
+
+@pytest.mark.parametrize("m", [16, 17, 64])
+@pytest.mark.parametrize("gated", [False, True])
+def test_few_rows_dispatch_serves_a_timed_path(m, gated):
+    """fp8_few_rows_gemm (the decode-sized FP8 linear layers) serves the weight-only result below 17 rows and off
+    CUDA; from 17 rows on CUDA it serves whichever path timed faster for the shape and row bucket, with that
+    path's error (W8A8's is its activation rounding, a few % of a row's norm) and the gated variant equal to
+    silu_and_mul of the plain one."""
+    from triton_kernels.fp8_few_rows import fp8_few_rows_choice, fp8_few_rows_gated_gemm, fp8_few_rows_gemm
+
+    n, k = 256, 384
+    kw = _problem(m, n, k, True, seed=21)
+    if DEVICE == "cuda":
+        kw["x"], kw["bias"] = kw["x"].bfloat16(), kw["bias"].bfloat16()
+    ref = fp8_weight_only_gemm_ref(**kw).float()
+    y = (fp8_few_rows_gated_gemm if gated else fp8_few_rows_gemm)(**kw).float()
+    choice = fp8_few_rows_choice(kw["x"], kw["weight"], kw["bias"])
+    if DEVICE == "cpu" or m < 17:
+        assert choice is None
+    else:
+        assert choice in ("weight-only", "w8a8 cublas", "w8a8 triton")
+    if gated:
+        ref = F.silu(ref[:, :n // 2]) * ref[:, n // 2:]
+    tol = 5e-2 if choice and choice.startswith("w8a8") else (1e-2 if DEVICE == "cuda" else 1e-5)
+    assert ((y - ref).norm() / ref.norm()).item() < tol
+    if DEVICE == "cpu":
+        plain = fp8_weight_only_gemm(**kw)
+        assert torch.equal(y, silu_and_mul(gate_up=plain) if gated else plain)
