@@ -18,8 +18,9 @@ reported is the engine's measured one.
 --limits runs the spec side once per --speculative-disable-by-batch-size given (0: drafts at every batch size,
 which times the speculative pipeline itself; default: the engine's, above which decode steps are plain).
 
-Reported per batch: decode tok/s (output tokens after the first / the wall time of the run less that
-of the same prompts with one new token, the prefix cache off: prefill is left out), spec / plain, the
+Reported per batch: decode tok/s (output tokens after the second / the wall time of the run less that
+of the same prompts with two new tokens, the prefix cache off: prefill and the MTP layer's pass over the
+prompts are left out), spec / plain, the
 measured accept length, and (with the MTP layer's own drafts) whether the spec run's greedy tokens
 equal the plain run's.
 """
@@ -165,16 +166,17 @@ def run_case(a: argparse.Namespace) -> dict:
     with Engine(**kw) as engine:
         engine.generate(input_ids=ids, sampling_params={**params, "max_new_tokens": 8})  # warm-up: every shape
         rids = [f"r{i}" for i in range(batch)]
-        # decode time = the whole run's wall time - that of the same prompts with one new token (the cache is
-        # off, so both prefill alike)
+        # decode time = the whole run's wall time - that of the same prompts with two new tokens (the cache is
+        # off, so both prefill alike; with two tokens the requests outlive their prefill, so the MTP layer's
+        # pass over the prompts is subtracted too)
         start = time.perf_counter()
-        engine.generate(input_ids=ids, sampling_params={**params, "max_new_tokens": 1})
+        engine.generate(input_ids=ids, sampling_params={**params, "max_new_tokens": 2})
         prefill_s = time.perf_counter() - start
         with profiled(a.profile, f"batch {batch}, {'spec' if spec else 'plain'}"):
             start = time.perf_counter()
             outs = engine.generate(input_ids=ids, sampling_params=params, rid=rids)
             wall_s = time.perf_counter() - start
-        decoded = sum(len(o["output_ids"]) - 1 for o in outs)
+        decoded = sum(len(o["output_ids"]) - 2 for o in outs)
         stats = engine.stats()
     tokens = [o["output_ids"] for o in outs]
     result = {"batch": batch, "mode": mode, "spec": spec, "decode_tok_s": decoded / (wall_s - prefill_s),

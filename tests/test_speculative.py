@@ -244,3 +244,25 @@ def test_the_batch_limit_of_speculation_is_checked_at_start(tiny_checkpoint):
     with pytest.raises(ValueError, match="--speculative-disable-by-batch-size must be >= 0"):
         ServerArgs(model_path=tiny_checkpoint("qwen3_5", mtp=True), **BASE, **SPEC,
                    speculative_disable_by_batch_size=-1).resolved()
+
+
+def test_a_batch_filling_up_by_chunked_prefill_decodes_plain_steps_from_its_start(tiny_checkpoint, monkeypatch):
+    """Four requests prefilled one chunk at a time, limit 3: the first ones decode while the others still
+    prefill or wait, yet they count toward the limit, so no row verifies drafts until two requests have
+    finished: the two that finish first never verify drafts at all."""
+    path = tiny_checkpoint("qwen3_5", mtp=True)
+    params = [{**GREEDY, "max_new_tokens": n} for n in (16, 16, 16, 30)]
+    kw = dict(chunked_prefill_size=32)
+    prompts = [_ids(10 + i, 30) for i in range(4)]
+    plain, _ = _generate(path, prompts, params, **kw)
+    truth = {tuple(prompt): o["output_ids"] for prompt, o in zip(prompts, plain)}
+    scripted = ScriptedDrafts(truth, 1.0, seed=0)
+    monkeypatch.setattr(SpecDecoder, "draft", lambda self, entries: scripted(self, entries))
+    with Engine(model_path=path, **BASE, **SPEC, **kw, speculative_disable_by_batch_size=3) as engine:
+        spec = engine.generate(input_ids=prompts, sampling_params=params)
+        engine.check_integrity()
+        plain_steps = engine.scheduler.pipeline.plain_decode_steps
+    assert [o["output_ids"] for o in spec] == [o["output_ids"] for o in plain]
+    verify_ct = [o["meta_info"]["spec_verify_ct"] for o in spec]
+    assert verify_ct[0] == verify_ct[1] == 0
+    assert plain_steps >= 15 and verify_ct[3] > 0  # the longest one speculates once two have finished

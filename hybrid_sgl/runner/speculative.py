@@ -24,8 +24,8 @@ one extend pass, whose last entry proposes d1; d2..dk come from one-entry passes
 layer's own output back. Its KV sits in the KV pool as the layer after the model's, at the entries'
 positions, so cached prefixes carry it too.
 
-High concurrency: a decode step of disable_batch_size requests or more (--speculative-disable-by-batch-size)
-is a plain decode step, with no drafts and no MTP pass (scheduler/speculative.py). The MTP layer's KV then
+High concurrency: while disable_batch_size requests or more run or wait (--speculative-disable-by-batch-size),
+decode steps are plain decode steps, with no drafts and no MTP pass (scheduler/speculative.py). The MTP layer's KV then
 has no entries at those steps' positions; drafts made after the batch shrinks attend over them as they are,
 which can lower their acceptance but never changes a token (every draft is verified).
 """

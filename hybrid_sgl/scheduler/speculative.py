@@ -2,10 +2,10 @@
 step is a verify step of the drafts its requests carry (runner/speculative.py). After each step the
 MTP layer takes the step's new entries and proposes the next drafts.
 
-A decode step of the runner's disable_batch_size requests or more takes no drafts: it is a plain decode
-step, overlapped as in overlap.py (unless overlap is off), and so are the steps that follow it while the
-batch stays that large; the first decode step under the limit runs after the one in flight is read, as a
-verify step whose rows carry no drafts yet, and drafting resumes from its tokens.
+While the runner's disable_batch_size requests or more run or wait to (decoding, prefilling, queued), decode
+steps take no drafts: each is a plain decode step, overlapped as in overlap.py (unless overlap is off).
+The first decode step under the limit runs after the one in flight is read, as a verify step whose rows
+carry no drafts yet, and drafting resumes from its tokens.
 
 A verify row's tokens are applied one at a time through the scheduler's result rules, so stop
 tokens, stop strings and max_new_tokens end it exactly where plain decoding would; the slot's state
@@ -37,8 +37,7 @@ class SpecPipeline(OverlapPipeline):
     def run(self, mode: ForwardMode, items: list[BatchItem]) -> list[Req]:
         if mode is ForwardMode.EXTEND:
             changed = self.run_to_end(mode, items)
-            # drafts for the next decode step, unless that step is too large to take them
-            drafting = self.spec.speculates(sum(r.is_decoding for r in self.host.running))
+            drafting = self._speculating()  # drafts for the next decode step, unless the batch is too large
             entries, offset = [], 0
             for it in items:
                 req = it.req
@@ -51,12 +50,19 @@ class SpecPipeline(OverlapPipeline):
                 offset += it.end - it.start
             self._draft(entries)
             return changed
-        if self.spec.speculates(len(items)):
+        if self._speculating():
             return self._verify(items)
         self.plain_decode_steps += 1
         for it in items:  # drafts made for this step go unused
             it.req.spec_drafts, it.req.spec_base = [], -1
         return super().run(mode, items) if self.overlap else self.run_to_end(mode, items)
+
+    def _speculating(self) -> bool:
+        """Whether the decode batch is small enough to speculate. It counts every request that is or will
+        soon be in it: decoding, prefilling, and waiting (up to --max-running-requests), so that a batch
+        filling up by chunked prefill decodes plain steps from its start, as it would without drafts."""
+        host = self.host
+        return self.spec.speculates(min(len(host.running) + len(host.waiting), self.runner.plan.max_running_requests))
 
     def takes_follow_up(self, items: list[BatchItem]) -> bool:
         """A follow-up of the plain decode step in flight goes behind it while it is as large as the limit."""
