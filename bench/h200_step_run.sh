@@ -10,7 +10,7 @@
 #   the drafts choose among 32k token ids, --speculative-token-map; SPEC_LIMITS=0,default: one spec run per
 #   --speculative-disable-by-batch-size, 0 timing the speculative pipeline at every batch size).
 # `prefix`: the shared-prefix (SHARED_REQUESTS, default 1000) and unrelated-prompts workloads, cache on / off.
-#   bash bench/h200_step_run.sh [tests|profile|mamba|ttft|multiturn|suite|spec|specbench|prefix|tests_fp8_spec ...]   (default: tests profile)
+#   bash bench/h200_step_run.sh [tests|profile|mamba|ttft|multiturn|suite|spec|specbench|prefix|tests_fp8_spec|mtp_default ...]   (default: tests profile)
 . "$(dirname "$0")/device_env.sh"
 git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || true  # the tree that travels may carry an older .git: results record the commit by hand too
 
@@ -51,8 +51,12 @@ for part in ${*:-tests profile}; do
         --shared-requests "${SHARED_REQUESTS:-1000}" --out "$OUT/prefix_9b.json" 2>&1 | quiet | tee "$OUT/prefix_9b.log" \
         | grep -E "hit_rate|output_tok_s|mean_ttft|rror" ;;
     tests_fp8_spec)  # the FP8 GEMMs (the few-rows choice included) and FP8 models, speculative decoding on CUDA
-      timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -q -rf -p no:cacheprovider -n 4 tests/kernels/test_fp8_gemm.py \
+      timeout ${TESTS_TIMEOUT:-330} python3 -m pytest -q -rf -p no:cacheprovider -n 4 tests/kernels/test_fp8_gemm.py \
         tests/gpu/test_fp8_cuda.py tests/gpu/test_speculative_cuda.py 2>&1 | tee "$OUT/tests_fp8_spec.log" | tail -12 ;;
+    mtp_default)  # the default model's trained MTP layer: accept length on held-out text, tok/s with drafts on / off
+      # (here, first: python tools/default_model/prepare_data.py; carry .data/default_model/validation.jsonl)
+      timeout 300 python3 tools/default_model/mtp_accept.py --json "$OUT/mtp_accept.json" 2>&1 | quiet \
+        | tee "$OUT/mtp_accept.log" | tail -20 ;;
     suite)
       timeout 560 python3 -m pytest -q -rf -p no:cacheprovider -n 4 tests/gpu tests/kernels tests/test_composed_gpu.py \
         tests/test_fp8_checkpoint.py 2>&1 | tee "$OUT/suite.log" | tail -15 ;;
