@@ -225,11 +225,14 @@ def offline_one(args) -> dict:
 
 
 # ---- multi-turn over HTTP --------------------------------------------------------------------------
-async def _turn(url: str, ids: list[int], max_new: int) -> tuple[float, list[int], int]:
+async def _turn(url: str, ids: list[int], max_new: int) -> tuple[float, list[int], int, float, float]:
+    """(TTFT s, output ids, cached tokens, wall-clock time sent, wall-clock time of the last event): the
+    wall-clock times line up with the server log's timestamps."""
     from http_client import open_request
 
     payload = {"input_ids": ids, "stream": True, "sampling_params": {"max_new_tokens": max_new, "temperature": 0,
                                                                       "ignore_eos": True}}
+    sent = time.time()
     start, ttft, out, cached = time.perf_counter(), None, [], 0
     response = await open_request(url + "/generate", "POST", payload, None, 3600)
     try:
@@ -244,19 +247,19 @@ async def _turn(url: str, ids: list[int], max_new: int) -> tuple[float, list[int
             cached = event["meta_info"]["cached_tokens"]
     finally:
         response.close()
-    return ttft, out, cached
+    return ttft, out, cached, sent, time.time()
 
 
 async def _users(url: str, vocab: int, users: int, turns: int) -> dict:
     rng = random.Random(7)
 
-    async def user(u: int) -> list[tuple[float, int, int]]:
+    async def user(u: int) -> list[tuple[float, int, int, float, float]]:
         history, rows = [], []
         for _ in range(turns):
             history = history + _tokens(rng, vocab, rng.randrange(150, 251))
-            ttft, out, cached = await _turn(url, history, 128)
+            ttft, out, cached, sent, done = await _turn(url, history, 128)
             history = history + out
-            rows.append((ttft, len(out), cached))
+            rows.append((ttft, len(out), cached, sent, done))
         return rows
 
     start = time.perf_counter()
@@ -264,11 +267,16 @@ async def _users(url: str, vocab: int, users: int, turns: int) -> dict:
     wall = time.perf_counter() - start
     rows = [r for rs in results for r in rs]
     by_turn = [[rs[k][0] for rs in results] for k in range(turns)]
-    return {"seconds": wall, "output_tok_s": sum(n for _, n, _ in rows) / wall,
-            "mean_ttft_ms": 1e3 * statistics.mean(t for t, _, _ in rows),
-            "p90_ttft_ms": 1e3 * statistics.quantiles([t for t, _, _ in rows], n=10)[-1],
+    # the client's own share of the time between turns: a user's next request sent after its last answer ended
+    client_gaps = [rs[k][3] - rs[k - 1][4] for rs in results for k in range(1, turns)]
+    return {"seconds": wall, "output_tok_s": sum(r[1] for r in rows) / wall,
+            "mean_ttft_ms": 1e3 * statistics.mean(r[0] for r in rows),
+            "p90_ttft_ms": 1e3 * statistics.quantiles([r[0] for r in rows], n=10)[-1],
             "ttft_ms_by_turn": [[round(1e3 * f(ts), 1) for f in (min, statistics.mean, max)] for ts in by_turn],
-            "cached_tokens": sum(c for _, _, c in rows), "turns": len(rows)}
+            "client_gap_ms": [round(1e3 * f(client_gaps), 2) for f in (statistics.mean, max)] if client_gaps else None,
+            # per user and turn: wall-clock sent / last event, against the server log's step lines
+            "times": [[[round(r[3], 3), round(r[4], 3)] for r in rs] for rs in results],
+            "cached_tokens": sum(r[2] for r in rows), "turns": len(rows)}
 
 
 def multiturn(args) -> dict:
@@ -285,7 +293,7 @@ def multiturn(args) -> dict:
         log = os.path.join(os.environ.get("OUT", "."), f"multiturn_{label}.log")
         with launched_server(server, log, 1200) as url:
             report[label] = asyncio.run(_users(url, vocab, args.users, args.turns))
-        print(json.dumps({label: report[label]}), flush=True)
+        print(json.dumps({label: {k: v for k, v in report[label].items() if k != "times"}}), flush=True)
     c, n = report["cache"], report["no_cache"]
     report["throughput_ratio"] = c["output_tok_s"] / n["output_tok_s"]
     report["ttft_ratio"] = n["mean_ttft_ms"] / c["mean_ttft_ms"]
