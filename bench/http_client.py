@@ -143,8 +143,9 @@ def _tail(path: str, lines: int = 30) -> str:
 
 
 @contextlib.contextmanager
-def launched_server(server_args: str, log_path: str, timeout: float):
-    """Yields the server's base URL."""
+def launched_server(server_args: str, log_path: str, timeout: float, launcher: list[str] | None = None):
+    """Yields the server's base URL. `launcher`: the Python arguments that start the server (default
+    ["-m", "hybrid_sgl.launch_server"]); the server arguments follow them."""
     args = shlex.split(server_args)
     if "--port" not in args:
         args += ["--port", str(_free_port())]
@@ -153,7 +154,7 @@ def launched_server(server_args: str, log_path: str, timeout: float):
     url = f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-m", "hybrid_sgl.launch_server", *args]
+    cmd = [sys.executable, *(launcher or ["-m", "hybrid_sgl.launch_server"]), *args]
     print(f"launching: {shlex.join(cmd)} (log: {log_path})", flush=True)
     with open(log_path, "w") as log:
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
