@@ -282,3 +282,21 @@ def test_the_launcher_socket_says_it_is_tcp_so_responses_are_not_delayed():
         assert sock.proto == socket.IPPROTO_TCP
     finally:
         sock.close()
+
+
+def test_the_server_process_shortens_the_gil_switch_interval(monkeypatch):
+    """The HTTP event loop shares the interpreter with the engine thread: launch_server sets its switch
+    interval (bench/http_intake.py measures why) before anything else runs."""
+    from hybrid_sgl import launch_server
+
+    def stop(*_):
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(launch_server, "bind_port", stop)
+    before = sys.getswitchinterval()
+    try:
+        assert launch_server.main(["--model-path", BUNDLED_MODEL]) == 2
+        assert sys.getswitchinterval() == pytest.approx(launch_server.SWITCH_INTERVAL_S)
+        assert launch_server.SWITCH_INTERVAL_S < 0.005  # shorter than Python's default
+    finally:
+        sys.setswitchinterval(before)
