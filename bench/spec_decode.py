@@ -20,9 +20,8 @@ which times the speculative pipeline itself; default: the engine's, above which 
 
 Reported per batch: decode tok/s (output tokens after the second / the wall time of the run less that
 of the same prompts with two new tokens, the prefix cache off: prefill and the MTP layer's pass over the
-prompts are left out), spec / plain, the
-measured accept length, and (with the MTP layer's own drafts) whether the spec run's greedy tokens
-equal the plain run's.
+prompts are left out), spec / plain, the measured accept length, and (with the MTP layer's own drafts)
+whether the spec run's greedy tokens equal the plain run's.
 """
 
 from __future__ import annotations
