@@ -22,8 +22,8 @@ logger = logging.getLogger("hybrid_sgl.launch_server")
 
 # The HTTP event loop and the engine loop share one interpreter. While the engine thread runs Python (building
 # and launching steps), a thread that wants the GIL waits up to the switch interval for it, and the event loop
-# wants it again after every socket call: at Python's default 5 ms, a burst of 16 light requests took 307 ms
-# against 15 ms with the engine idle; at 1 ms, 67 ms (bench/http_intake.py, bench/README.md).
+# wants it again after every socket call: at Python's default 5 ms, a burst of 16 light requests took 411 ms
+# against 13 ms with the engine idle; at 1 ms, 120 ms (bench/http_intake.py on CPU, bench/README.md).
 SWITCH_INTERVAL_S = 0.001
 
 

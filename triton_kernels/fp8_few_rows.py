@@ -37,16 +37,22 @@ def fp8_few_rows_gemm(*, x: torch.Tensor, weight: torch.Tensor, weight_scale_inv
     path = _path(x, weight, weight_scale_inv, bias)
     if path == "weight-only":
         return fp8_weight_only_gemm(x=x, weight=weight, weight_scale_inv=weight_scale_inv, bias=bias)
-    return fp8_gemm(x=x, weight=weight, weight_scale_inv=weight_scale_inv, bias=bias, cublas=path == "w8a8 cublas")
+    return _w8a8(path, x, weight, weight_scale_inv, bias)
 
 
 def fp8_few_rows_gated_gemm(*, x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
                             bias: torch.Tensor | None = None) -> torch.Tensor:
     """silu(gate) * up of fp8_few_rows_gemm's result: a gated MLP's gate_up (weight [2I, K], rows [gate; up])
     -> [M, I]. The weight-only path fuses the activation where its GEMV serves (fp8_weight_only_gated_gemm)."""
-    if _path(x, weight, weight_scale_inv, bias) == "weight-only":
+    path = _path(x, weight, weight_scale_inv, bias)
+    if path == "weight-only":
         return fp8_weight_only_gated_gemm(x=x, weight=weight, weight_scale_inv=weight_scale_inv, bias=bias)
-    return silu_and_mul(gate_up=fp8_few_rows_gemm(x=x, weight=weight, weight_scale_inv=weight_scale_inv, bias=bias))
+    return silu_and_mul(gate_up=_w8a8(path, x, weight, weight_scale_inv, bias))
+
+
+def _w8a8(path: str, x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
+          bias: torch.Tensor | None) -> torch.Tensor:
+    return fp8_gemm(x=x, weight=weight, weight_scale_inv=weight_scale_inv, bias=bias, cublas=path == "w8a8 cublas")
 
 
 def fp8_few_rows_choice(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str | None:

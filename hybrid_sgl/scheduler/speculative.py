@@ -2,7 +2,7 @@
 step is a verify step of the drafts its requests carry (runner/speculative.py). After each step the
 MTP layer takes the step's new entries and proposes the next drafts.
 
-While the runner's disable_batch_size requests or more run or wait to (decoding, prefilling, queued), decode
+While the runner's disable_batch_size requests or more are running or waiting (decoding, prefilling, queued), decode
 steps take no drafts: each is a plain decode step, overlapped as in overlap.py (unless overlap is off).
 The first decode step under the limit runs after the one in flight is read, as a verify step whose rows
 carry no drafts yet, and drafting resumes from its tokens.
