@@ -53,10 +53,12 @@ def _gdn_rows_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     HAS_SNAP: tl.constexpr,
+    WRITE_FINAL: tl.constexpr,
 ):
     """One program per (V block, value head, row): the row's tokens one after another, the state tile in
     registers; after token t (t + 1 tokens in) the tile goes to snap_slots[row, c] when snap_pos[row, c]
-    == t + 1 (cuts ascend, -1 after the last), and after the last token back to the row's slot."""
+    == t + 1 (cuts ascend, -1 after the last), and after the last token back to the row's slot (unless
+    not WRITE_FINAL: the slot keeps the state before the row)."""
     i_v, i_h, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_hk = i_h // (HV // HK)
     o_k = tl.arange(0, BK)
@@ -99,7 +101,8 @@ def _gdn_rows_kernel(
                 tl.store(p_snap, b_s.to(ssm_states.dtype.element_ty), mask=m_s)
                 cut += 1
                 next_cut = tl.load(snap_pos + i_n * C + cut, mask=cut < C, other=-1)
-    tl.store(ssm_states + slot * stride_s + tile, b_s.to(ssm_states.dtype.element_ty), mask=m_s)
+    if WRITE_FINAL:
+        tl.store(ssm_states + slot * stride_s + tile, b_s.to(ssm_states.dtype.element_ty), mask=m_s)
 
 
 def gdn_rows(
@@ -119,9 +122,12 @@ def gdn_rows(
     scale: float | None = None,
     snap_pos: torch.Tensor | None = None,
     snap_slots: torch.Tensor | None = None,
+    write_final: bool = True,
 ) -> torch.Tensor:
     """gdn_chunk.gdn_prefill computed token by token (the same arguments, shapes and result; q, k, v, a, b
-    may be strided views), for rows of a few tokens; rows in pad_slot are skipped (zero outputs)."""
+    may be strided views), for rows of a few tokens; rows in pad_slot are skipped (zero outputs).
+    write_final=False leaves every row's slot as it was (the outputs and snapshots are the same): a
+    verify step that keeps its slots as checkpoints and replays the accepted tokens afterwards."""
     T, HK, K, HV, V, N, has_snap = check_varlen_args(q, k, v, a, b, A_log, dt_bias, ssm_states, cu_seqlens,
                                                      state_slots, has_initial_state, snap_pos, snap_slots)
     scale = K ** -0.5 if scale is None else scale
@@ -134,6 +140,7 @@ def gdn_rows(
         snap_pos if has_snap else state_slots, snap_slots if has_snap else state_slots, o,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
         ssm_states.stride(0), pad_slot, scale, snap_pos.shape[1] if has_snap else 1,
-        HK=HK, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, HAS_SNAP=has_snap, num_warps=num_warps,
+        HK=HK, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, HAS_SNAP=has_snap, WRITE_FINAL=write_final,
+        num_warps=num_warps,
     )
     return o

@@ -65,3 +65,22 @@ def test_rows_equal_decode_steps():
         if t < n - 1:
             torch.testing.assert_close(ours[[0, 2, 3][t]], steps[1], atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(ours[1], steps[1], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kept", [1, 2, 4])
+def test_replaying_kept_tokens_gives_the_snapshot_state(kept):
+    """The two rollback designs agree. A verify row of 4 tokens run with write_final=False leaves its slot
+    as it was and gives the same outputs; replaying its first `kept` tokens from that slot then leaves
+    the state that the snapshot design wrote after `kept` tokens (the slot itself when all 4 are kept)."""
+    hv, n = 2, 4
+    x = gdn_inputs(n, 1, hv, 16, 16, seed=37)
+    states = pool(6, hv, 16, 16)
+    snapped, kept_slot = states.clone(), states.clone()
+    args = batch_args([n], [1], [True])
+    o = gdn_rows(**x, **args, **snap_args([[1, 2, 3]], [0, 2, 3], -1), ssm_states=snapped)
+    o_checkpoint = gdn_rows(**x, **args, ssm_states=kept_slot, write_final=False)
+    torch.testing.assert_close(o_checkpoint, o, atol=0, rtol=0)
+    assert torch.equal(kept_slot, states)  # every slot as before, the row's own included
+    gdn_rows(**rows(x, 0, kept), **batch_args([kept], [1], [True]), ssm_states=kept_slot)
+    expected = snapped[[0, 2, 3, 1][kept - 1]]
+    torch.testing.assert_close(kept_slot[1], expected, atol=1e-6, rtol=1e-6)
