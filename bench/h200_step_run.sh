@@ -10,7 +10,9 @@
 #   the drafts choose among 32k token ids, --speculative-token-map; SPEC_LIMITS=0,default: one spec run per
 #   --speculative-disable-by-batch-size, 0 timing the speculative pipeline at every batch size).
 # `prefix`: the shared-prefix (SHARED_REQUESTS, default 1000) and unrelated-prompts workloads, cache on / off.
-#   bash bench/h200_step_run.sh [tests|profile|mamba|ttft|multiturn|suite|spec|specbench|prefix|tests_fp8_spec|mtp_default ...]   (default: tests profile)
+# `rollback`: bench/verify_rollback.py (the two GDN rollback designs); `unrelated`: the unrelated-prompts workload with the
+#   cache on, off, and on without the fixed snapshot cuts.
+#   bash bench/h200_step_run.sh [tests|profile|mamba|ttft|multiturn|suite|spec|specbench|prefix|tests_fp8_spec|mtp_default|rollback|unrelated ...]   (default: tests profile)
 . "$(dirname "$0")/device_env.sh"
 git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || true  # the tree that travels may carry an older .git: results record the commit by hand too
 
@@ -57,6 +59,15 @@ for part in ${*:-tests profile}; do
       # (here, first: python tools/default_model/prepare_data.py; carry .data/default_model/validation.jsonl)
       timeout 300 python3 tools/default_model/mtp_accept.py --json "$OUT/mtp_accept.json" 2>&1 | quiet \
         | tee "$OUT/mtp_accept.log" | tail -20 ;;
+    rollback)  # the GDN rollback of a verify step: snapshot rows and a copy against a checkpoint and a replay
+      timeout 120 python3 bench/verify_rollback.py 2>&1 | tee "$OUT/verify_rollback.md" ;;
+    unrelated)  # 256 unrelated 1k prompts: the cache on and off, then on without the fixed cuts (their cost)
+      timeout 200 python3 bench/prefix_cache.py offline --config configs/qwen3_5-9b-text --cases random \
+        --out "$OUT/prefix_random_9b.json" 2>&1 | quiet > "$OUT/prefix_random.log"
+      timeout 110 python3 bench/prefix_cache.py offline-one --variant cache --config configs/qwen3_5-9b-text --cases random \
+        --engine-arg snapshot_interval=1000000 --out "$OUT/prefix_random_nofixedcuts.json" 2>&1 | quiet \
+        > "$OUT/prefix_random_nofixedcuts.log"
+      grep -hE "output_tok_s|mean_ttft|rror" "$OUT"/prefix_random*.log ;;
     suite)
       timeout 560 python3 -m pytest -q -rf -p no:cacheprovider -n 4 tests/gpu tests/kernels tests/test_composed_gpu.py \
         tests/test_fp8_checkpoint.py 2>&1 | tee "$OUT/suite.log" | tail -15 ;;
