@@ -191,6 +191,8 @@ class ServerArgs:
             chunked_prefill_size=chunk,
             mem_fraction_static=self.mem_fraction_static or (0.85 if on_gpu else 0.25),
             served_model_name=self.served_model_name or os.path.basename(os.path.normpath(model_path)),
+            speculative_num_draft_tokens=None if self.speculative_algorithm is None
+            else self.speculative_num_draft_tokens or self.speculative_num_steps + 1,
         )
 
     def check(self) -> None:

@@ -188,9 +188,12 @@ def test_the_mtp_layer_loads_and_plain_serving_skips_it(tiny_checkpoint):
         mtp = engine.runner.model.mtp
         assert mtp is not None and len(mtp.layers) == 1
         assert not any(torch.isnan(p).any() for p in mtp.parameters())
-        assert engine.server_info()["speculative_algorithm"] == "NEXTN"
+        info = engine.server_info()
+        assert info["speculative_algorithm"] == "NEXTN"
+        assert info["speculative_num_draft_tokens"] == info["speculative_num_steps"] + 1  # in force, as SGLang says
     with Engine(model_path=path, **BASE) as engine:
         assert engine.runner.model.mtp is None
+        assert engine.server_info()["speculative_num_draft_tokens"] is None
 
 
 def test_verify_steps_run_the_recurrent_layers_token_by_token(tiny_checkpoint, monkeypatch):
