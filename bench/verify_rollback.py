@@ -12,7 +12,9 @@ then the model's own token; row i at the quantile (i + 0.5) / rows): the same m 
   state after all 4 into the slot; rows that keep m < 4 copy snapshot row m - 1 into their slot.
 - replay: gdn_rows with write_final=False reads the slot and writes nothing; the kept tokens' inputs are
   gathered into a packed buffer and gdn_rows runs them from the slot, writing it.
-Both end with the same slot states (checked). Each side is timed as CUDA-graph replays (fastest.graph_time),
+- replay in place: the same, but the replay reads the kept tokens where the verify step's inputs lie
+  (gdn_rows(row_lens=kept)): one launch, no gathers.
+All three end with the same slot states (checked). Each side is timed as CUDA-graph replays (fastest.graph_time),
 so launches cost nothing; the conv1d state (48 KiB a row) is left out of both. Reported per layer and for
 the 24 GDN layers of a step, beside the same kernel over one-token rows (what a decode step's rows cost).
 """
@@ -53,8 +55,9 @@ def inputs(n: int, dev: torch.device) -> dict:
                 dt_bias=torch.randn(HV, generator=g).to(dev))
 
 
-def measure(n: int, accept: float, dev: torch.device) -> tuple[float, float, float, float]:
-    """(mean kept tokens, snapshots us, replay us, us of n one-token rows) for one layer at n verify rows."""
+def measure(n: int, accept: float, dev: torch.device) -> tuple[float, float, float, float, float]:
+    """(mean kept tokens, snapshots us, replay us, replay-in-place us, us of n one-token rows) for one layer
+    at n verify rows."""
     x = inputs(n, dev)
     kept = kept_counts(n, accept)
     states0 = torch.randn(4 * n + 1, HV, K, V, device=dev) * 0.1  # slots 0..n-1, snapshot rows n..4n-1
@@ -71,7 +74,8 @@ def measure(n: int, accept: float, dev: torch.device) -> tuple[float, float, flo
     replay_rows = dict(state_slots=slots, has_initial_state=rows["has_initial_state"],
                        cu_seqlens=torch.tensor([0, *torch.tensor(kept).cumsum(0).tolist()], dtype=torch.int32,
                                                device=dev))
-    snap_states, replay_states = states0.clone(), states0.clone()
+    kept_lens = torch.tensor(kept, dtype=torch.int32, device=dev)
+    snap_states, replay_states, in_place_states = states0.clone(), states0.clone(), states0.clone()
 
     def snapshots():
         gdn_rows(**x, **rows, ssm_states=snap_states, snap_pos=snap_pos, snap_slots=snap_slots)
@@ -83,19 +87,26 @@ def measure(n: int, accept: float, dev: torch.device) -> tuple[float, float, flo
         picked = {name: x[name].index_select(0, gather) for name in ("q", "k", "v", "a", "b")}
         gdn_rows(**picked, A_log=x["A_log"], dt_bias=x["dt_bias"], **replay_rows, ssm_states=replay_states)
 
+    def replay_in_place():
+        gdn_rows(**x, **rows, ssm_states=in_place_states, write_final=False)
+        gdn_rows(**x, **rows, ssm_states=in_place_states, row_lens=kept_lens)
+
     snapshots()
     replay()
+    replay_in_place()
     torch.cuda.synchronize()
-    same = torch.allclose(snap_states[:n], replay_states[:n], atol=1e-4, rtol=1e-4)
-    assert same, f"rows {n}: the two designs' slot states differ"
+    for states in (replay_states, in_place_states):
+        same = torch.allclose(snap_states[:n], states[:n], atol=1e-4, rtol=1e-4)
+        assert same, f"rows {n}: the designs' slot states differ"
     one_token = {name: x[name][::RUN] for name in ("q", "k", "v", "a", "b")}
     one_rows = dict(rows, cu_seqlens=torch.arange(n + 1, dtype=torch.int32, device=dev))
 
     def decode_rows():
         gdn_rows(**one_token, A_log=x["A_log"], dt_bias=x["dt_bias"], **one_rows, ssm_states=replay_states)
 
-    t_snap, t_replay, t_one = (graph_time(fn) * 1e3 for fn in (snapshots, replay, decode_rows))
-    return sum(kept) / n, t_snap, t_replay, t_one
+    t_snap, t_replay, t_in_place, t_one = (graph_time(fn) * 1e3
+                                           for fn in (snapshots, replay, replay_in_place, decode_rows))
+    return sum(kept) / n, t_snap, t_replay, t_in_place, t_one
 
 
 def main() -> None:
@@ -105,13 +116,14 @@ def main() -> None:
     args = p.parse_args()
     dev = torch.device("cuda")
     print(f"# GDN rollback of a verify step (4 tokens a row), {torch.cuda.get_device_name()}, accept {args.accept}\n")
-    print("| rows | mean kept | snapshots us | replay us | replay / snapshots | 24 layers: snapshots / replay ms "
-          "| a decode step's rows (1 token) us |")
-    print("|---|---|---|---|---|---|---|")
+    print("| rows | mean kept | snapshots us | replay us | replay in place us | replay / snapshots | in place / "
+          "snapshots | 24 layers: snapshots / replay / in place ms | a decode step's rows (1 token) us |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in map(int, args.batches.split(",")):
-        kept, t_snap, t_replay, t_one = measure(n, args.accept, dev)
-        print(f"| {n} | {kept:.2f} | {t_snap:.1f} | {t_replay:.1f} | {t_replay / t_snap:.2f} | "
-              f"{t_snap * LAYERS / 1e3:.2f} / {t_replay * LAYERS / 1e3:.2f} | {t_one:.1f} |", flush=True)
+        kept, t_snap, t_replay, t_in_place, t_one = measure(n, args.accept, dev)
+        print(f"| {n} | {kept:.2f} | {t_snap:.1f} | {t_replay:.1f} | {t_in_place:.1f} | {t_replay / t_snap:.2f} | "
+              f"{t_in_place / t_snap:.2f} | {t_snap * LAYERS / 1e3:.2f} / {t_replay * LAYERS / 1e3:.2f} / "
+              f"{t_in_place * LAYERS / 1e3:.2f} | {t_one:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

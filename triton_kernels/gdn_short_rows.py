@@ -33,6 +33,7 @@ def _gdn_rows_kernel(
     has_initial_state,
     snap_pos,
     snap_slots,
+    row_lens,
     o,
     stride_q_t,
     stride_q_h,
@@ -54,6 +55,7 @@ def _gdn_rows_kernel(
     BV: tl.constexpr,
     HAS_SNAP: tl.constexpr,
     WRITE_FINAL: tl.constexpr,
+    HAS_LENS: tl.constexpr,
 ):
     """One program per (V block, value head, row): the row's tokens one after another, the state tile in
     registers; after token t (t + 1 tokens in) the tile goes to snap_slots[row, c] when snap_pos[row, c]
@@ -68,6 +70,8 @@ def _gdn_rows_kernel(
     m_s = m_k[:, None] & m_v[None, :]
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    if HAS_LENS:  # only the row's first row_lens[row] tokens
+        eos = tl.minimum(eos, bos + tl.load(row_lens + i_n).to(tl.int64))
     slot = tl.load(state_slots + i_n).to(tl.int64)
     if slot == pad_slot:
         for t in range(bos, eos):
@@ -123,13 +127,18 @@ def gdn_rows(
     snap_pos: torch.Tensor | None = None,
     snap_slots: torch.Tensor | None = None,
     write_final: bool = True,
+    row_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """gdn_chunk.gdn_prefill computed token by token (the same arguments, shapes and result; q, k, v, a, b
     may be strided views), for rows of a few tokens; rows in pad_slot are skipped (zero outputs).
     write_final=False leaves every row's slot as it was (the outputs and snapshots are the same): a
-    verify step that keeps its slots as checkpoints and replays the accepted tokens afterwards."""
+    verify step that keeps its slots as checkpoints and replays the accepted tokens afterwards.
+    row_lens [N] (int, on the device): run only the first row_lens[i] tokens of row i (at most its length;
+    0: none), the state going to the slot after them; the outputs of the tokens not run are not written.
+    That replay reads the kept tokens where the verify step's inputs lie, with no gather."""
     T, HK, K, HV, V, N, has_snap = check_varlen_args(q, k, v, a, b, A_log, dt_bias, ssm_states, cu_seqlens,
                                                      state_slots, has_initial_state, snap_pos, snap_slots)
+    assert row_lens is None or row_lens.shape == (N,), f"row_lens {tuple(row_lens.shape)} for {N} rows"
     scale = K ** -0.5 if scale is None else scale
     o = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
     if N == 0:
@@ -137,10 +146,11 @@ def gdn_rows(
     BV, num_warps = _decode_config(N, HV, K, V)
     _gdn_rows_kernel[(triton.cdiv(V, BV), HV, N)](
         q, k, v, a, b, A_log, dt_bias, ssm_states, cu_seqlens, state_slots, has_initial_state,
-        snap_pos if has_snap else state_slots, snap_slots if has_snap else state_slots, o,
+        snap_pos if has_snap else state_slots, snap_slots if has_snap else state_slots,
+        row_lens if row_lens is not None else state_slots, o,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
         ssm_states.stride(0), pad_slot, scale, snap_pos.shape[1] if has_snap else 1,
         HK=HK, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, HAS_SNAP=has_snap, WRITE_FINAL=write_final,
-        num_warps=num_warps,
+        HAS_LENS=row_lens is not None, num_warps=num_warps,
     )
     return o

@@ -84,3 +84,25 @@ def test_replaying_kept_tokens_gives_the_snapshot_state(kept):
     gdn_rows(**rows(x, 0, kept), **batch_args([kept], [1], [True]), ssm_states=kept_slot)
     expected = snapped[[0, 2, 3, 1][kept - 1]]
     torch.testing.assert_close(kept_slot[1], expected, atol=1e-6, rtol=1e-6)
+
+
+def test_replay_in_place_runs_each_rows_kept_tokens():
+    """row_lens: the replay of a whole verify step in one launch, over the verify step's own inputs. Rows of
+    4 tokens keeping 1, 3, 4 and 2 end in the states the snapshot design keeps, and their outputs for the
+    tokens run equal the verify step's."""
+    lens, kept, hv = [4, 4, 4, 4], [1, 3, 4, 2], 2
+    x = gdn_inputs(sum(lens), 1, hv, 16, 16, seed=41)
+    states = pool(20, hv, 16, 16)
+    slots, snap_rows = [0, 1, 2, 3], [[4, 5, 6], [7, 8, 9], [10, 11, 12], [13, 14, 15]]
+    args = batch_args(lens, slots, [True, True, True, False])
+    snapped, replayed = states.clone(), states.clone()
+    o = gdn_rows(**x, **args, **snap_args([[1, 2, 3]] * 4, sum(snap_rows, []), -1), ssm_states=snapped)
+    gdn_rows(**x, **args, ssm_states=replayed, write_final=False)
+    o_replay = gdn_rows(**x, **args, ssm_states=replayed,
+                        row_lens=torch.tensor(kept, dtype=torch.int32, device=DEVICE))
+    for row, (m, snaps) in enumerate(zip(kept, snap_rows)):
+        expected = snapped[row] if m == 4 else snapped[snaps[m - 1]]
+        torch.testing.assert_close(replayed[row], expected, atol=1e-6, rtol=1e-6)
+        start = 4 * row
+        torch.testing.assert_close(o_replay[start:start + m], o[start:start + m], atol=1e-6, rtol=1e-6)
+    assert torch.equal(replayed[16:], states[16:])  # no other slot written
