@@ -8,7 +8,8 @@
 # `specbench`: tok/s with speculative decoding on / off, 9B shape, TEST-ONLY forced acceptance 0.81 (SPEC_PROFILE=1:
 #   with the engine loop's cProfile and the kernels of each timed run in spec_profile.txt; SPEC_TOKEN_MAP=top:32768:
 #   the drafts choose among 32k token ids, --speculative-token-map; SPEC_LIMITS=0,default: one spec run per
-#   --speculative-disable-by-batch-size, 0 timing the speculative pipeline at every batch size).
+#   --speculative-disable-by-batch-size, 0 timing the speculative pipeline at every batch size; SPEC_ROLLBACKS=
+#   snapshots,replay: one spec run per --speculative-rollback).
 # `prefix`: the shared-prefix (SHARED_REQUESTS, default 1000) and unrelated-prompts workloads, cache on / off.
 # `rollback`: bench/verify_rollback.py (the two GDN rollback designs); `unrelated`: the unrelated-prompts workload with the
 #   cache on, off, and on without the fixed snapshot cuts.
@@ -37,7 +38,7 @@ for part in ${*:-tests profile}; do
       timeout 400 python3 bench/prefix_cache.py multiturn --config configs/qwen3_5-9b-text --users 48 --turns 6 \
         --out "$OUT/multiturn_9b.json" 2>&1 | quiet | tee "$OUT/multiturn_9b.log" | tail -6 ;;
     spec)
-      timeout 150 python3 -m pytest -q -rf -p no:cacheprovider -n 3 tests/gpu/test_speculative_cuda.py tests/kernels/test_gdn_short_rows.py \
+      timeout 150 python3 -m pytest -q -rf -p no:cacheprovider -n 3 tests/gpu/test_speculative_cuda.py tests/gpu/test_speculative_replay_cuda.py tests/kernels/test_gdn_short_rows.py \
         tests/gpu/test_step_graphs_cuda.py::test_snapshot_cuts_inside_graphed_extend_steps tests/gpu/test_warm_up_cuda.py 2>&1 \
         | tee "$OUT/tests_spec.log" | tail -8
       timeout 170 python3 bench/step_profile.py --config configs/qwen3_5-9b-text --steps 5 \
@@ -45,7 +46,8 @@ for part in ${*:-tests profile}; do
         --out "$OUT/step_profile_spec.json" 2>&1 | quiet | tee "$OUT/step_profile_spec.log" | tail -90 ;;
     specbench)
       timeout ${SPEC_TIMEOUT:-560} python3 bench/spec_decode.py --config configs/qwen3_5-9b-text --batch ${SPEC_BATCH:-1,64} \
-        --prompt 512 --output 128 --accept 0.81 --limits "${SPEC_LIMITS:-default}" --out "/tmp/spec_decode_9b.json" ${SPEC_PROFILE:+--profile "$OUT/spec_profile.txt"} \
+        --prompt 512 --output 128 --accept 0.81 --limits "${SPEC_LIMITS:-default}" --rollbacks "${SPEC_ROLLBACKS:-snapshots}" \
+        --out "/tmp/spec_decode_9b.json" ${SPEC_PROFILE:+--profile "$OUT/spec_profile.txt"} \
         ${SPEC_TOKEN_MAP:+--token-map "$SPEC_TOKEN_MAP"} 2>&1 | quiet \
         | tee "$OUT/spec_decode_9b.log" | tail -12; cp /tmp/spec_decode_9b.json "$OUT/" ;;
     prefix)  # the shared-prefix and unrelated-prompts workloads, cache on and off
@@ -54,7 +56,7 @@ for part in ${*:-tests profile}; do
         | grep -E "hit_rate|output_tok_s|mean_ttft|rror" ;;
     tests_fp8_spec)  # the FP8 GEMMs (the few-rows choice included) and FP8 models, speculative decoding on CUDA
       timeout ${TESTS_TIMEOUT:-330} python3 -m pytest -q -rf -p no:cacheprovider -n 4 tests/kernels/test_fp8_gemm.py \
-        tests/gpu/test_fp8_cuda.py tests/gpu/test_speculative_cuda.py 2>&1 | tee "$OUT/tests_fp8_spec.log" | tail -12 ;;
+        tests/gpu/test_fp8_cuda.py tests/gpu/test_speculative_cuda.py tests/gpu/test_speculative_replay_cuda.py 2>&1 | tee "$OUT/tests_fp8_spec.log" | tail -12 ;;
     mtp_default)  # the default model's trained MTP layer: accept length on held-out text, tok/s with drafts on / off
       # (here, first: python tools/default_model/prepare_data.py; carry .data/default_model/validation.jsonl)
       timeout 300 python3 tools/default_model/mtp_accept.py --json "$OUT/mtp_accept.json" 2>&1 | quiet \

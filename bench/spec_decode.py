@@ -16,7 +16,8 @@ a verify row gains 1 + p + p^2 + p^3 tokens on average (p = 0.81: about 3); the 
 reported is the engine's measured one.
 
 --limits runs the spec side once per --speculative-disable-by-batch-size given (0: drafts at every batch size,
-which times the speculative pipeline itself; default: the engine's, above which decode steps are plain).
+which times the speculative pipeline itself; default: the engine's, above which decode steps are plain), and
+--rollbacks once per --speculative-rollback (snapshots, replay) for each.
 
 Reported per batch: decode tok/s (output tokens after the second / the wall time of the run less that
 of the same prompts with two new tokens, the prefix cache off: prefill and the MTP layer's pass over the
@@ -66,6 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--limits", default="default",
                    help="--speculative-disable-by-batch-size of the spec runs, comma-separated, one spec run each: "
                         "default (the engine's), or N (0: speculate at every batch size)")
+    p.add_argument("--rollbacks", default="snapshots",
+                   help="--speculative-rollback of the spec runs, comma-separated (snapshots, replay): one run each")
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=None)
     p.add_argument("--profile", default=None, help="write a profile of each case's timed run here (appended): "
@@ -132,6 +135,7 @@ def run_case(a: argparse.Namespace) -> dict:
     from hybrid_sgl.runner.speculative import SpecDecoder
 
     batch, mode = a.run.split(":", 1)
+    mode, _, rollback = mode.partition("@")
     batch, spec = int(batch), mode.startswith("spec")
     config = ModelConfig.from_hf(a.config)
     ids = prompts(batch, a.prompt, config.vocab_size)
@@ -142,7 +146,7 @@ def run_case(a: argparse.Namespace) -> dict:
         kw["load_format"] = "dummy"
     if spec:
         kw.update(speculative_algorithm="NEXTN", speculative_num_steps=3, speculative_eagle_topk=1,
-                  speculative_num_draft_tokens=4)
+                  speculative_num_draft_tokens=4, speculative_rollback=rollback or "snapshots")
         if a.token_map:
             kw["speculative_token_map"] = _token_map_file(a.token_map)
         if mode != "spec":  # spec:N
@@ -192,7 +196,8 @@ def main() -> None:
     if a.config.startswith(os.path.join(ROOT, "configs")) or a.config.startswith("configs/"):
         a.dummy = a.dummy or not os.path.exists(os.path.join(a.config, "model.safetensors"))
     rows = []
-    spec_modes = ["spec" if x == "default" else f"spec:{int(x)}" for x in a.limits.split(",")]
+    spec_modes = [("spec" if x == "default" else f"spec:{int(x)}") + f"@{r}"
+                  for x in a.limits.split(",") for r in a.rollbacks.split(",")]
     for batch in (int(b) for b in a.batch.split(",")):
         case = {}
         for mode in ["plain"] + spec_modes:
@@ -215,7 +220,9 @@ def main() -> None:
             spec = case[mode]
             same = (None if a.accept != "none"
                     else sum(spec["tokens"][r] == plain["tokens"][r] for r in plain["tokens"]))
-            row = {"batch": batch, "limit": "default" if mode == "spec" else int(mode.split(":")[1]),
+            limit, _, rollback = mode.partition("@")
+            row = {"batch": batch, "limit": "default" if limit == "spec" else int(limit.split(":")[1]),
+                   "rollback": rollback,
                    "plain_tok_s": round(plain["decode_tok_s"], 1), "spec_tok_s": round(spec["decode_tok_s"], 1),
                    "speedup": round(spec["decode_tok_s"] / plain["decode_tok_s"], 3),
                    "accept_length": round(spec["accept_length"] or 0, 3),
@@ -228,12 +235,12 @@ def main() -> None:
     print(f"\n# Speculative decoding, {a.config}, prompt {a.prompt}, {a.output} out, drafts: "
           f"{'MTP layer' if a.accept == 'none' else f'TEST-ONLY forced acceptance {a.accept} (every pass runs)'}"
           f"{f', token map {a.token_map}' if a.token_map else ''}\n")
-    print("| batch | --speculative-disable-by-batch-size | plain tok/s | spec tok/s | spec / plain | accept length "
-          "| greedy equal |")
-    print("|---|---|---|---|---|---|---|")
+    print("| batch | --speculative-disable-by-batch-size | --speculative-rollback | plain tok/s | spec tok/s "
+          "| spec / plain | accept length | greedy equal |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['batch']} | {r['limit']} | {r['plain_tok_s']} | {r['spec_tok_s']} | {r['speedup']}x "
-              f"| {r['accept_length']} | {r['greedy_equal']} |")
+        print(f"| {r['batch']} | {r['limit']} | {r['rollback']} | {r['plain_tok_s']} | {r['spec_tok_s']} "
+              f"| {r['speedup']}x | {r['accept_length']} | {r['greedy_equal']} |")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"config": a.config, "accept": a.accept, "rows": rows}, f, indent=1)

@@ -45,6 +45,9 @@ class StepPlan:
     prev_rows: list[int] | None = None
     snapshots: list[list[tuple[int, int]]] | None = None
     logit_rows: list[int] | None = None
+    # a verify step whose gated-delta-rule layers keep their slots as checkpoints and their inputs, for a
+    # replay of each row's kept tokens after the accept decision (ForwardBatch.replay_recurrent)
+    replay_recurrent: bool = False
 
     @property
     def num_rows(self) -> int:
@@ -89,6 +92,10 @@ class ForwardBatch:
     snap_slots: torch.Tensor | None = None
     # every row holds at most SHORT_ROW_TOKENS tokens (pad rows aside): recurrent layers step token by token
     short_rows: bool = False
+    # (short rows only) the gated-delta-rule layers write no state, neither at the cuts nor at the rows' ends,
+    # and keep their inputs, which the kept tokens then run again from the untouched slots (layers/gdn.py:
+    # GatedDeltaNet.replay); the conv1d states are written as in any step
+    replay_recurrent: bool = False
 
     @property
     def batch_size(self) -> int:

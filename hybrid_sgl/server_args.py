@@ -121,6 +121,11 @@ class ServerArgs:
     speculative_eagle_topk: int = _f(1, "Draft branches per step: only 1 (a chain; tree drafting is not built).")
     speculative_num_draft_tokens: int | None = _f(None, "Tokens verified per request and step: num_steps + 1 "
                                                   "(the only value a chain allows). Default: that.")
+    speculative_rollback: str = _f("snapshots", "How a verify step rolls back the gated-delta-rule state: "
+                                   "'snapshots' writes the state after each draft and copies the kept one back; "
+                                   "'replay' writes none and runs the kept tokens again from the untouched slot "
+                                   "(less device time from about 16 rows; not yet timed end to end).",
+                                   ["snapshots", "replay"])
     speculative_disable_by_batch_size: int = _f(SPEC_DISABLE_BY_BATCH_SIZE, "While this many requests or more "
                                                 "run or wait (up to --max-running-requests), decode steps run "
                                                 "without drafts (plain decode steps, overlapped unless "
@@ -357,6 +362,15 @@ def _check_speculative(args: ServerArgs) -> None:
                          f"verifies {args.speculative_num_steps + 1} tokens; use that or leave it unset")
     if args.tp_size > 1:
         raise ValueError("--speculative-algorithm with --tp-size > 1 is not supported yet: use --tp-size 1")
+    if args.speculative_rollback == "replay" and args.speculative_num_steps + 1 > _short_row_tokens():
+        raise ValueError(f"--speculative-rollback replay runs verify steps of at most {_short_row_tokens()} tokens a "
+                         f"request: use --speculative-num-steps {_short_row_tokens() - 1} or fewer")
+
+
+def _short_row_tokens() -> int:
+    from hybrid_sgl.batch import SHORT_ROW_TOKENS  # (torch: imported only when asked)
+
+    return SHORT_ROW_TOKENS
 
 
 def _sglang_attention_backend(name: str, device: str) -> str:

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from triton_kernels.gdn_chunk import check_varlen_args
+from triton_kernels.gdn_chunk import check_varlen_args, gdn_prefill_ref
 from triton_kernels.gdn_gating import gdn_gate, l2norm
 from triton_kernels.gdn_recurrent import _decode_config
 
@@ -153,4 +153,28 @@ def gdn_rows(
         HK=HK, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, HAS_SNAP=has_snap, WRITE_FINAL=write_final,
         HAS_LENS=row_lens is not None, num_warps=num_warps,
     )
+    return o
+
+
+def gdn_rows_ref(*, pad_slot: int = -1, write_final: bool = True, row_lens: torch.Tensor | None = None,
+                 **kwargs) -> torch.Tensor:
+    """gdn_rows defined in torch: gdn_chunk.gdn_prefill_ref over the rows (pad rows are computed too; their
+    outputs go unread), the slots put back after it when not write_final, and with row_lens only each row's
+    first row_lens[i] tokens run (gathered into rows of their own; the other outputs are zeros)."""
+    if row_lens is not None:
+        cu, lens = kwargs["cu_seqlens"], row_lens.tolist()
+        starts = cu.tolist()
+        picked = torch.tensor([t for start, m in zip(starts, lens) for t in range(start, start + m)],
+                              dtype=torch.long, device=cu.device)
+        rows = {name: kwargs[name].index_select(0, picked) for name in ("q", "k", "v", "a", "b")}
+        cu_kept = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=cu.dtype, device=cu.device)
+        o_kept = gdn_rows_ref(write_final=write_final, **{**kwargs, **rows, "cu_seqlens": cu_kept})
+        o = torch.zeros(kwargs["v"].shape, dtype=o_kept.dtype, device=o_kept.device)
+        return o.index_copy_(0, picked, o_kept)
+    if write_final:
+        return gdn_prefill_ref(**kwargs)
+    states, slots = kwargs["ssm_states"], kwargs["state_slots"].long()
+    before = states[slots].clone()
+    o = gdn_prefill_ref(**kwargs)
+    states[slots] = before
     return o

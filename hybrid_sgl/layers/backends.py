@@ -175,9 +175,7 @@ def _vllm_attention(dense: DenseOps) -> AttentionOps:
 def _torch_linear_attn(dense: DenseOps) -> LinearAttnOps:
     from triton_kernels import causal_conv1d as conv
     from triton_kernels import gdn_chunk, gdn_recurrent
-
-    def gdn_rows_ref(*, pad_slot: int = -1, **kwargs):  # (pad rows computed too: their outputs are unread)
-        return gdn_chunk.gdn_prefill_ref(**kwargs)
+    from triton_kernels.gdn_short_rows import gdn_rows_ref
 
     def conv_rows_ref(*, pad_slot: int = -1, **kwargs):
         return conv.causal_conv1d_prefill_ref(**kwargs)

@@ -45,6 +45,7 @@ class GatedDeltaNet(nn.Module):
         self.dt_bias = nn.Parameter(torch.ones(s.num_v_heads, dtype=torch.float32))
         self.norm = GatedRMSNorm(s.head_v_dim, eps, ops=ops.dense)
         self.out_proj = RowParallelLinear(Block("out_proj", s.head_v_dim, v_split), hidden_size, ops=ops.dense)
+        self.kept: KeptInputs | None = None  # speculative verify steps' inputs (keep_inputs_for_replay)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
@@ -65,11 +66,17 @@ class GatedDeltaNet(nn.Module):
         short = {"pad_slot": fb.state_pool.pad_slot} if fb.short_rows else {}
         conv = self.ops.conv_rows if fb.short_rows else self.ops.conv_prefill
         recurrence = self.ops.gdn_rows if fb.short_rows else self.ops.gdn_prefill
+        assert fb.short_rows or not fb.replay_recurrent, "a replayed verify step has short rows"
 
         def core(cu_seqlens, state_slots, has_initial_state, cuts, qkv, a, b):
             qkv = conv(x=qkv, weight=self.conv_weight, bias=None, conv_states=conv_states, cu_seqlens=cu_seqlens,
                        state_slots=state_slots, has_initial_state=has_initial_state, **cuts, **short)
             q, k, v = self._heads(qkv)
+            if fb.replay_recurrent:  # the slots stay checkpoints; the kept tokens run again in replay()
+                self.kept.keep(q, k, v, a, b)
+                return recurrence(q=q, k=k, v=v, a=a, b=b, A_log=self.A_log, dt_bias=self.dt_bias,
+                                  ssm_states=ssm_states, state_slots=state_slots, cu_seqlens=cu_seqlens,
+                                  has_initial_state=has_initial_state, write_final=False, **short)
             return recurrence(q=q, k=k, v=v, a=a, b=b, A_log=self.A_log, dt_bias=self.dt_bias, ssm_states=ssm_states,
                               state_slots=state_slots, cu_seqlens=cu_seqlens, has_initial_state=has_initial_state,
                               **cuts, **short)
@@ -77,6 +84,20 @@ class GatedDeltaNet(nn.Module):
         o = fb.recurrent(core, qkv, a, b)
         o = self.norm(o, z)  # [T, Hv, V]
         return self.out_proj(o.view(t, s.value_dim))
+
+    def keep_inputs_for_replay(self, max_tokens: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Static buffers for the inputs of replayed verify steps (before their graphs are captured)."""
+        self.kept = KeptInputs(self.spec, max_tokens, dtype, device)
+
+    def replay(self, state_pool, rows: dict[str, torch.Tensor], row_lens: torch.Tensor, n: int) -> None:
+        """Run the first row_lens[i] tokens of each row of the last replayed verify step again, from the slots
+        it left as they were, writing the slots: the state after the tokens each row kept. rows: that step's
+        real rows, packed first in its kept inputs (cu_seqlens [B + 1], state_slots [B], has_initial_state
+        [B]), n = their tokens; row_lens [B] int32."""
+        kept = self.kept
+        self.ops.gdn_rows(q=kept.q[:n], k=kept.k[:n], v=kept.v[:n], a=kept.a[:n], b=kept.b[:n], A_log=self.A_log,
+                          dt_bias=self.dt_bias, ssm_states=state_pool.layer(self.state_index)[1], **rows,
+                          pad_slot=state_pool.pad_slot, row_lens=row_lens)
 
     def _heads(self, qkv: torch.Tensor):
         """[T, conv_dim] -> q, k [T, Hk, K], v [T, Hv, V]."""
@@ -123,3 +144,29 @@ class GatedDeltaNet(nn.Module):
         """[Hk * sum(sizes), H] grouped by key head (whole checkpoint) -> one [Hk * size, H] block per part."""
         grouped = tensor.view(self.full.num_k_heads, sum(sizes), tensor.shape[-1])
         return [part.reshape(-1, tensor.shape[-1]) for part in grouped.split(sizes, dim=1)]
+
+
+class KeptInputs:
+    """The gated delta rule's inputs of a replayed verify step, in static buffers (the verify graphs copy into
+    them): q, k [T, Hk, K], v [T, Hv, V], a, b [T, Hv] of max_tokens rows (a graph's copies hold its shape's
+    tokens, the step's real rows first)."""
+
+    def __init__(self, spec: GDNSpec, max_tokens: int, dtype: torch.dtype, device: torch.device):
+        self.k_heads, self.v_heads = (spec.num_k_heads, spec.head_k_dim), (spec.num_v_heads, spec.head_v_dim)
+        self.dtype, self.device = dtype, device
+        self._allocate(max_tokens)
+
+    def _allocate(self, rows: int) -> None:
+        def buf(*shape):
+            return torch.zeros(rows, *shape, dtype=self.dtype, device=self.device)
+
+        self.q, self.k, self.v = buf(*self.k_heads), buf(*self.k_heads), buf(*self.v_heads)
+        self.a, self.b = buf(self.v_heads[0]), buf(self.v_heads[0])
+
+    def keep(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+        n = q.shape[0]
+        if n > self.q.shape[0]:  # an eager step past the graphs' sizes (never inside a capture)
+            assert not (q.is_cuda and torch.cuda.is_current_stream_capturing()), "kept inputs too small for a graph"
+            self._allocate(n)
+        for dst, src in ((self.q, q), (self.k, k), (self.v, v), (self.a, a), (self.b, b)):
+            dst[:n].copy_(src)

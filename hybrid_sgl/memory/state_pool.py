@@ -48,14 +48,15 @@ class StatePool:
         self.conv[:, dst].copy_(self.conv[:, src])
         self.ssm[:, dst].copy_(self.ssm[:, src])
 
-    def copy_slots(self, src: list[int], dst: list[int]) -> None:
+    def copy_slots(self, src: list[int], dst: list[int], ssm: bool = True) -> None:
         """State of every layer at rows src[i] -> dst[i] (dst distinct, none of them a src): one gather and
-        one scatter a tensor, queued on the stream (no host wait)."""
+        one scatter a tensor, queued on the stream (no host wait). ssm=False: the conv states only."""
         if not src:
             return
         src_t, dst_t = device_index(src, self.conv.device), device_index(dst, self.conv.device)
         self.conv.index_copy_(1, dst_t, self.conv.index_select(1, src_t))
-        self.ssm.index_copy_(1, dst_t, self.ssm.index_select(1, src_t))
+        if ssm:
+            self.ssm.index_copy_(1, dst_t, self.ssm.index_select(1, src_t))
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(conv [S+1, W-1, D], ssm [S+1, ...]) of state layer `index`, as views into the pool."""

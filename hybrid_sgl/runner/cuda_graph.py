@@ -65,11 +65,13 @@ class StepGraphs:
 
     def __init__(self, *, model: torch.nn.Module, inputs: StepInputs, mode: ForwardMode,
                  shapes: list[tuple[int, int]], with_prev: bool = False, short_rows: bool = False,
-                 forward: Callable[[ForwardBatch], torch.Tensor] | None = None):
+                 replay_recurrent: bool = False, forward: Callable[[ForwardBatch], torch.Tensor] | None = None):
         """forward: what a graph runs on its step's ForwardBatch (default: the model, then the logits of a
-        decode step); its output [T or B, ...] is read after each replay."""
+        decode step); its output [T or B, ...] is read after each replay. replay_recurrent: verify graphs
+        whose gated-delta-rule layers keep checkpoints (ForwardBatch.replay_recurrent); they take only such
+        plans, and other graphs never take them."""
         self.model, self.inputs, self.mode, self.with_prev = model, inputs, mode, with_prev
-        self.short_rows = short_rows
+        self.short_rows, self.replay_recurrent = short_rows, replay_recurrent
         self.forward = forward
         self.shapes = sorted(shapes)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
@@ -78,14 +80,16 @@ class StepGraphs:
     def shape_for(self, plan: StepPlan) -> tuple[int, int] | None:
         """The smallest shape that holds the plan (extend shapes keep a pad row), or None."""
         t, b = plan.num_tokens, plan.num_rows
-        if plan.mode is not self.mode or (self.short_rows and not plan.short_rows):
+        if (plan.mode is not self.mode or (self.short_rows and not plan.short_rows)
+                or plan.replay_recurrent != self.replay_recurrent):
             return None
         pad_row = 1 if self.mode is ForwardMode.EXTEND else 0
         fits = [(T, B) for T, B in self.shapes if t <= T and b + pad_row <= B]
         return min(fits) if fits else None
 
     def _forward(self, shape: tuple[int, int]) -> torch.Tensor:
-        fb = self.inputs.batch(self.mode, *shape, with_prev=self.with_prev, short_rows=self.short_rows)
+        fb = self.inputs.batch(self.mode, *shape, with_prev=self.with_prev, short_rows=self.short_rows,
+                               replay_recurrent=self.replay_recurrent)
         if self.forward is not None:
             return self.forward(fb)
         hidden = self.model(fb)

@@ -142,8 +142,8 @@ class ModelRunner:
         self.inputs = self._step_inputs(self.allocator, self.kv_pool, self.state_pool, self._max_step_tokens(),
                                         self.plan.max_running_requests + 1)
         self.last_hidden: torch.Tensor | None = None
-        self.speculative = (SpecDecoder(self, self.spec_steps, args.speculative_disable_by_batch_size)
-                            if self.spec_steps else None)
+        self.speculative = (SpecDecoder(self, self.spec_steps, args.speculative_disable_by_batch_size,
+                                        replay=args.speculative_rollback == "replay") if self.spec_steps else None)
         self.graphs, self.extend_graphs, self.verify_graphs = self._capture_graphs(backends)
         rows, pinned = self.plan.max_running_requests, self.device.type == "cuda"
         self._host_ids = [torch.empty(rows, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
@@ -288,7 +288,7 @@ class ModelRunner:
                 return decode, extend, None
             shapes = [s for s in short_row_shapes(spec_bs, self.spec_steps + 1) if self.inputs.fits(*s)]
             verify = StepGraphs(model=self.model, inputs=self.inputs, mode=ForwardMode.EXTEND, shapes=shapes,
-                                short_rows=True)
+                                short_rows=True, replay_recurrent=self.speculative.replay)
             verify.capture()
             self.speculative.capture_graphs(shapes, decode_sizes(spec_bs))
         return decode, extend, verify

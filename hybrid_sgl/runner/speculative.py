@@ -15,8 +15,13 @@ L..L+k in an extend-shaped step, which gives the model's distribution p_i after 
 Rollback: the verify step's recurrent kernels write the state after each of the first k tokens of
 a row into the slot's k verify rows (snapshot cuts, ForwardBatch.snap_pos), and the slot holds the
 state after all k + 1. Keeping m tokens copies row m - 1 into the slot (m = k + 1: nothing to do).
-KV written past the kept tokens is overwritten before anything reads it. Other rows of the same step
-(sampled, constrained, logprob requests) are one-token rows sampled as in any decode step.
+With --speculative-rollback replay (vLLM's ReplaySSM) the gated-delta-rule layers write no state in
+the verify step and keep its inputs; rollback then runs each row's m kept tokens again from the
+untouched slot (one short-row kernel a layer, GatedDeltaNet.replay), and copies only the conv1d
+state of row m - 1 (bench/README.md: the replay writes the 2 MiB state once where the snapshots write
+it k + 1 times). KV written past the kept tokens is overwritten before anything reads it. Other rows
+of the same step (sampled, constrained, logprob requests) are one-token rows sampled as in any decode
+step (replayed with their one token).
 
 Drafting: the MTP layer's entry i takes the token at i + 1 and the model's final hidden state at i.
 After every step, each row's new entries (the prompt chunk's, or the kept tokens') run through it in
@@ -32,6 +37,7 @@ which can lower their acceptance but never changes a token (every draft is verif
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -86,12 +92,22 @@ class DraftEntries:
 
 
 class SpecDecoder:
-    def __init__(self, runner: ModelRunner, num_steps: int, disable_batch_size: int = 0):
+    def __init__(self, runner: ModelRunner, num_steps: int, disable_batch_size: int = 0, replay: bool = False):
         self.runner, self.k = runner, num_steps
         self.disable_batch_size = disable_batch_size  # decode steps of this many rows or more take no drafts (0: never)
         self.verified_rows = 0  # rows verified with drafts, over all steps
         self.verified_tokens = 0  # tokens those rows gained
         self._rollbacks: list[tuple[int, int]] = []  # (verify row, slot) state copies keep() asked for
+        self.replay = replay  # --speculative-rollback replay: the GDN layers keep checkpoints and inputs
+        self._replay_layers = []
+        if replay:
+            from hybrid_sgl.layers.gdn import GatedDeltaNet
+
+            self._replay_layers = [m for m in runner.model.modules() if isinstance(m, GatedDeltaNet)]
+            for layer in self._replay_layers:
+                layer.keep_inputs_for_replay(runner.inputs.max_tokens, runner.dtype, runner.device)
+        self._verified: StepPlan | None = None  # the last verify step, until its rollback
+        self._kept: dict[int, int] = {}  # its rows' kept tokens (by slot), keep() tells them
         # CUDA graphs of the MTP passes (capture_graphs): the first over short rows of entries, the chained
         # one-entry passes decode-shaped; draft_in is their static input of final hidden states
         self.first_graphs: StepGraphs | None = None
@@ -181,8 +197,11 @@ class SpecDecoder:
                 rows.append(offset + len(run) - 1)
             offset += len(run)
         plan = StepPlan(mode=ForwardMode.EXTEND, tokens=tokens, prefix_lens=[it.start for it in items],
-                        slots=[it.req.slot for it in items], snapshots=cuts if draft_rows else None, logit_rows=rows)
+                        slots=[it.req.slot for it in items], snapshots=cuts if draft_rows else None, logit_rows=rows,
+                        replay_recurrent=self.replay)
         logits = r.forward_step(plan)
+        if self.replay:
+            self._verified, self._kept = plan, {}
         results = [ItemResult() for _ in items]
         if plain_rows:
             r._sample(logits, items, results, plain_rows)
@@ -210,15 +229,33 @@ class SpecDecoder:
         """req's verify row of run_len tokens keeps its first `kept` (1..run_len): its slot's state is to go
         back to the state after them, in the next roll_back (one copy for the whole step)."""
         self.verified_tokens += kept
+        if self.replay:
+            self._kept[req.slot] = kept
         if kept < run_len:
             self._rollbacks.append((self.runner.allocator.draft_rows(req.slot)[kept - 1], req.slot))
 
     def roll_back(self) -> None:
-        """Queue the state copies of the rows kept since the last call (before anything reads the slots)."""
+        """Queue the state copies of the rows kept since the last call (before anything reads the slots);
+        with replay, the conv1d states' copies and the gated delta rule's replay of the last verify step."""
         if self._rollbacks:
             src, dst = zip(*self._rollbacks)
-            self.runner.state_pool.copy_slots(list(src), list(dst))
+            self.runner.state_pool.copy_slots(list(src), list(dst), ssm=not self.replay)
             self._rollbacks = []
+        if self._verified is not None:
+            self._replay(self._verified)
+            self._verified = None
+
+    def _replay(self, plan: StepPlan) -> None:
+        """Each row of `plan` (a replayed verify step) runs its kept tokens again in every GDN layer: the
+        rows with drafts those keep() was told, the others their one token."""
+        dev = self.runner.device
+        lens = [len(run) for run in plan.tokens]
+        rows = {"cu_seqlens": torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32).to(dev),
+                "state_slots": torch.tensor(plan.slots, dtype=torch.int32).to(dev),
+                "has_initial_state": torch.tensor([p > 0 for p in plan.prefix_lens]).to(dev)}
+        row_lens = torch.tensor([self._kept.get(slot, 1) for slot in plan.slots], dtype=torch.int32).to(dev)
+        for layer in self._replay_layers:
+            layer.replay(self.runner.state_pool, rows, row_lens, plan.num_tokens)
 
     # ---- draft -----------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -122,10 +122,11 @@ class StepInputs:
 
     # ---- device: the ForwardBatch of the last fill (capturable) --------------------------------------
     def batch(self, mode: ForwardMode, num_tokens: int, num_rows: int, *, max_pages: int | None = None,
-              with_prev: bool = False, short_rows: bool = False) -> ForwardBatch:
+              with_prev: bool = False, short_rows: bool = False, replay_recurrent: bool = False) -> ForwardBatch:
         """ForwardBatch of the shape (num_tokens, num_rows) from the device buffer; device ops only.
         max_pages: block-table width (None: the page table's, as graphs need). short_rows: every row
-        that is not a pad row holds at most SHORT_ROW_TOKENS tokens (StepPlan.short_rows)."""
+        that is not a pad row holds at most SHORT_ROW_TOKENS tokens (StepPlan.short_rows); replay_recurrent:
+        ForwardBatch.replay_recurrent."""
         T, B, d = num_tokens, num_rows, self.dev
         ids, positions, prev, row = d[:T], d[T:2 * T], d[2 * T:3 * T], d[3 * T:4 * T]
         slots, prefix, cu, snap_pos, snap_slots = _split_rows(d, T, B)
@@ -143,13 +144,15 @@ class StepInputs:
         return ForwardBatch(mode=mode, input_ids=ids, positions=positions, seq_lens=(prefix + lens).int(),
                             state_slots=slots.int(), block_table=block_table, slot_mapping=slot_mapping,
                             cu_seqlens=cu.int(), has_initial_state=prefix > 0, kv_pool=self.kv_pool,
-                            state_pool=self.state_pool, short_rows=short_rows, **cuts)
+                            state_pool=self.state_pool, short_rows=short_rows, replay_recurrent=replay_recurrent,
+                            **cuts)
 
     def eager_batch(self, plan: StepPlan, prev_ids: torch.Tensor | None = None) -> ForwardBatch:
         """fill + batch at the plan's own shape."""
         self.fill(plan, prev_ids=prev_ids)
         return self.batch(plan.mode, plan.num_tokens, plan.num_rows, with_prev=plan.prev_rows is not None,
-                          max_pages=-(-plan.max_seq_len // self.page_size), short_rows=plan.short_rows)
+                          max_pages=-(-plan.max_seq_len // self.page_size), short_rows=plan.short_rows,
+                          replay_recurrent=plan.replay_recurrent)
 
 
 def _split_rows(buf, T: int, B: int):
