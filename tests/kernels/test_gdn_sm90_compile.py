@@ -19,7 +19,7 @@ BF16 = "*bf16"
 gdn = dict(q=BF16, k=BF16, v=BF16, a=BF16, b=BF16, A_log="*fp32", dt_bias="*fp32", ssm_states="*fp32",
            state_slots="*i32", cu_seqlens="*i32", has_initial_state="*i1", o=BF16, g_cum="*fp32", kn=BF16,
            w=BF16, u=BF16, h=BF16, v_new=BF16, scale="fp32", z=BF16, norm_w=BF16, eps="fp32", arrivals="*i32",
-           snap_pos="*i32", snap_slots="*i32")
+           snap_pos="*i32", snap_slots="*i32", row_lens="*i32")
 for batch in (1, 8, 64, 256):
     for norm in (False, True):
         BV, warps = gdn_recurrent._decode_config(batch, HV, K, V, whole_heads=norm)
@@ -28,11 +28,12 @@ for batch in (1, 8, 64, 256):
     BV, warps = gdn_recurrent._decode_config(batch, HV, K, V)  # the prepared last-arriver norm at the unfused tiles
     out[f"decode B{batch} norm by the last"] = compile_sm90(
         gdn_recurrent._gdn_decode_kernel, gdn, dict(HK=HK, HV=HV, K=K, V=V, BK=K, BV=BV, VP=V, NORM=True), warps, 1)
-for rows in (1, 32, 64):  # verify steps: token by token over short rows, with and without cuts
+for rows in (1, 32, 64):  # verify steps: token by token over short rows, with and without cuts; the replay's two
     BV, warps = gdn_recurrent._decode_config(rows, HV, K, V)
-    for snap in (False, True):
-        out[f"short rows N{rows}{' cuts' * snap}"] = compile_sm90(gdn_short_rows._gdn_rows_kernel, gdn,
-            dict(HK=HK, HV=HV, K=K, V=V, BK=K, BV=BV, HAS_SNAP=snap), warps, 1)
+    for snap, final, lens, name in ((False, True, False, ""), (True, True, False, " cuts"),
+                                    (False, False, False, " checkpoints"), (False, True, True, " replay")):
+        out[f"short rows N{rows}{name}"] = compile_sm90(gdn_short_rows._gdn_rows_kernel, gdn,
+            dict(HK=HK, HV=HV, K=K, V=V, BK=K, BV=BV, HAS_SNAP=snap, WRITE_FINAL=final, HAS_LENS=lens), warps, 1)
 for c in parts.INTRA_CONFIGS:
     out[f"intra BV{c.kwargs['BV']} w{c.num_warps} s{c.num_stages}"] = compile_sm90(parts._gdn_chunk_intra_kernel, gdn,
         dict(HK=HK, HV=HV, K=K, V=V, BT=64, BK=K, BLOCK_N=64, PREC="tf32", **c.kwargs), c.num_warps, c.num_stages)
