@@ -119,8 +119,9 @@ def test_speculative_sampling_keeps_the_models_distribution():
         assert chi_square_p(second, probs[1]) > 1e-3, (draft, second)
 
 
-def test_sampled_logprob_and_constrained_requests_decode_beside_drafted_ones(tiny_checkpoint, monkeypatch):
-    path = tiny_checkpoint("qwen3_5", mtp=True)
+@pytest.mark.parametrize("rollback", ["snapshots", "replay"])
+def test_sampled_logprob_and_constrained_requests_decode_beside_drafted_ones(remembering, monkeypatch, rollback):
+    path = remembering("qwen3_5")
     greedy = dict(GREEDY)
     sampled = {**GREEDY, "temperature": 0.8, "sampling_seed": 5}
     constrained = {**GREEDY, "max_new_tokens": 8, "temperature": 0, "regex": "[0-9]+"}
@@ -137,7 +138,7 @@ def test_sampled_logprob_and_constrained_requests_decode_beside_drafted_ones(tin
     truth = {tuple(prompt): o["output_ids"] for prompt, o in zip(PROMPTS, plain)}
     scripted = ScriptedDrafts(truth, 0.8, seed=1)
     monkeypatch.setattr(SpecDecoder, "draft", lambda self, entries: scripted(self, entries))
-    spec = run(**SPEC)
+    spec = run(**SPEC, speculative_rollback=rollback)
     # the sampled request takes drafts too (speculative sampling: its distribution, not its draws, is kept)
     assert [spec[i]["output_ids"] for i in (0, 2, 3)] == [plain[i]["output_ids"] for i in (0, 2, 3)]
     assert len(spec[1]["output_ids"]) == len(plain[1]["output_ids"])
@@ -148,8 +149,9 @@ def test_sampled_logprob_and_constrained_requests_decode_beside_drafted_ones(tin
     assert lp == pytest.approx([x[0] for x in plain[3]["meta_info"]["output_token_logprobs"]], abs=1e-4)
 
 
-def test_prefix_cache_hits_and_preemption_keep_greedy_output_exact(tiny_checkpoint, monkeypatch):
-    path = tiny_checkpoint("qwen3_5", mtp=True)
+@pytest.mark.parametrize("rollback", ["snapshots", "replay"])
+def test_prefix_cache_hits_and_preemption_keep_greedy_output_exact(remembering, monkeypatch, rollback):
+    path = remembering("qwen3_5")
     system = _ids(9, 50)
     prompts = [system + _ids(10 + i, 8 + 3 * i) for i in range(4)]
     tight = dict(page_size=16, max_running_requests=4, max_total_tokens=160, chunked_prefill_size=32)
@@ -157,7 +159,7 @@ def test_prefix_cache_hits_and_preemption_keep_greedy_output_exact(tiny_checkpoi
     truth = {tuple(prompt): o["output_ids"] for prompt, o in zip(prompts, plain)}
     scripted = ScriptedDrafts(truth, 0.7, seed=2)
     monkeypatch.setattr(SpecDecoder, "draft", lambda self, entries: scripted(self, entries))
-    with Engine(model_path=path, **BASE, **tight, **SPEC) as engine:
+    with Engine(model_path=path, **BASE, **tight, **SPEC, speculative_rollback=rollback) as engine:
         first = engine.generate(input_ids=prompts, sampling_params=GREEDY)
         again = engine.generate(input_ids=prompts[0][:60], sampling_params=GREEDY)
         preemptions = engine.run_on_engine(lambda s: s.num_preemptions)

@@ -1,5 +1,5 @@
 """--speculative-rollback replay on CUDA through the Triton kernels, float32, with GDN layers that remember
-(tests/test_speculative_replay.py): the verify graphs keep their inputs and write no GDN state, the kept tokens
+(tests/conftest.py: remembering): the verify graphs keep their inputs and write no GDN state, the kept tokens
 are replayed after each verify step, and greedy output equals plain decoding, graphed and eager alike.
 Skipped without CUDA."""
 
@@ -9,14 +9,14 @@ from hybrid_sgl.engine import Engine
 from hybrid_sgl.runner.speculative import SpecDecoder
 from tests.gpu.test_model_cuda import BACKENDS
 from tests.test_speculative import GREEDY, PROMPTS, ScriptedDrafts, _generate
-from tests.test_speculative_replay import REPLAY, remembering  # noqa: F401 (the fixture)
+from tests.test_speculative_replay import REPLAY
 
 pytestmark = pytest.mark.gpu
 CUDA = dict(device="cuda", **BACKENDS["triton"])
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
-def test_replayed_rollback_on_cuda_graphed_and_eager(remembering, monkeypatch, family):  # noqa: F811
+def test_replayed_rollback_on_cuda_graphed_and_eager(remembering, monkeypatch, family):
     path = remembering(family)
     plain, _ = _generate(path, PROMPTS, GREEDY, **CUDA)
     truth = {tuple(prompt): o["output_ids"] for prompt, o in zip(PROMPTS, plain)}
