@@ -131,8 +131,9 @@ def _assert_within_e4m3_roundings(logprobs: list[list[float]], ref_logprobs: lis
 
 
 def test_online_fp8_stays_close_to_the_unquantized_model(tiny_checkpoint):
-    """Weights and activations each move by one e4m3 rounding at most."""
-    path = tiny_checkpoint("qwen3_5")
+    """Weights and activations each move by one e4m3 rounding at most (on GDN layers that forget: a remembered
+    state carries the roundings of every token before, past that bound)."""
+    path = tiny_checkpoint("qwen3_5", forgetful=True)
     _, logprobs, model = _run(path, quantization="fp8")
     _, ref_logprobs, _ = _run(path)
     assert sum(m.weight.dtype == FP8_DTYPE for m in model.modules() if hasattr(m, "weight_scale_inv")) == 4 * 4

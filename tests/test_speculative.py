@@ -120,8 +120,8 @@ def test_speculative_sampling_keeps_the_models_distribution():
 
 
 @pytest.mark.parametrize("rollback", ["snapshots", "replay"])
-def test_sampled_logprob_and_constrained_requests_decode_beside_drafted_ones(remembering, monkeypatch, rollback):
-    path = remembering("qwen3_5")
+def test_sampled_logprob_and_constrained_requests_decode_beside_drafted_ones(tiny_checkpoint, monkeypatch, rollback):
+    path = tiny_checkpoint("qwen3_5", mtp=True)
     greedy = dict(GREEDY)
     sampled = {**GREEDY, "temperature": 0.8, "sampling_seed": 5}
     constrained = {**GREEDY, "max_new_tokens": 8, "temperature": 0, "regex": "[0-9]+"}
@@ -150,8 +150,8 @@ def test_sampled_logprob_and_constrained_requests_decode_beside_drafted_ones(rem
 
 
 @pytest.mark.parametrize("rollback", ["snapshots", "replay"])
-def test_prefix_cache_hits_and_preemption_keep_greedy_output_exact(remembering, monkeypatch, rollback):
-    path = remembering("qwen3_5")
+def test_prefix_cache_hits_and_preemption_keep_greedy_output_exact(tiny_checkpoint, monkeypatch, rollback):
+    path = tiny_checkpoint("qwen3_5", mtp=True)
     system = _ids(9, 50)
     prompts = [system + _ids(10 + i, 8 + 3 * i) for i in range(4)]
     tight = dict(page_size=16, max_running_requests=4, max_total_tokens=160, chunked_prefill_size=32)

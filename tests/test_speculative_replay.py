@@ -3,9 +3,9 @@ keep their inputs, and rollback runs each row's kept tokens again from the untou
 equals plain decoding exactly, at every acceptance depth, and the pools stay whole. Drafts as in
 test_speculative.py: the true continuation with a set probability per token.
 
-The checkpoints are `remembering` ones (conftest.py): their GDN layers keep their state, which the tiny
-checkpoints' hardly do, so that a wrong state shows in the tokens. (Sampled, logprob and constrained requests
-beside drafted ones, the prefix cache and preemption: test_speculative.py, with both rollbacks.)"""
+The tiny checkpoints' GDN layers keep their state (hybrid_sgl/testing/tiny_checkpoint.py), so that a wrong
+state shows in the tokens. (Sampled, logprob and constrained requests beside drafted ones, the prefix cache
+and preemption: test_speculative.py, with both rollbacks.)"""
 
 import pytest
 
@@ -25,9 +25,9 @@ def _scripted(monkeypatch, prompts, plain, p: float, seed: int) -> None:
 @pytest.mark.parametrize("rollback", ["replay", "snapshots"])
 @pytest.mark.parametrize("family,p", [("qwen3_5", 0.5), ("qwen3_5", 0.9), ("qwen3_next", 0.7),
                                       ("qwen3_5_moe", 1.0)])
-def test_replayed_rollback_keeps_greedy_output_exact(remembering, monkeypatch, family, p, rollback):
+def test_replayed_rollback_keeps_greedy_output_exact(tiny_checkpoint, monkeypatch, family, p, rollback):
     """(Both rollback designs, on GDN layers that remember.)"""
-    path = remembering(family)
+    path = tiny_checkpoint(family, mtp=True)
     params = {**GREEDY, "max_new_tokens": 23}
     plain, _ = _generate(path, PROMPTS, params)
     _scripted(monkeypatch, PROMPTS, plain, p, seed=int(p * 10))
@@ -36,12 +36,12 @@ def test_replayed_rollback_keeps_greedy_output_exact(remembering, monkeypatch, f
     assert stats["avg_spec_accept_length"] > (2.0 if p >= 0.9 else 1.2)
 
 
-def test_verify_steps_write_no_gdn_state_and_replay_the_kept_tokens(remembering, monkeypatch):
+def test_verify_steps_write_no_gdn_state_and_replay_the_kept_tokens(tiny_checkpoint, monkeypatch):
     """With the Triton kernels (interpreter here): every verify step's gdn_rows call writes no state and takes
     no cuts; every replay runs each row's kept tokens (row_lens, 1 to k + 1); greedy output stays exact."""
     from triton_kernels import gdn_short_rows
 
-    path = remembering("qwen3_5")
+    path = tiny_checkpoint("qwen3_5", mtp=True)
     kw = dict(linear_attn_backend="triton")
     params = {**GREEDY, "max_new_tokens": 9}
     plain, _ = _generate(path, PROMPTS[:2], params, **kw)

@@ -58,12 +58,14 @@ def make_tokenizer(path: str, vocab_size: int = 400):
     return fast
 
 
-def make_checkpoint(path: str, family: str = "qwen3_5", seed: int = 0, mtp: bool = False, **overrides) -> str:
+def make_checkpoint(path: str, family: str = "qwen3_5", seed: int = 0, mtp: bool = False, forgetful: bool = False,
+                    **overrides) -> str:
     """Save a randomly initialized tiny model of `family` with its tokenizer into `path`.
 
     family: qwen3_5 | qwen3_5_moe | qwen3_next | qwen3_5_vl | qwen3_5_moe_vl (the *ForConditionalGeneration
     checkpoints, whose text model we serve), or one of FAMILY_BUILDERS. mtp: also store a random MTP layer
-    (`mtp.*`, as the published Qwen3.5 / Qwen3-Next checkpoints do; transformers builds none)."""
+    (`mtp.*`, as the published Qwen3.5 / Qwen3-Next checkpoints do; transformers builds none). forgetful: keep
+    HF's gated-delta-rule decays, which forget the state within a token (see _randomize_gates)."""
     sys.modules.setdefault("fla", None)  # HF's torch path on CPU
     import torch
     import transformers as tf
@@ -93,7 +95,7 @@ def make_checkpoint(path: str, family: str = "qwen3_5", seed: int = 0, mtp: bool
             model = tf.Qwen3_5MoeForConditionalGeneration(config)
     else:
         raise ValueError(f"unknown family {family!r}")
-    _randomize_gates(model, seed)
+    _randomize_gates(model, seed, remember=not forgetful)
     model.save_pretrained(path)
     with open(os.path.join(path, "generation_config.json"), "w") as f:
         json.dump({"eos_token_id": eos, "do_sample": False}, f)
@@ -131,13 +133,19 @@ def add_mtp_layer(path: str, seed: int) -> None:
         json.dump(config, f, indent=2)
 
 
-def _randomize_gates(model, seed: int) -> None:
+def _randomize_gates(model, seed: int, remember: bool = True) -> None:
     """HF initializes norms to identity and A/dt to fixed ranges; perturb them so that a parity test
-    also checks that every norm weight, decay and bias is read from the right place."""
+    also checks that every norm weight, decay and bias is read from the right place. The gated delta
+    rule's A is drawn from [0.02, 0.5] instead of HF's [0, 16]: at HF's values most heads forget their
+    state within a token (decay exp(-A softplus(a + dt_bias)) near zero), so a wrong state (a bad restore,
+    a rollback to the wrong position) would hardly show in the tokens; here the decay lies in ~[0.5, 0.97]
+    (remember=False: HF's)."""
     import torch
 
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
+            if remember and name.endswith("linear_attn.A_log"):
+                p.copy_(torch.empty(p.shape).uniform_(0.02, 0.5, generator=gen).log())
             if "norm" in name or name.endswith(("dt_bias", "A_log", ".bias")):
                 p.add_(torch.randn(p.shape, generator=gen) * 0.1)

@@ -1,7 +1,7 @@
-"""--speculative-rollback replay on CUDA through the Triton kernels, float32, with GDN layers that remember
-(tests/conftest.py: remembering): the verify graphs keep their inputs and write no GDN state, the kept tokens
-are replayed after each verify step, and greedy output equals plain decoding, graphed and eager alike.
-Skipped without CUDA."""
+"""--speculative-rollback replay on CUDA through the Triton kernels, float32 (the tiny checkpoints' GDN
+layers keep their state: hybrid_sgl/testing/tiny_checkpoint.py): the verify graphs keep their inputs and
+write no GDN state, the kept tokens are replayed after each verify step, and greedy output equals plain
+decoding, graphed and eager alike. Skipped without CUDA."""
 
 import pytest
 
@@ -16,8 +16,8 @@ CUDA = dict(device="cuda", **BACKENDS["triton"])
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
-def test_replayed_rollback_on_cuda_graphed_and_eager(remembering, monkeypatch, family):
-    path = remembering(family)
+def test_replayed_rollback_on_cuda_graphed_and_eager(tiny_checkpoint, monkeypatch, family):
+    path = tiny_checkpoint(family, mtp=True)
     plain, _ = _generate(path, PROMPTS, GREEDY, **CUDA)
     truth = {tuple(prompt): o["output_ids"] for prompt, o in zip(PROMPTS, plain)}
     scripted = ScriptedDrafts(truth, 0.8, seed=3)
