@@ -104,8 +104,10 @@ class SpecDecoder:
             from hybrid_sgl.layers.gdn import GatedDeltaNet
 
             self._replay_layers = [m for m in runner.model.modules() if isinstance(m, GatedDeltaNet)]
-            for layer in self._replay_layers:
-                layer.keep_inputs_for_replay(runner.inputs.max_tokens, runner.dtype, runner.device)
+            rows = runner.plan.max_running_requests  # a verify step's rows: below the batch limit
+            rows = min(rows, disable_batch_size - 1) if disable_batch_size > 1 else rows
+            for layer in self._replay_layers:  # (on the 9B shape 16.5 KB a token and layer: ~0.1 GB at 55 rows)
+                layer.keep_inputs_for_replay(rows * (num_steps + 1), runner.dtype, runner.device)
         self._verified: StepPlan | None = None  # the last verify step, until its rollback
         self._kept: dict[int, int] = {}  # its rows' kept tokens (by slot), keep() tells them
         # CUDA graphs of the MTP passes (capture_graphs): the first over short rows of entries, the chained
