@@ -38,7 +38,7 @@ for part in ${*:-tests profile}; do
       timeout 400 python3 bench/prefix_cache.py multiturn --config configs/qwen3_5-9b-text --users 48 --turns 6 \
         --out "$OUT/multiturn_9b.json" 2>&1 | quiet | tee "$OUT/multiturn_9b.log" | tail -6 ;;
     spec)
-      timeout 150 python3 -m pytest -q -rf -p no:cacheprovider -n 3 tests/gpu/test_speculative_cuda.py tests/gpu/test_speculative_replay_cuda.py tests/kernels/test_gdn_short_rows.py \
+      timeout 150 python3 -m pytest -q -rf -p no:cacheprovider -n 3 tests/gpu/test_speculative_cuda.py tests/kernels/test_gdn_short_rows.py \
         tests/gpu/test_step_graphs_cuda.py::test_snapshot_cuts_inside_graphed_extend_steps tests/gpu/test_warm_up_cuda.py 2>&1 \
         | tee "$OUT/tests_spec.log" | tail -8
       timeout 170 python3 bench/step_profile.py --config configs/qwen3_5-9b-text --steps 5 \
@@ -56,7 +56,7 @@ for part in ${*:-tests profile}; do
         | grep -E "hit_rate|output_tok_s|mean_ttft|rror" ;;
     tests_fp8_spec)  # the FP8 GEMMs (the few-rows choice included) and FP8 models, speculative decoding on CUDA
       timeout ${TESTS_TIMEOUT:-330} python3 -m pytest -q -rf -p no:cacheprovider -n 4 tests/kernels/test_fp8_gemm.py \
-        tests/gpu/test_fp8_cuda.py tests/gpu/test_speculative_cuda.py tests/gpu/test_speculative_replay_cuda.py 2>&1 | tee "$OUT/tests_fp8_spec.log" | tail -12 ;;
+        tests/gpu/test_fp8_cuda.py tests/gpu/test_speculative_cuda.py 2>&1 | tee "$OUT/tests_fp8_spec.log" | tail -12 ;;
     mtp_default)  # the default model's trained MTP layer: accept length on held-out text, tok/s with drafts on / off
       # (here, first: python tools/default_model/prepare_data.py; carry .data/default_model/validation.jsonl)
       timeout 300 python3 tools/default_model/mtp_accept.py --json "$OUT/mtp_accept.json" 2>&1 | quiet \

@@ -72,14 +72,13 @@ class GatedDeltaNet(nn.Module):
             qkv = conv(x=qkv, weight=self.conv_weight, bias=None, conv_states=conv_states, cu_seqlens=cu_seqlens,
                        state_slots=state_slots, has_initial_state=has_initial_state, **cuts, **short)
             q, k, v = self._heads(qkv)
-            if fb.replay_recurrent:  # the slots stay checkpoints; the kept tokens run again in replay()
+            written = cuts
+            if fb.replay_recurrent:  # no state written: the slots stay checkpoints, the kept tokens run in replay()
                 self.kept.keep(q, k, v, a, b)
-                return recurrence(q=q, k=k, v=v, a=a, b=b, A_log=self.A_log, dt_bias=self.dt_bias,
-                                  ssm_states=ssm_states, state_slots=state_slots, cu_seqlens=cu_seqlens,
-                                  has_initial_state=has_initial_state, write_final=False, **short)
+                written = {"write_final": False}
             return recurrence(q=q, k=k, v=v, a=a, b=b, A_log=self.A_log, dt_bias=self.dt_bias, ssm_states=ssm_states,
                               state_slots=state_slots, cu_seqlens=cu_seqlens, has_initial_state=has_initial_state,
-                              **cuts, **short)
+                              **written, **short)
 
         o = fb.recurrent(core, qkv, a, b)
         o = self.norm(o, z)  # [T, Hv, V]
@@ -147,26 +146,20 @@ class GatedDeltaNet(nn.Module):
 
 
 class KeptInputs:
-    """The gated delta rule's inputs of a replayed verify step, in static buffers (the verify graphs copy into
-    them): q, k [T, Hk, K], v [T, Hv, V], a, b [T, Hv] of max_tokens rows (a graph's copies hold its shape's
+    """The gated delta rule's inputs of a replayed verify step, in static buffers that the verify graphs copy
+    into: q, k [T, Hk, K], v [T, Hv, V], a, b [T, Hv] of max_tokens rows (a graph's copies hold its shape's
     tokens, the step's real rows first)."""
 
     def __init__(self, spec: GDNSpec, max_tokens: int, dtype: torch.dtype, device: torch.device):
-        self.k_heads, self.v_heads = (spec.num_k_heads, spec.head_k_dim), (spec.num_v_heads, spec.head_v_dim)
-        self.dtype, self.device = dtype, device
-        self._allocate(max_tokens)
-
-    def _allocate(self, rows: int) -> None:
         def buf(*shape):
-            return torch.zeros(rows, *shape, dtype=self.dtype, device=self.device)
+            return torch.zeros(max_tokens, *shape, dtype=dtype, device=device)
 
-        self.q, self.k, self.v = buf(*self.k_heads), buf(*self.k_heads), buf(*self.v_heads)
-        self.a, self.b = buf(self.v_heads[0]), buf(self.v_heads[0])
+        self.q, self.k = buf(spec.num_k_heads, spec.head_k_dim), buf(spec.num_k_heads, spec.head_k_dim)
+        self.v = buf(spec.num_v_heads, spec.head_v_dim)
+        self.a, self.b = buf(spec.num_v_heads), buf(spec.num_v_heads)
 
     def keep(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         n = q.shape[0]
-        if n > self.q.shape[0]:  # an eager step past the graphs' sizes (never inside a capture)
-            assert not (q.is_cuda and torch.cuda.is_current_stream_capturing()), "kept inputs too small for a graph"
-            self._allocate(n)
+        assert n <= self.q.shape[0], f"a verify step of {n} tokens; the kept inputs hold {self.q.shape[0]}"
         for dst, src in ((self.q, q), (self.k, k), (self.v, v), (self.a, a), (self.b, b)):
             dst[:n].copy_(src)

@@ -37,13 +37,13 @@ which can lower their acceptance but never changes a token (every draft is verif
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from hybrid_sgl.batch import ForwardMode, StepPlan, device_index
+from hybrid_sgl.layers.gdn import GatedDeltaNet
 from hybrid_sgl.runner.cuda_graph import StepGraphs
 from hybrid_sgl.runner.sampler import filtered_probs
 
@@ -101,8 +101,6 @@ class SpecDecoder:
         self.replay = replay  # --speculative-rollback replay: the GDN layers keep checkpoints and inputs
         self._replay_layers = []
         if replay:
-            from hybrid_sgl.layers.gdn import GatedDeltaNet
-
             self._replay_layers = [m for m in runner.model.modules() if isinstance(m, GatedDeltaNet)]
             rows = runner.plan.max_running_requests  # a verify step's rows: below the batch limit
             rows = min(rows, disable_batch_size - 1) if disable_batch_size > 1 else rows
@@ -250,12 +248,14 @@ class SpecDecoder:
     def _replay(self, plan: StepPlan) -> None:
         """Each row of `plan` (a replayed verify step) runs its kept tokens again in every GDN layer: the
         rows with drafts those keep() was told, the others their one token."""
-        dev = self.runner.device
-        lens = [len(run) for run in plan.tokens]
-        rows = {"cu_seqlens": torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32).to(dev),
-                "state_slots": torch.tensor(plan.slots, dtype=torch.int32).to(dev),
-                "has_initial_state": torch.tensor([p > 0 for p in plan.prefix_lens]).to(dev)}
-        row_lens = torch.tensor([self._kept.get(slot, 1) for slot in plan.slots], dtype=torch.int32).to(dev)
+        b, cu = plan.num_rows, [0]
+        for run in plan.tokens:
+            cu.append(cu[-1] + len(run))
+        packed = device_index(cu + plan.slots + [int(p > 0) for p in plan.prefix_lens]  # one host-to-device copy
+                              + [self._kept.get(slot, 1) for slot in plan.slots], self.runner.device)
+        rows = {"cu_seqlens": packed[:b + 1], "state_slots": packed[b + 1:2 * b + 1],
+                "has_initial_state": packed[2 * b + 1:3 * b + 1]}
+        row_lens = packed[3 * b + 1:]
         for layer in self._replay_layers:
             layer.replay(self.runner.state_pool, rows, row_lens, plan.num_tokens)
 
