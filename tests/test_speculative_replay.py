@@ -70,3 +70,27 @@ def test_replay_needs_short_verify_rows(tiny_checkpoint):
         ServerArgs(model_path=path, **BASE, **{**REPLAY, "speculative_num_steps": 8}).resolved()
     with pytest.raises(ValueError, match="speculative-rollback"):
         ServerArgs(model_path=path, **BASE, **{**REPLAY, "speculative_rollback": "rewind"}).resolved()
+
+
+def test_replay_warm_up_writes_nothing(tiny_checkpoint):
+    """SpecDecoder.warm_up (run before serving on CUDA, to compile the replay's kernel variant) goes through the
+    served replay with one row in the pad slot, which the kernel skips: every state row, the pad slot's
+    included, stays as it was, after a request has left real state in the pool."""
+    import torch
+
+    from hybrid_sgl.engine import Engine
+
+    path = tiny_checkpoint("qwen3_5", mtp=True)
+    with Engine(model_path=path, **BASE, **REPLAY, linear_attn_backend="triton") as engine:
+        engine.generate(input_ids=PROMPTS[:1], sampling_params={**GREEDY, "max_new_tokens": 3})
+        pool = engine.runner.state_pool
+        before = pool.ssm.clone(), pool.conv.clone()
+        assert before[0].abs().sum() > 0
+        replays = []
+        for layer in engine.runner.speculative._replay_layers:
+            real = layer.replay
+            layer.replay = lambda *a, _real=real, **kw: (replays.append(a[2].tolist()), _real(*a, **kw))
+        engine.runner.speculative.warm_up()
+        assert len(replays) == len(engine.runner.speculative._replay_layers) and replays[0] == [1]
+        assert torch.equal(pool.ssm, before[0]) and torch.equal(pool.conv, before[1])
+        engine.check_integrity()

@@ -152,6 +152,8 @@ class ModelRunner:
         self.sampler = Sampler()
         if self.device.type == "cuda":
             eager_steps = warm_up_eager_steps(self)  # every rank: the steps' all-reduces pair up
+            if self.speculative is not None:
+                self.speculative.warm_up()
             if tp.rank == 0:  # rank 0 samples for every rank
                 warm_up_sampler(self)
             self.compile_watch.serving()

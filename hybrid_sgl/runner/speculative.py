@@ -245,6 +245,14 @@ class SpecDecoder:
             self._replay(self._verified)
             self._verified = None
 
+    def warm_up(self) -> None:
+        """Compile the replay's kernel variant (gdn_rows with row_lens) before serving, through _replay itself
+        (the same argument types as served): one row in the pad slot, which the kernel skips, so nothing is
+        written."""
+        if self.replay:
+            pad = self.runner.state_pool.pad_slot
+            self._replay(StepPlan(mode=ForwardMode.EXTEND, tokens=[[0]], prefix_lens=[1], slots=[pad]))
+
     def _replay(self, plan: StepPlan) -> None:
         """Each row of `plan` (a replayed verify step) runs its kept tokens again in every GDN layer: the
         rows with drafts those keep() was told, the others their one token."""

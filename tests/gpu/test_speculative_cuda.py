@@ -2,7 +2,7 @@
 graphs with their cuts, and greedy output equals plain decoding, with the MTP layer's drafts and with
 test-only drafts that are mostly right (so that rollback runs at every depth); with --speculative-rollback
 replay too (the verify graphs keep their inputs and write no GDN state, the kept tokens are replayed after
-each verify step), graphed and eager. Skipped without CUDA."""
+each verify step, by a kernel variant compiled in the warm-up), graphed and eager. Skipped without CUDA."""
 
 import pytest
 
@@ -75,6 +75,8 @@ def test_replayed_rollback_on_cuda_graphed_and_eager(tiny_checkpoint, monkeypatc
                 verify.run = lambda *a, **k: (replays.__setitem__(0, replays[0] + 1), real(*a, **k))[1]
             outs = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
             engine.check_integrity()
+            # the replay's kernel variant was compiled by SpecDecoder.warm_up, not at the first rollback
+            assert not [c for c in engine.runner.compile_watch.after_warm_up if "gdn_rows" in c]
         return outs, replays[0]
 
     graphed, verify_replays = run()
