@@ -73,9 +73,10 @@ def test_replay_needs_short_verify_rows(tiny_checkpoint):
 
 
 def test_replay_warm_up_writes_nothing(tiny_checkpoint):
-    """SpecDecoder.warm_up (run before serving on CUDA, to compile the replay's kernel variant) goes through the
-    served replay with one row in the pad slot, which the kernel skips: every state row, the pad slot's
-    included, stays as it was, after a request has left real state in the pool."""
+    """SpecDecoder.warm_up (run before serving on CUDA, to compile the replay's kernel variants) goes through the
+    served replay with steps of 1 to the most verify rows, every row in the pad slot, which the kernel skips:
+    every state row, the pad slot's included, stays as it was, after a request has left real state in the
+    pool; the metadata's segments start at 16-byte boundaries (Triton specializes on pointer alignment)."""
     import torch
 
     from hybrid_sgl.engine import Engine
@@ -83,14 +84,22 @@ def test_replay_warm_up_writes_nothing(tiny_checkpoint):
     path = tiny_checkpoint("qwen3_5", mtp=True)
     with Engine(model_path=path, **BASE, **REPLAY, linear_attn_backend="triton") as engine:
         engine.generate(input_ids=PROMPTS[:1], sampling_params={**GREEDY, "max_new_tokens": 3})
-        pool = engine.runner.state_pool
+        spec, pool = engine.runner.speculative, engine.runner.state_pool
         before = pool.ssm.clone(), pool.conv.clone()
         assert before[0].abs().sum() > 0
         replays = []
-        for layer in engine.runner.speculative._replay_layers:
+        for i, layer in enumerate(spec._replay_layers):
             real = layer.replay
-            layer.replay = lambda *a, _real=real, **kw: (replays.append(a[2].tolist()), _real(*a, **kw))
-        engine.runner.speculative.warm_up()
-        assert len(replays) == len(engine.runner.speculative._replay_layers) and replays[0] == [1]
+
+            def watched(pool_, rows, row_lens, n, _real=real, _i=i):
+                replays.append((_i, row_lens.tolist()))
+                assert all(t.data_ptr() % 16 == 0 for t in (*rows.values(), row_lens))
+                return _real(pool_, rows, row_lens, n)
+
+            layer.replay = watched
+        spec.warm_up()
+        assert spec._replay_rows >= 2
+        assert sorted(i for i, lens in replays if lens == [1]) == list(range(len(spec._replay_layers)))
+        assert sorted(len(lens) for i, lens in replays if i == 0) == list(range(1, spec._replay_rows + 1))
         assert torch.equal(pool.ssm, before[0]) and torch.equal(pool.conv, before[1])
         engine.check_integrity()

@@ -104,6 +104,7 @@ class SpecDecoder:
             self._replay_layers = [m for m in runner.model.modules() if isinstance(m, GatedDeltaNet)]
             rows = runner.plan.max_running_requests  # a verify step's rows: below the batch limit
             rows = min(rows, disable_batch_size - 1) if disable_batch_size > 1 else rows
+            self._replay_rows = rows
             for layer in self._replay_layers:  # (on the 9B shape 16.5 KB a token and layer: ~0.1 GB at 55 rows)
                 layer.keep_inputs_for_replay(rows * (num_steps + 1), runner.dtype, runner.device)
         self._verified: StepPlan | None = None  # the last verify step, until its rollback
@@ -246,26 +247,32 @@ class SpecDecoder:
             self._verified = None
 
     def warm_up(self) -> None:
-        """Compile the replay's kernel variant (gdn_rows with row_lens) before serving, through _replay itself
-        (the same argument types as served): one row in the pad slot, which the kernel skips, so nothing is
-        written."""
+        """Compile the replay's kernel variants (gdn_rows with row_lens; its launch config depends on the row
+        count) before serving, through _replay itself (the same argument types as served): steps of 1 to the
+        most rows a verify step holds, every row in the pad slot, which the kernel skips, so nothing is
+        written; one layer each but the one-row step (the layers share the kernel and its shapes)."""
         if self.replay:
             pad = self.runner.state_pool.pad_slot
-            self._replay(StepPlan(mode=ForwardMode.EXTEND, tokens=[[0]], prefix_lens=[1], slots=[pad]))
+            for n in range(1, self._replay_rows + 1):
+                plan = StepPlan(mode=ForwardMode.EXTEND, tokens=[[0]] * n, prefix_lens=[1] * n, slots=[pad] * n)
+                self._replay(plan, self._replay_layers if n == 1 else self._replay_layers[:1])
 
-    def _replay(self, plan: StepPlan) -> None:
-        """Each row of `plan` (a replayed verify step) runs its kept tokens again in every GDN layer: the
-        rows with drafts those keep() was told, the others their one token."""
-        b, cu = plan.num_rows, [0]
+    def _replay(self, plan: StepPlan, layers: list[GatedDeltaNet] | None = None) -> None:
+        """Each row of `plan` (a replayed verify step) runs its kept tokens again in every GDN layer (or in
+        `layers`): the rows with drafts those keep() was told, the others their one token."""
+        cu = [0]
         for run in plan.tokens:
             cu.append(cu[-1] + len(run))
-        packed = device_index(cu + plan.slots + [int(p > 0) for p in plan.prefix_lens]  # one host-to-device copy
-                              + [self._kept.get(slot, 1) for slot in plan.slots], self.runner.device)
-        rows = {"cu_seqlens": packed[:b + 1], "state_slots": packed[b + 1:2 * b + 1],
-                "has_initial_state": packed[2 * b + 1:3 * b + 1]}
-        row_lens = packed[3 * b + 1:]
-        for layer in self._replay_layers:
-            layer.replay(self.runner.state_pool, rows, row_lens, plan.num_tokens)
+        segments = [cu, plan.slots, [int(p > 0) for p in plan.prefix_lens], [self._kept.get(s, 1) for s in plan.slots]]
+        flat, starts = [], []
+        for seg in segments:  # each at a 16-byte boundary: Triton specializes on pointer alignment, and a varying
+            starts.append(len(flat))  # alignment would compile the kernel again while serving
+            flat += seg + [0] * (-len(seg) % 2)
+        packed = device_index(flat, self.runner.device)  # int64: one host-to-device copy
+        cu_t, slots_t, init_t, lens_t = (packed[i:i + len(seg)] for i, seg in zip(starts, segments))
+        rows = {"cu_seqlens": cu_t, "state_slots": slots_t, "has_initial_state": init_t}
+        for layer in self._replay_layers if layers is None else layers:
+            layer.replay(self.runner.state_pool, rows, lens_t, plan.num_tokens)
 
     # ---- draft -----------------------------------------------------------------------------------
     @torch.inference_mode()
