@@ -5,16 +5,22 @@ profiled warm-up minus the (1 - mem_fraction_static) reserve; on CPU, mem_fracti
 available RAM. Slots are sized first (each running request needs one). With the prefix cache,
 recurrent-state memory (running slots + snapshots) gets `mamba_full_memory_ratio` times the KV
 memory, or `max_mamba_cache_size` state slots in all; the snapshots take what the running slots
-leave of it, at most one per KV page. Pages take the rest.
+leave of it, at most one per KV page. Sized by default, the running slots then take at most half of
+that state memory's slots (a snapshot for each running slot at least): a model with large states
+(Nemotron-H-8B on an 80 GB card) would otherwise fill it with running slots and leave the cache no
+snapshot, so no prefix of its recurrent layers could be reused. Pages take the rest.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from hybrid_sgl.config import ModelConfig
+
+logger = logging.getLogger(__name__)
 
 MAX_RUNNING_GPU = 256
 MAX_RUNNING_CPU = 32
@@ -82,6 +88,9 @@ def plan_memory(*, config: ModelConfig, state: StateShapes | None, kv_dtype: tor
         raise ValueError(f"not enough memory for one request: state needs {state_per_req} bytes per request, "
                          f"the budget is {budget_bytes} bytes; raise --mem-fraction-static or use a smaller model")
     snapshots = 0
+    state_budget = budget_bytes * mamba_full_memory_ratio / (1 + mamba_full_memory_ratio)
+    if prefix_cache and state_per_req and max_running_requests is None and max_mamba_cache_size is None:
+        running = max(1, min(running, int(state_budget) // (per_running + state_per_req)))
     if prefix_cache and state_per_req:
         if max_mamba_cache_size is not None:
             if max_mamba_cache_size < running:
@@ -89,7 +98,6 @@ def plan_memory(*, config: ModelConfig, state: StateShapes | None, kv_dtype: tor
                                  "requests' state slots; raise it or lower --max-running-requests")
             snapshots = max_mamba_cache_size - running
         else:
-            state_budget = budget_bytes * mamba_full_memory_ratio / (1 + mamba_full_memory_ratio)
             snapshots = max(0, (int(state_budget) - running * per_running) // state_per_req)
     left = budget_bytes - running * per_running - snapshots * state_per_req
     if left <= 0:
@@ -109,6 +117,10 @@ def plan_memory(*, config: ModelConfig, state: StateShapes | None, kv_dtype: tor
                          "raise --mem-fraction-static")
     if max_mamba_cache_size is None:
         snapshots = min(snapshots, num_pages)  # more could hardly be used: each needs its own prefix
+    if prefix_cache and state_per_req and snapshots == 0:
+        logger.warning("the prefix cache has no snapshot slot (%d running requests take the state memory): no "
+                       "prefix of the recurrent layers can be reused; lower --max-running-requests or raise "
+                       "--mamba-full-memory-ratio or --max-mamba-cache-size", running)
     return MemoryPlan(budget_bytes=budget_bytes, state_bytes_per_request=state_per_req,
                       kv_bytes_per_token=kv_per_token, max_running_requests=running, page_size=page_size,
                       num_pages=num_pages, context_length=min(context_length, num_pages * page_size),

@@ -1,0 +1,61 @@
+"""plan_memory on the real shapes (configs/), with a budget like an 80 GB card's after the weights (48.25 GiB:
+the 9B's on one H100). With the prefix cache and running slots sized by default, the running slots take at
+most half of the state memory's slots, so the cache keeps a snapshot for each; Nemotron-H-8B's 97 MiB states
+filled it with running slots before, and no prefix of its recurrent layers could be reused."""
+
+import logging
+import os
+
+import pytest
+import torch
+
+from hybrid_sgl.config import ModelConfig
+from hybrid_sgl.memory.memory_plan import StateShapes, plan_memory
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GIB = 2**30
+
+
+def _plan(name: str, budget_gib: float = 48.25, **kw):
+    config = ModelConfig.from_hf(os.path.join(ROOT, "configs", name))
+    conv, ssm = config.recurrent_state_shapes()
+    state = StateShapes(num_layers=len(config.state_layers), conv_shape=conv, conv_dtype=torch.bfloat16,
+                        ssm_shape=ssm, ssm_dtype=torch.float32)
+    args = dict(config=config, state=state, kv_dtype=torch.bfloat16, budget_bytes=int(budget_gib * GIB), on_gpu=True,
+                page_size=16, context_length=8192, max_running_requests=None, max_total_tokens=None, prefix_cache=True)
+    return plan_memory(**{**args, **kw})
+
+
+@pytest.mark.parametrize("name", ["qwen3_5-9b-text", "nemotron_h-8b", "falcon_h1-7b"])
+def test_the_cache_keeps_a_snapshot_for_each_running_slot(name):
+    plan = _plan(name)
+    assert plan.num_snapshots >= plan.max_running_requests >= 64, plan.describe()
+    state = (plan.max_running_requests + plan.num_snapshots) * plan.state_bytes_per_request
+    kv = plan.num_pages * plan.page_size * plan.kv_bytes_per_token
+    assert state + kv <= plan.budget_bytes
+    # the state memory is the ratio's share (0.9 / 1.9 of the budget): one more running slot would not fit
+    assert state + 2 * plan.state_bytes_per_request > 0.9 / 1.9 * plan.budget_bytes
+
+
+def test_nemotron_on_an_80_gb_card():
+    plan = _plan("nemotron_h-8b")
+    assert (plan.max_running_requests, plan.num_snapshots) == (120, 120)
+    no_cache = _plan("nemotron_h-8b", prefix_cache=False)  # every slot a running one, as before
+    assert (no_cache.max_running_requests, no_cache.num_snapshots) == (253, 0)
+
+
+def test_running_requests_given_are_kept_and_a_plan_without_snapshots_is_said(caplog):
+    with caplog.at_level(logging.WARNING, logger="hybrid_sgl.memory.memory_plan"):
+        plan = _plan("nemotron_h-8b", max_running_requests=250)
+    assert (plan.max_running_requests, plan.num_snapshots) == (250, 0)
+    assert "no snapshot slot" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hybrid_sgl.memory.memory_plan"):
+        _plan("nemotron_h-8b")
+        _plan("nemotron_h-8b", prefix_cache=False)
+    assert "no snapshot slot" not in caplog.text
+
+
+def test_max_mamba_cache_size_sets_the_slots_in_all():
+    plan = _plan("nemotron_h-8b", max_mamba_cache_size=300)
+    assert plan.max_running_requests + plan.num_snapshots == 300
