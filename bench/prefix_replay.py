@@ -6,7 +6,8 @@
 The scheduler and the prefix cache decide from token counts alone, so the GPU run's schedule (and its
 hit rate) replays exactly on CPU with a tiny Qwen3.5 of the same vocabulary (the workload's tokens are
 drawn from it) and the GPU run's memory plan: running slots, snapshot slots, KV tokens (the defaults are
-the 9B's plan on one H100, `results/2026-12-06/call2/prefix_9b.log`). About 10 minutes on two cores.
+the 9B's plan on one H100, `results/2026-12-06/call2/prefix_9b.log`; since 6c3a263 that budget plans 238 running
+slots, 238 snapshots and 832,784 KV tokens). About 10 minutes on two cores (1,000 requests).
 
 Reported: the hit rate (cached / shared-prefix tokens), and the shared tokens lost by the first request
 of each system prompt (nothing to hit), by later requests that hit nothing, and by partial hits.
@@ -36,7 +37,7 @@ def tiny_config(vocab: int, folder: str) -> str:
 
 def add_plan_args(p: argparse.ArgumentParser) -> None:
     """The replayed memory plan: the vocabulary and the running slots, snapshot slots and KV tokens of the GPU
-    run (defaults: the 9B's plan on one H100)."""
+    run (defaults: the 9B's plan on one H100 before 6c3a263, which the recorded GPU runs had)."""
     p.add_argument("--vocab", type=int, default=248320)
     p.add_argument("--max-running", type=int, default=256)
     p.add_argument("--snapshots", type=int, default=220)
