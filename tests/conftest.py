@@ -1,6 +1,7 @@
 """Shared fixtures. On machines without CUDA, Triton kernels run in the interpreter and HF uses
 its torch path (fla hidden)."""
 
+import gc
 import os
 import sys
 
@@ -28,6 +29,17 @@ def tiny_checkpoint(tmp_path_factory):
         return built[key]
 
     return get
+
+
+@pytest.fixture(autouse=True)
+def _gpu_memory_back(request):
+    """After each CUDA test: collect what it left (schedulers and runners in reference cycles) and give the
+    cached blocks back to the driver, so that pytest workers sharing one GPU plan their pools from free memory
+    that finished tests no longer hold (a plan sized from too little memory shrinks the context or fails)."""
+    yield
+    if torch.cuda.is_available() and "gpu" in request.keywords:
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def pytest_collection_modifyitems(config, items):
