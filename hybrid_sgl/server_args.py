@@ -124,7 +124,8 @@ class ServerArgs:
     speculative_rollback: str = _f("snapshots", "How a verify step rolls back the gated-delta-rule state: "
                                    "'snapshots' writes the state after each draft and copies the kept one back; "
                                    "'replay' writes none and runs the kept tokens again from the untouched slot "
-                                   "(less device time from about 16 rows; not yet timed end to end).",
+                                   "(less device time in its kernels from about 16 rows, yet slower end to end: "
+                                   "1.08x plain decoding against 1.29x at 16 requests on one H100).",
                                    ["snapshots", "replay"])
     speculative_disable_by_batch_size: int = _f(SPEC_DISABLE_BY_BATCH_SIZE, "While this many requests or more "
                                                 "run or wait (up to --max-running-requests), decode steps run "

@@ -98,8 +98,8 @@ def test_replay_warm_up_writes_nothing(tiny_checkpoint):
 
             layer.replay = watched
         spec.warm_up()
-        assert spec._replay_rows >= 2
+        assert spec.max_verify_rows >= 2
         assert sorted(i for i, lens in replays if lens == [1]) == list(range(len(spec._replay_layers)))
-        assert sorted(len(lens) for i, lens in replays if i == 0) == list(range(1, spec._replay_rows + 1))
+        assert sorted(len(lens) for i, lens in replays if i == 0) == list(range(1, spec.max_verify_rows + 1))
         assert torch.equal(pool.ssm, before[0]) and torch.equal(pool.conv, before[1])
         engine.check_integrity()

@@ -9,6 +9,8 @@ rolls back to). Same arguments and result as gdn_chunk.gdn_prefill, plus pad_slo
 slot are skipped (their outputs are zero), so the pad rows of a padded graph shape cost nothing.
 """
 
+import itertools
+
 import torch
 import triton
 import triton.language as tl
@@ -167,7 +169,7 @@ def gdn_rows_ref(*, pad_slot: int = -1, write_final: bool = True, row_lens: torc
         picked = torch.tensor([t for start, m in zip(starts, lens) for t in range(start, start + m)],
                               dtype=torch.long, device=cu.device)
         rows = {name: kwargs[name].index_select(0, picked) for name in ("q", "k", "v", "a", "b")}
-        cu_kept = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=cu.dtype, device=cu.device)
+        cu_kept = torch.tensor([0, *itertools.accumulate(lens)], dtype=cu.dtype, device=cu.device)
         o_kept = gdn_rows_ref(write_final=write_final, **{**kwargs, **rows, "cu_seqlens": cu_kept})
         o = torch.zeros(kwargs["v"].shape, dtype=o_kept.dtype, device=o_kept.device)
         return o.index_copy_(0, picked, o_kept)

@@ -66,7 +66,6 @@ class GatedDeltaNet(nn.Module):
         short = {"pad_slot": fb.state_pool.pad_slot} if fb.short_rows else {}
         conv = self.ops.conv_rows if fb.short_rows else self.ops.conv_prefill
         recurrence = self.ops.gdn_rows if fb.short_rows else self.ops.gdn_prefill
-        assert fb.short_rows or not fb.replay_recurrent, "a replayed verify step has short rows"
 
         def core(cu_seqlens, state_slots, has_initial_state, cuts, qkv, a, b):
             qkv = conv(x=qkv, weight=self.conv_weight, bias=None, conv_states=conv_states, cu_seqlens=cu_seqlens,

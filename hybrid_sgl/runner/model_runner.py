@@ -284,8 +284,7 @@ class ModelRunner:
                                 shapes=extend_shapes(self._extend_graph_tokens(), self.plan.max_running_requests + 1))
             extend.capture()
         if self.speculative is not None:  # verify steps and drafts run below the speculation's batch limit only
-            limit = self.speculative.disable_batch_size
-            spec_bs = min(max_bs, limit - 1) if limit else max_bs
+            spec_bs = min(max_bs, self.speculative.max_verify_rows)
             if spec_bs < 1:
                 return decode, extend, None
             shapes = [s for s in short_row_shapes(spec_bs, self.spec_steps + 1) if self.inputs.fits(*s)]

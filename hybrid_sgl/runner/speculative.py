@@ -99,14 +99,14 @@ class SpecDecoder:
         self.verified_tokens = 0  # tokens those rows gained
         self._rollbacks: list[tuple[int, int]] = []  # (verify row, slot) state copies keep() asked for
         self.replay = replay  # --speculative-rollback replay: the GDN layers keep checkpoints and inputs
+        running = runner.plan.max_running_requests
+        # the most rows a verify step holds: below the batch limit, where decode steps take drafts
+        self.max_verify_rows = min(running, disable_batch_size - 1) if disable_batch_size else running
         self._replay_layers = []
         if replay:
             self._replay_layers = [m for m in runner.model.modules() if isinstance(m, GatedDeltaNet)]
-            rows = runner.plan.max_running_requests  # a verify step's rows: below the batch limit
-            rows = min(rows, disable_batch_size - 1) if disable_batch_size > 1 else rows
-            self._replay_rows = rows
             for layer in self._replay_layers:  # (on the 9B shape 16.5 KB a token and layer: ~0.1 GB at 55 rows)
-                layer.keep_inputs_for_replay(rows * (num_steps + 1), runner.dtype, runner.device)
+                layer.keep_inputs_for_replay(self.max_verify_rows * (num_steps + 1), runner.dtype, runner.device)
         self._verified: StepPlan | None = None  # the last verify step, until its rollback
         self._kept: dict[int, int] = {}  # its rows' kept tokens (by slot), keep() tells them
         # CUDA graphs of the MTP passes (capture_graphs): the first over short rows of entries, the chained
@@ -253,7 +253,7 @@ class SpecDecoder:
         written; one layer each but the one-row step (the layers share the kernel and its shapes)."""
         if self.replay:
             pad = self.runner.state_pool.pad_slot
-            for n in range(1, self._replay_rows + 1):
+            for n in range(1, self.max_verify_rows + 1):
                 plan = StepPlan(mode=ForwardMode.EXTEND, tokens=[[0]] * n, prefix_lens=[1] * n, slots=[pad] * n)
                 self._replay(plan, self._replay_layers if n == 1 else self._replay_layers[:1])
 

@@ -127,6 +127,7 @@ class StepInputs:
         max_pages: block-table width (None: the page table's, as graphs need). short_rows: every row
         that is not a pad row holds at most SHORT_ROW_TOKENS tokens (StepPlan.short_rows); replay_recurrent:
         ForwardBatch.replay_recurrent."""
+        assert short_rows or not replay_recurrent, "a replayed verify step has short rows"
         T, B, d = num_tokens, num_rows, self.dev
         ids, positions, prev, row = d[:T], d[T:2 * T], d[2 * T:3 * T], d[3 * T:4 * T]
         slots, prefix, cu, snap_pos, snap_slots = _split_rows(d, T, B)
