@@ -4,6 +4,7 @@
 # GPUs named in $OUT/gpu.txt, and `quiet`, a filter for load progress and per-layer log lines.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
+export USE_HUB_KERNELS=${USE_HUB_KERNELS:-0}  # HF anchors run HF's own code: no `kernels` layers (no hub here)
 OUT=${OUT:-/tmp/hybrid_sgl_bench}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \

@@ -19,8 +19,10 @@ wheels=(
   uvicorn==0.54.0 click==8.5.1 h11==0.16.0 anyio==4.16.0 sniffio==1.3.1 idna==3.20
   typing-extensions==4.16.0
   # tokenizer, checkpoint loading, HF transformers (the anchor and the tokenizer classes)
-  transformers==5.25.0 kernels==0.19.1 tomlkit==0.15.3 typer==0.29.2 rich==15.0.0 markdown-it-py==4.3.0 mdurl==0.1.2
-  pygments==2.21.0 shellingham==1.5.4 tokenizers==0.23.3 safetensors==0.8.0 huggingface_hub==2.4.0
+  # (not transformers' `kernels` and rich's pygments: USE_HUB_KERNELS=0 in device_env.sh and tests/conftest.py keeps
+  # HF's own layers, so nothing imports them, and without them the wheels and the tree fit the 64 MiB a call carries)
+  transformers==5.25.0 tomlkit==0.15.3 typer==0.29.2 rich==15.0.0 markdown-it-py==4.3.0 mdurl==0.1.2
+  shellingham==1.5.4 tokenizers==0.23.3 safetensors==0.8.0 huggingface_hub==2.4.0
   regex==2026.11.19 pyyaml==6.0.4 tqdm==4.70.1 packaging==26.4
   httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 certifi==2026.10.19.post1
   # the anchor's GDN kernels

@@ -10,6 +10,8 @@
 #   the drafts choose among 32k token ids, --speculative-token-map; SPEC_LIMITS=0,default: one spec run per
 #   --speculative-disable-by-batch-size, 0 timing the speculative pipeline at every batch size; SPEC_ROLLBACKS=
 #   snapshots,replay: one spec run per --speculative-rollback).
+# `mamba`: the step profile of the Nemotron-H-8B and Falcon-H1-7B shapes (TOP_KERNELS=N: each case's N kernels with
+#   the most device time, with their calls a step).
 # `prefix`: the shared-prefix (SHARED_REQUESTS, default 1000) and unrelated-prompts workloads, cache on / off.
 # `rollback`: bench/verify_rollback.py (the two GDN rollback designs); `unrelated`: the unrelated-prompts workload with the
 #   cache on, off, and on without the fixed snapshot cuts.
@@ -29,7 +31,7 @@ for part in ${*:-tests profile}; do
     mamba)
       for c in nemotron_h-8b falcon_h1-7b; do
         timeout 300 python3 bench/step_profile.py --config configs/$c --cases "decode b1,decode b32,extend 64 after 4k,prefill 2k" \
-          --out "$OUT/step_profile_$c.json" 2>&1 | quiet | tee "$OUT/step_profile_$c.log" | tail -16
+          --top-kernels ${TOP_KERNELS:-0} --out "$OUT/step_profile_$c.json" 2>&1 | quiet | tee "$OUT/step_profile_$c.log" | tail -16
       done ;;
     ttft)
       timeout 300 python3 bench/prefix_cache.py offline --config configs/qwen3_5-9b-text --cases ttft \
@@ -74,8 +76,8 @@ for part in ${*:-tests profile}; do
       timeout ${SUITE_TIMEOUT:-560} python3 -m pytest -v --tb=short -rf -p no:cacheprovider -n 4 tests/gpu tests/kernels \
         tests/test_composed_gpu.py tests/test_fp8_checkpoint.py > "$OUT/suite.log" 2>&1
       grep -E "FAILED|ERROR" "$OUT/suite.log" | head -40; tail -3 "$OUT/suite.log" ;;
-    model_cuda)  # the HF-parity tests on CUDA, first failure with its whole traceback (2026-12-06 (f) left 11 unexplained)
-      timeout ${SUITE_TIMEOUT:-300} python3 -m pytest -x -v --tb=long -p no:cacheprovider tests/gpu/test_model_cuda.py \
-        > "$OUT/model_cuda.log" 2>&1; grep -E "FAILED|^E " "$OUT/model_cuda.log" | head -40 ;;
+    model_cuda)  # the HF-parity tests on CUDA, each failure with its whole traceback
+      timeout ${SUITE_TIMEOUT:-300} python3 -m pytest -v --tb=long -rf -p no:cacheprovider -n 4 tests/gpu/test_model_cuda.py \
+        > "$OUT/model_cuda.log" 2>&1; grep -E "FAILED|^E  " "$OUT/model_cuda.log" | head -60; tail -2 "$OUT/model_cuda.log" ;;
   esac
 done

@@ -10,6 +10,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.modules.setdefault("fla", None)
+# The oracle is HF's own torch code: transformers >= 5.25 otherwise swaps in layers from the `kernels`
+# package (hub downloads) by default, and refuses to load a model where that package is missing.
+os.environ.setdefault("USE_HUB_KERNELS", "0")
 
 import pytest  # noqa: E402
 

@@ -185,3 +185,20 @@ VARIANTS = {
 def test_other_dimensions_match_hf(tiny_checkpoint, family):
     path = tiny_checkpoint(family, **VARIANTS[family])
     check_variant_matches_hf(path)
+
+
+def test_the_oracle_loads_without_hub_kernels(tiny_checkpoint):
+    """The oracle is HF's own code: where transformers' `kernels` package is missing (the GPU machine's
+    wheels), a model still loads, as tests/conftest.py turns the hub-kernels integration off for every test
+    (transformers >= 5.25 otherwise refuses: "Kernels are not available")."""
+    import os
+    import subprocess
+    import sys
+
+    path = tiny_checkpoint("qwen3_5")
+    code = ("import sys; sys.modules['kernels'] = None; sys.modules['fla'] = None; import transformers as tf; "
+            f"tf.AutoModelForCausalLM.from_pretrained({path!r}); print('loaded')")
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ), capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and "loaded" in out.stdout, out.stderr[-2000:]
+    assert os.environ.get("USE_HUB_KERNELS") == "0"

@@ -40,7 +40,11 @@ def test_cuda_float32_matches_hf(tiny_checkpoint, family, backend):
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != "qwen3_5_moe"])
 def test_cuda_bfloat16_triton_close_to_hf(tiny_checkpoint, family):
     """bf16 weights and activations, fp32 state: our distance to HF float32 is about HF bf16's own
-    (total variation per position; a bf16 MoE router can flip an expert at a near-tie)."""
+    (total variation per position). A bf16 router flips an expert where two scores nearly tie, at a few
+    positions of its own, ours or HF's (measured on the CPU, Nemotron-H: our three largest distances, 0.14,
+    0.10 and 0.095, sit at three of the four positions whose float32 expert scores are closest, 0.003-0.006
+    apart; HF bf16's largest, 0.18, where two expert groups tie within 0.0002); so with MoE layers the bound
+    on the largest distance holds at the 95th percentile (about 5 of the 107 positions may flip)."""
     import transformers as tf
 
     from tests.test_hf_parity import dense, hf_logprobs
@@ -60,7 +64,9 @@ def test_cuda_bfloat16_triton_close_to_hf(tiny_checkpoint, family):
     tv_hf = (hf_bf16.exp() - ref.exp()).abs().sum(-1) / 2
     assert torch.isfinite(ours).all()
     assert tv_ours.mean() <= 2 * tv_hf.mean() + 0.005, (tv_ours.mean(), tv_hf.mean())
-    assert tv_ours.max() <= 2 * tv_hf.max() + 0.05, (tv_ours.max(), tv_hf.max())
+    q = 0.95 if s.runner.config.moe is not None else 1.0
+    worst = tv_ours.quantile(q)
+    assert worst <= 2 * tv_hf.quantile(q) + 0.05, (q, worst, tv_hf.quantile(q), "largest at", tv_ours.argmax())
 
 
 def test_decode_cuda_graphs_match_eager_and_hf(tiny_checkpoint):
