@@ -37,4 +37,7 @@ $pip download -q --no-deps --only-binary=:all: --python-version "$python_version
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform any -d "$dest" "${wheels[@]}" 2> >(grep -v "is ignored" >&2)
 ls "$dest"
-du -sh "$dest"
+# what a device call carries: the tracked and untracked-not-ignored files, and the wheels (at most 64 MiB)
+tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s}')
+wheels_bytes=$(du -sb "$dest" | cut -f1)
+echo "tree $((tree / 1048576)) MiB + wheels $((wheels_bytes / 1048576)) MiB = $(((tree + wheels_bytes) / 1048576)) MiB of the 64 a call carries"
