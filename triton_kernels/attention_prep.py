@@ -1,8 +1,9 @@
-"""Fused pieces around gated attention (Qwen3-Next / Qwen3.5).
+"""Fused pieces around attention (Qwen3-Next / Qwen3.5's gated attention, and rotary alone for the others).
 
 qk_norm_rope:      per-head RMSNorm of q and k (weights + offset), then neox rotary on the first
                    `rotary_dim` dims at each token's position; reads q / k as strided views of the
                    fused projection and writes contiguous [T, H, D] outputs.
+rope:              the same without the norm (Falcon-H1, Bamba): one launch for q and k.
 sigmoid_gate_mul:  o * sigmoid(gate), with gate a strided view (the second half of each q head).
 """
 
@@ -13,21 +14,31 @@ import triton.language as tl
 from triton_kernels.norms import rmsnorm_ref
 
 
+def rope_ref(*, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor, positions: torch.Tensor,
+             rotary_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: [T, Hq, D], k: [T, Hkv, D] (any strides); cos_sin: [max_pos, rotary_dim] (cos | sin); positions: [T].
+    Neox (rotate-half) rotary on the first rotary_dim dims of each head, in float32 and rounded to the
+    input's dtype; the other dims as they are. Returns contiguous (q, k)."""
+    cos, sin = cos_sin[positions].float().unsqueeze(1).chunk(2, dim=-1)  # [T, 1, rot/2]
+
+    def one(x):
+        x1, x2 = x[..., :rotary_dim].float().chunk(2, dim=-1)
+        rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+        return rotated if rotary_dim == x.shape[-1] else torch.cat([rotated, x[..., rotary_dim:]], dim=-1)
+
+    return one(q), one(k)
+
+
 def qk_norm_rope_ref(*, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                      cos_sin: torch.Tensor, positions: torch.Tensor, eps: float, offset: float,
                      rotary_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [T, Hq, D], k: [T, Hkv, D] (any strides); cos_sin: [max_pos, rotary_dim] (cos | sin);
     positions: [T]. Returns normalized, rotated (q, k), contiguous, in q's dtype."""
-    cos, sin = cos_sin[positions].float().unsqueeze(1).chunk(2, dim=-1)  # [T, 1, rot/2]
+    def norm(x, w):
+        return rmsnorm_ref(x=x.reshape(-1, x.shape[-1]), weight=w, eps=eps, offset=offset).view(x.shape)
 
-    def one(x, w):
-        n = rmsnorm_ref(x=x.reshape(-1, x.shape[-1]), weight=w, eps=eps, offset=offset).view(x.shape)
-        rot = n[..., :rotary_dim].float()
-        x1, x2 = rot.chunk(2, dim=-1)
-        rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
-        return torch.cat([rotated, n[..., rotary_dim:]], dim=-1).contiguous()
-
-    return one(q, q_weight), one(k, k_weight)
+    return rope_ref(q=norm(q, q_weight), k=norm(k, k_weight), cos_sin=cos_sin, positions=positions,
+                    rotary_dim=rotary_dim)
 
 
 def sigmoid_gate_mul_ref(*, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
@@ -39,7 +50,8 @@ def sigmoid_gate_mul_ref(*, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor
 def _qk_norm_rope_kernel(q, k, q_out, k_out, wq, wk, cos_sin, positions,
                          stride_qt, stride_qh, stride_kt, stride_kh, stride_cs, eps, offset,
                          HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
-                         BLOCK_D: tl.constexpr):
+                         BLOCK_D: tl.constexpr, NORM: tl.constexpr):
+    """One program per (token, q or k head). NORM False: rotary alone (wq, wk, eps, offset unread)."""
     i_t = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1)
     if i_h < HQ:
@@ -52,15 +64,16 @@ def _qk_norm_rope_kernel(q, k, q_out, k_out, wq, wk, cos_sin, positions,
         p_w = wk
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < D
-    b_x = tl.load(p_x + o_d, mask=m_d, other=0.0).to(tl.float32)
-    b_rstd = tl.rsqrt(tl.sum(b_x * b_x, 0) / D + eps)
-    b_n = (b_x * b_rstd * (tl.load(p_w + o_d, mask=m_d, other=0.0).to(tl.float32) + offset))
-    b_n = b_n.to(q_out.dtype.element_ty).to(tl.float32)  # eager rounds after the norm
     in_rot = o_d < 2 * HALF
     o_p = tl.where(o_d < HALF, o_d + HALF, o_d - HALF)  # rotate-half partner
+    b_n = tl.load(p_x + o_d, mask=m_d, other=0.0).to(tl.float32)
     b_p = tl.load(p_x + o_p, mask=in_rot, other=0.0).to(tl.float32)
-    b_p = (b_p * b_rstd * (tl.load(p_w + o_p, mask=in_rot, other=0.0).to(tl.float32) + offset))
-    b_p = b_p.to(q_out.dtype.element_ty).to(tl.float32)
+    if NORM:
+        b_rstd = tl.rsqrt(tl.sum(b_n * b_n, 0) / D + eps)
+        b_n = b_n * b_rstd * (tl.load(p_w + o_d, mask=m_d, other=0.0).to(tl.float32) + offset)
+        b_n = b_n.to(q_out.dtype.element_ty).to(tl.float32)  # eager rounds after the norm
+        b_p = b_p * b_rstd * (tl.load(p_w + o_p, mask=in_rot, other=0.0).to(tl.float32) + offset)
+        b_p = b_p.to(q_out.dtype.element_ty).to(tl.float32)
     pos = tl.load(positions + i_t).to(tl.int64)
     o_f = o_d % HALF
     b_cos = tl.load(cos_sin + pos * stride_cs + o_f, mask=in_rot, other=1.0).to(tl.float32)
@@ -73,6 +86,17 @@ def _qk_norm_rope_kernel(q, k, q_out, k_out, wq, wk, cos_sin, positions,
 def qk_norm_rope(*, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                  cos_sin: torch.Tensor, positions: torch.Tensor, eps: float, offset: float,
                  rotary_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return _prep(q, k, (q_weight, k_weight), cos_sin, positions, eps, offset, rotary_dim)
+
+
+def rope(*, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor, positions: torch.Tensor,
+         rotary_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return _prep(q, k, None, cos_sin, positions, 0.0, 0.0, rotary_dim)
+
+
+def _prep(q: torch.Tensor, k: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor] | None, cos_sin: torch.Tensor,
+          positions: torch.Tensor, eps: float, offset: float, rotary_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """qk_norm_rope (weights given) or rope (None) in one launch: contiguous q [T, Hq, D], k [T, Hkv, D]."""
     t, hq, d = q.shape
     hkv = k.shape[1]
     assert k.shape == (t, hkv, d) and q.stride(2) == 1 and k.stride(2) == 1, "head dims must be unit-stride"
@@ -81,10 +105,11 @@ def qk_norm_rope(*, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_
     k_out = torch.empty((t, hkv, d), dtype=k.dtype, device=k.device)
     if t == 0:
         return q_out, k_out
+    wq, wk = weights if weights is not None else (q, k)  # (unread without the norm)
     _qk_norm_rope_kernel[(t, hq + hkv)](
-        q, k, q_out, k_out, q_weight, k_weight, cos_sin, positions, q.stride(0), q.stride(1), k.stride(0),
+        q, k, q_out, k_out, wq, wk, cos_sin, positions, q.stride(0), q.stride(1), k.stride(0),
         k.stride(1), cos_sin.stride(0), eps, offset, HQ=hq, HKV=hkv, D=d, HALF=rotary_dim // 2,
-        BLOCK_D=triton.next_power_of_2(d))
+        BLOCK_D=triton.next_power_of_2(d), NORM=weights is not None)
     return q_out, k_out
 
 

@@ -71,10 +71,11 @@ class GatedAttention(nn.Module):
             return self.dense.qk_norm_rope(q=q, k=k, q_weight=self.q_norm.weight, k_weight=self.k_norm.weight,
                                            cos_sin=self.rotary.cos_sin, positions=positions, eps=self.q_norm.eps,
                                            offset=self.q_norm.offset, rotary_dim=self.rotary.rotary_dim)
+        if self.rotary is not None:  # one pass too
+            return self.dense.rope(q=q, k=k, cos_sin=self.rotary.cos_sin, positions=positions,
+                                   rotary_dim=self.rotary.rotary_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        if self.rotary is not None:
-            q, k = self.rotary(positions, q, k)
         return q, k
 
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:

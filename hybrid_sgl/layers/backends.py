@@ -35,6 +35,7 @@ class DenseOps:
     silu_and_mul: Callable
     relu2: Callable
     qk_norm_rope: Callable  # q/k RMSNorm, then rotary, in one pass
+    rope: Callable  # rotary of q and k (no norm), in one pass
     sigmoid_gate_mul: Callable
     linear: Callable  # 16-bit weights: (x, weight, bias) -> x @ weight^T + bias
     fp8_few_rows_gemm: Callable  # FP8 weights, decode rows: unquantized activations, or W8A8 where faster
@@ -122,8 +123,9 @@ def _torch_dense() -> DenseOps:
     from triton_kernels import fp8_weight_only as wo
 
     return DenseOps("torch", norms.rmsnorm_ref, norms.add_rmsnorm_ref, norms.gated_rmsnorm_ref, norms.silu_and_mul_ref,
-                    norms.relu2_ref, prep.qk_norm_rope_ref, prep.sigmoid_gate_mul_ref, dl.dense_linear_ref,
-                    wo.fp8_weight_only_gemm_ref, wo.fp8_weight_only_gated_gemm_ref, fp8_gemm.fp8_gemm_ref)
+                    norms.relu2_ref, prep.qk_norm_rope_ref, prep.rope_ref, prep.sigmoid_gate_mul_ref,
+                    dl.dense_linear_ref, wo.fp8_weight_only_gemm_ref, wo.fp8_weight_only_gated_gemm_ref,
+                    fp8_gemm.fp8_gemm_ref)
 
 
 def _triton_dense() -> DenseOps:
@@ -133,7 +135,7 @@ def _triton_dense() -> DenseOps:
     from triton_kernels import fp8_gemm, norms
 
     return DenseOps("triton", norms.rmsnorm, norms.add_rmsnorm, norms.gated_rmsnorm, norms.silu_and_mul, norms.relu2,
-                    prep.qk_norm_rope, prep.sigmoid_gate_mul, dl.dense_linear, few.fp8_few_rows_gemm,
+                    prep.qk_norm_rope, prep.rope, prep.sigmoid_gate_mul, dl.dense_linear, few.fp8_few_rows_gemm,
                     few.fp8_few_rows_gated_gemm, fp8_gemm.fp8_gemm)
 
 
