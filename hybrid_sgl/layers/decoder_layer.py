@@ -3,9 +3,9 @@
 Residual adds are fused into the next RMSNorm: a layer returns its FFN output as the delta for
 the next layer (or the final norm) to add. The FFN takes the add and its pre-norm through
 `FFN.add_norm_forward`, which the sparse MoE overrides to run them in its router's first kernel.
-`residual_multiplier` scales both branch outputs before they are added (Granite); `offset` = 1.0 for
-zero-centered norm weights (Qwen3-Next). A composed hybrid's layer may lack its mixer or its FFN (None:
-that half and its norm are absent)."""
+`offset` = 1.0 for zero-centered norm weights (Qwen3-Next); Granite's residual multiplier is folded into the
+weights that end each branch as they load (models/bamba.py). A composed hybrid's layer may lack its mixer or its
+FFN (None: that half and its norm are absent)."""
 
 from dataclasses import dataclass
 
@@ -39,31 +39,26 @@ class FFN(nn.Module):
 
 class DecoderLayer(nn.Module):
     def __init__(self, mixer: nn.Module | None, ffn: FFN | None, hidden_size: int, eps: float, offset: float = 0.0,
-                 residual_multiplier: float = 1.0, *, ops: DenseOps):
+                 *, ops: DenseOps):
         """ops: the layer norms' kernels (Backends.dense)."""
         super().__init__()
         self.input_norm = RMSNorm(hidden_size, eps, offset, ops=ops) if mixer is not None else None
         self.mixer = mixer
         self.post_norm = RMSNorm(hidden_size, eps, offset, ops=ops) if ffn is not None else None
         self.ffn = ffn
-        self.residual_multiplier = residual_multiplier
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, fb: ForwardBatch):
         """x: this layer's input delta [T, H]; residual: the stream before it (None at layer 0).
-        Returns (this layer's scaled output delta, residual stream)."""
+        Returns (this layer's output delta, residual stream)."""
         if self.mixer is not None:
             h, residual = (self.input_norm(x), x) if residual is None else self.input_norm.add(x, residual)
-            x = self._scaled(self.mixer(h, fb))
+            x = self.mixer(h, fb)
         if self.ffn is not None:
             if residual is None:  # a first layer without a mixer
                 x, residual = self.ffn(self.post_norm(x)), x
             else:
                 x, residual = self.ffn.add_norm_forward(x, residual, self.post_norm)
-            x = self._scaled(x)
         return x, residual
-
-    def _scaled(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.residual_multiplier if self.residual_multiplier != 1.0 else x
 
     def load_weight(self, part: str, rest: str, tensor: torch.Tensor, names: LayerWeightNames) -> None:
         if part in names.mixer and self.mixer is not None:

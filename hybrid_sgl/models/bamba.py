@@ -33,6 +33,12 @@ _GRANITE_MOE_NAMES = {
     "input_linear.weight": "experts.gate_up_proj", "experts.gate_up_proj": "experts.gate_up_proj",
     "output_linear.weight": "experts.down_proj", "experts.down_proj": "experts.down_proj",
 }
+# Granite's residual_multiplier scales each branch's output before the residual add: folded into the tensors that
+# end a branch as they load ((part, name): the mixers' output projections, the experts' and the shared MLP's output
+# linears). Checkpoint FP8 tensors arrive dequantized and are quantized again after loading.
+_ENDS_A_BRANCH = {("mamba", "out_proj.weight"), ("mamba", "out_proj.bias"), ("self_attn", "o_proj.weight"),
+                  ("self_attn", "o_proj.bias"), ("shared_mlp", "output_linear.weight"),
+                  ("block_sparse_moe", "output_linear.weight"), ("block_sparse_moe", "experts.down_proj")}
 
 
 class BambaForCausalLM(HybridCausalLM):
@@ -49,7 +55,7 @@ class BambaForCausalLM(HybridCausalLM):
         if granite:
             self.embedding_scale = float(hf.get("embedding_multiplier", 1.0))
             self.logits_scale = 1.0 / float(hf.get("logits_scaling", 1.0))
-        residual_multiplier = float(hf.get("residual_multiplier", 1.0)) if granite else 1.0
+        self.residual_multiplier = float(hf.get("residual_multiplier", 1.0)) if granite else 1.0
         a = c.attention
         rotary = None
         if a.rotary_dim:
@@ -69,11 +75,12 @@ class BambaForCausalLM(HybridCausalLM):
                 ffn = SparseMoE(spec=c.moe, hidden_size=c.hidden_size, ops=backends.moe)
             else:
                 ffn = GatedMLP(c.hidden_size, c.intermediate_size, ops=dense)
-            self.layers.append(DecoderLayer(mixer, ffn, c.hidden_size, c.rms_norm_eps,
-                                            residual_multiplier=residual_multiplier, ops=dense))
+            self.layers.append(DecoderLayer(mixer, ffn, c.hidden_size, c.rms_norm_eps, ops=dense))
 
 
     def load_layer_weight(self, layer: DecoderLayer, part: str, rest: str, tensor: torch.Tensor) -> None:
+        if self.residual_multiplier != 1.0 and (part, rest) in _ENDS_A_BRANCH:
+            tensor = (tensor.float() * self.residual_multiplier).to(tensor.dtype)
         if part == "block_sparse_moe" and rest in _GRANITE_MOE_NAMES and isinstance(layer.ffn, SparseMoE):
             layer.ffn.load_weight(_GRANITE_MOE_NAMES[rest], tensor)
         elif part == "shared_mlp":

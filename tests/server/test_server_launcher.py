@@ -58,7 +58,9 @@ def test_bad_flag_value_is_a_clear_error(model_path):
 def test_sglang_docs_command_serves(model_path, tmp_path):
     srv = launch(model_path, tmp_path, *SGLANG_QWEN35, "--log-level", "info", name="sglang-docs")
     try:
-        r = httpx.post(srv.url + "/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}})
+        # (ignore_eos: a sampled end of text would end the answer early, at random)
+        r = httpx.post(srv.url + "/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 2,
+                                                                                       "ignore_eos": True}})
         assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 2
     finally:
         srv.stop()
