@@ -88,9 +88,6 @@ def plan_memory(*, config: ModelConfig, state: StateShapes | None, kv_dtype: tor
         raise ValueError(f"not enough memory for one request: state needs {state_per_req} bytes per request, "
                          f"the budget is {budget_bytes} bytes; raise --mem-fraction-static or use a smaller model")
     snapshots = 0
-    state_budget = budget_bytes * mamba_full_memory_ratio / (1 + mamba_full_memory_ratio)
-    if prefix_cache and state_per_req and max_running_requests is None and max_mamba_cache_size is None:
-        running = max(1, min(running, int(state_budget) // (per_running + state_per_req)))
     if prefix_cache and state_per_req:
         if max_mamba_cache_size is not None:
             if max_mamba_cache_size < running:
@@ -98,7 +95,10 @@ def plan_memory(*, config: ModelConfig, state: StateShapes | None, kv_dtype: tor
                                  "requests' state slots; raise it or lower --max-running-requests")
             snapshots = max_mamba_cache_size - running
         else:
-            snapshots = max(0, (int(state_budget) - running * per_running) // state_per_req)
+            state_budget = int(budget_bytes * mamba_full_memory_ratio / (1 + mamba_full_memory_ratio))
+            if max_running_requests is None:  # a snapshot slot for each running slot at least
+                running = max(1, min(running, state_budget // (per_running + state_per_req)))
+            snapshots = max(0, (state_budget - running * per_running) // state_per_req)
     left = budget_bytes - running * per_running - snapshots * state_per_req
     if left <= 0:
         raise ValueError(f"{running} running slots + {snapshots} snapshots of {state_per_req} bytes leave no room "

@@ -37,6 +37,7 @@ which can lower their acceptance but never changes a token (every draft is verif
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -260,9 +261,7 @@ class SpecDecoder:
     def _replay(self, plan: StepPlan, layers: list[GatedDeltaNet] | None = None) -> None:
         """Each row of `plan` (a replayed verify step) runs its kept tokens again in every GDN layer (or in
         `layers`): the rows with drafts those keep() was told, the others their one token."""
-        cu = [0]
-        for run in plan.tokens:
-            cu.append(cu[-1] + len(run))
+        cu = [0, *itertools.accumulate(len(run) for run in plan.tokens)]
         segments = [cu, plan.slots, [int(p > 0) for p in plan.prefix_lens], [self._kept.get(s, 1) for s in plan.slots]]
         flat, starts = [], []
         for seg in segments:  # each at a 16-byte boundary: Triton specializes on pointer alignment, and a varying
