@@ -11,6 +11,8 @@ and per mode (graphs on / off):
 - device: kernel time a step (torch.profiler, the sum of the kernels' durations);
 - idle: 1 - device / wall, the share of the step the device waits for the host;
 - launches: kernels a step;
+- "off, uncached": graphs off and every Triton kernel launched through Triton's own per-call path
+  (triton_kernels/cached_launch.py disabled), the eager step before cached launches;
 - eager mode only: host microseconds a layer spends in its forward, by layer kind (the launch path:
   kernels run asynchronously, so this is the host's cost of issuing them).
 On CPU (a smoke run) device time is not measured.
@@ -42,6 +44,7 @@ from hybrid_sgl.sampling_params import SamplingParams  # noqa: E402
 from hybrid_sgl.scheduler.prefix_sharing import cut_points  # noqa: E402
 from hybrid_sgl.scheduler.request import Req  # noqa: E402
 from hybrid_sgl.server_args import ServerArgs  # noqa: E402
+from triton_kernels import cached_launch  # noqa: E402
 
 # name: (mode, requests, cached tokens each, new tokens each)
 CASES = {
@@ -187,7 +190,10 @@ def main() -> None:
         runner.verify_graphs = StepGraphs(model=runner.model, inputs=runner.inputs, mode=ForwardMode.EXTEND,
                                           shapes=short_row_shapes(32, 4), short_rows=True)
         runner.verify_graphs.capture()
-    graphs = {"on": (runner.graphs, runner.extend_graphs, runner.verify_graphs), "off": (None, None, None)}
+    # "off, uncached": eager with every Triton kernel launched through Triton's own per-call path
+    # (triton_kernels/cached_launch.py off): what the cached launches save
+    graphs = {"on": (runner.graphs, runner.extend_graphs, runner.verify_graphs), "off": (None, None, None),
+              "off, uncached": (None, None, None)}
     results = {"config": a.config, "device": torch.cuda.get_device_name() if on_gpu else "cpu",
                "cuda_graph_max_tokens": args.cuda_graph_max_tokens, "cases": {}}
     for name in names:
@@ -205,6 +211,7 @@ def main() -> None:
             if label == "on" and decode is None:
                 continue  # no graphs here (CPU, or a torch backend)
             runner.graphs, runner.extend_graphs, runner.verify_graphs = decode, extend, verify
+            cached_launch.ENABLED = label != "off, uncached"
             wall = time_steps(runner, mode, items, a.steps, sync)
             entry = {"wall_ms": round(wall * 1e3, 3)}
             if on_gpu:
@@ -223,6 +230,7 @@ def main() -> None:
                         f.write(f"\n######## {name}, graphs off\n" + host_profile(runner, mode, items, a.steps, sync))
             row[label] = entry
         runner.graphs, runner.extend_graphs, runner.verify_graphs = graphs["on"]
+        cached_launch.ENABLED = True
         release(runner, items)
         results["cases"][name] = row
         print(name, json.dumps(row), flush=True)
@@ -239,7 +247,7 @@ def report(results: dict) -> str:
     for name, row in results["cases"].items():
         for label, e in row.items():
             ratio = ""
-            if label == "off" and "on" in row:
+            if label.startswith("off") and "on" in row:
                 ratio = f"{e['wall_ms'] / row['on']['wall_ms']:.2f}x"
             lines.append(f"| {name} | {label} | {e['wall_ms']:.3f} | {e.get('device_ms', '-')} | {e.get('idle', '-')} "
                          f"| {e.get('launches', '-')} | {ratio} |")

@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from triton_kernels.cached_launch import cached_launch
 from triton_kernels.norms import rmsnorm_ref
 
 
@@ -46,6 +47,7 @@ def sigmoid_gate_mul_ref(*, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor
     return (o * torch.sigmoid(gate)).reshape(o.shape[0], -1)
 
 
+@cached_launch
 @triton.jit
 def _qk_norm_rope_kernel(q, k, q_out, k_out, wq, wk, cos_sin, positions,
                          stride_qt, stride_qh, stride_kt, stride_kh, stride_cs, eps, offset,
@@ -113,6 +115,7 @@ def _prep(q: torch.Tensor, k: torch.Tensor, weights: tuple[torch.Tensor, torch.T
     return q_out, k_out
 
 
+@cached_launch
 @triton.jit
 def _sigmoid_gate_mul_kernel(o, g, y, stride_ot, stride_oh, stride_gt, stride_gh,
                              H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):

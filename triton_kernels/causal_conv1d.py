@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from triton_kernels.cached_launch import cached_launch
 from triton_kernels.varlen import locate_chunk, num_virtual_chunks
 
 
@@ -31,6 +32,7 @@ def _last_inputs(p_x, p_s, end, first, rows, stride_x_t, o_d, m_d, D: tl.constex
     return b_f, m_j
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["N", "C"])
 def _causal_conv1d_prefill_kernel(
     x,
@@ -117,6 +119,7 @@ def _causal_conv1d_prefill_kernel(
         tl.store(p_s + o_j[:, None] * D + o_d[None, :], b_f.to(conv_states.dtype.element_ty), mask=m_j)
 
 
+@cached_launch
 @triton.jit
 def _causal_conv1d_update_kernel(
     x,
@@ -163,6 +166,7 @@ def _causal_conv1d_update_kernel(
     tl.store(p_y, b_y.to(y.dtype.element_ty), mask=m_d)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["C"])
 def _causal_conv1d_rows_kernel(
     x,

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 import triton.testing
 
+from triton_kernels.cached_launch import cached_launch
 from triton_kernels.fp8_quant import (
     FP8_BLOCK,
     FP8_DTYPE,
@@ -78,9 +79,9 @@ def _fp8_gemm_kernel(a, a_s, w, w_s, b, y, M, N, K, stride_am, stride_asm, strid
 _CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
             for bm, bn, w, st in [(64, 64, 4, 4), (64, 128, 4, 4), (128, 128, 8, 3), (128, 128, 4, 4),
                                   (128, 256, 8, 3), (128, 64, 4, 4)]]
-_fp8_gemm_tuned = triton.autotune(
+_fp8_gemm_tuned = cached_launch(triton.autotune(
     configs=_CONFIGS, key=["N", "K", "M_BUCKET"],
-    do_bench=functools.partial(triton.testing.do_bench, warmup=5, rep=20))(_fp8_gemm_kernel)
+    do_bench=functools.partial(triton.testing.do_bench, warmup=5, rep=20))(_fp8_gemm_kernel))
 
 
 def _m_bucket(m: int) -> int:

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from triton_kernels.cached_launch import cached_launch
+
 FP8_BLOCK = 128
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
@@ -76,6 +78,7 @@ def _round_to_e4m3(v):
     return tl.where(v < 0, -1.0, 1.0) * tl.floor(mag / step + 0.5) * step
 
 
+@cached_launch
 @triton.jit
 def _quantize_activations_kernel(x, q, s, M, K, stride_xm, stride_qm, stride_sm, stride_sk,
                                  INV_MAX: tl.constexpr, EMULATE_FP8: tl.constexpr, GROUPS: tl.constexpr,

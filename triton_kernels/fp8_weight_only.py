@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from triton_kernels.arrival_counters import arrival_counters, parts_scratch
+from triton_kernels.cached_launch import cached_launch
 from triton_kernels.fastest import fastest, graph_time
 from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8, f16_rows
 from triton_kernels.norms import silu_and_mul, silu_and_mul_ref
@@ -162,18 +163,18 @@ def gemv_configs_that_fit(configs: list[triton.Config], named_args: dict, **kwar
 
 # The GEMV's loads are latency-bound, so two to six stages of them stay in flight (loads straight to registers
 # are far slower). Each config below is the fastest, or within 2 % of it, at some served shape of one or two rows.
-_gemv_tuned = triton.autotune(
+_gemv_tuned = cached_launch(triton.autotune(
     configs=[triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "STAGES": st}, num_warps=w)
              for bn, bk, w, st in [(8, 512, 4, 2), (8, 512, 4, 3), (16, 256, 4, 3), (16, 512, 4, 2),
                                    (8, 512, 4, 4), (8, 512, 4, 5), (16, 256, 4, 4), (16, 256, 4, 5), (4, 512, 2, 6)]],
     key=["N", "K", "ROWS", "GATED"], prune_configs_by={"early_config_prune": gemv_configs_that_fit},
-    do_bench=graph_time)(_gemv_kernel)
-_dot_tuned = triton.autotune(
+    do_bench=graph_time)(_gemv_kernel))
+_dot_tuned = cached_launch(triton.autotune(
     configs=[triton.Config({"BLOCK_N": bn, "SPLIT_K": sk}, num_warps=w, num_stages=st)
              for bn, sk, w, st in [(16, 1, 4, 4), (16, 1, 4, 6), (32, 1, 4, 4), (64, 1, 4, 4), (64, 1, 4, 6),
                                    (128, 1, 4, 4), (32, 2, 4, 4), (64, 2, 4, 4), (32, 4, 4, 4), (64, 4, 4, 4),
                                    (16, 4, 4, 6), (64, 8, 4, 4)]],
-    key=["N", "K", "M_BUCKET", "F16_OPERANDS", "SCALED"], do_bench=graph_time)(_dot_kernel)
+    key=["N", "K", "M_BUCKET", "F16_OPERANDS", "SCALED"], do_bench=graph_time)(_dot_kernel))
 GEMV_MAX_ROWS = 2
 
 

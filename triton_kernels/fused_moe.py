@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from triton_kernels.arrival_counters import arrival_counters, parts_scratch
+from triton_kernels.cached_launch import cached_launch
 from triton_kernels.fastest import fastest
 from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8
 from triton_kernels.moe_epilogue import expert_activation, finish_combine, sum_slots_if_last
@@ -93,6 +94,7 @@ def _fp8_weight_dot(b_x, b_w, b_s, PREC: tl.constexpr):
     return tl.dot(b_x, b_w.to(b_x.dtype), input_precision=PREC) * b_s[None, :]
 
 
+@cached_launch
 @triton.jit
 def _moe_up_kernel(x, w13, s13, inter, sorted_assign, expert_offsets, stride_x, stride_we, stride_wn, stride_se,
                    stride_sn, stride_inter, H, I, E, TOPK: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
@@ -155,6 +157,7 @@ def _moe_up_kernel(x, w13, s13, inter, sorted_assign, expert_offsets, stride_x, 
     tl.store(p_o, b_h.to(inter.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
 
 
+@cached_launch
 @triton.jit
 def _moe_down_kernel(inter, w2, s2, rows, sorted_assign, expert_offsets, topk_weights, out, shared, shared_gate,
                      arrivals, stride_inter, stride_we, stride_wh, stride_se, stride_sh, stride_rows, stride_out,
@@ -215,6 +218,7 @@ def _moe_down_kernel(inter, w2, s2, rows, sorted_assign, expert_offsets, topk_we
                           shared_gate, stride_shared, stride_gate, TOPK, HAS_SHARED, HAS_GATE)
 
 
+@cached_launch
 @triton.jit
 def _combine_kernel(rows, shared, shared_gate, out, stride_shared, stride_gate, stride_out, H,
                     TOP_K: tl.constexpr, HAS_SHARED: tl.constexpr, HAS_GATE: tl.constexpr, BLOCK_H: tl.constexpr):

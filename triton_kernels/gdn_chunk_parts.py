@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from triton_kernels.cached_launch import cached_launch
 from triton_kernels.gdn_gating import gdn_gate, l2norm
 from triton_kernels.varlen import locate_chunk
 
@@ -93,6 +94,7 @@ def _merge_inverse(b_Y, b_A, m_E, PREC: tl.constexpr):
     return b_Y - _dot(b_Y, _dot(tl.where(m_E, b_A, 0.0), b_Y, PREC), PREC)
 
 
+@cached_launch
 @triton.autotune(configs=_here(INTRA_CONFIGS), key=["HK", "HV", "K", "V"],
                  prune_configs_by=dict(early_config_prune=_tune_real_shapes_only))
 @triton.jit(do_not_specialize=["N"])
@@ -191,6 +193,7 @@ def _gdn_chunk_intra_kernel(
         _store_rows(u, o_t, m_t, HV * V, o_v, m_v, _dot(b_X, b_v, PREC))
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["C"])
 def _gdn_chunk_state_kernel(
     kn,
@@ -307,6 +310,7 @@ def _gdn_chunk_state_kernel(
         tl.store(p_s + BK * V + o_h, b_h2.to(ssm_states.dtype.element_ty), mask=m_h2)
 
 
+@cached_launch
 @triton.autotune(configs=_here(OUTPUT_CONFIGS), key=["HK", "HV", "K", "V"],
                  prune_configs_by=dict(early_config_prune=_tune_real_shapes_only))
 @triton.jit(do_not_specialize=["N"])

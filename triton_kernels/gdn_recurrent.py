@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from triton_kernels.arrival_counters import MAX_COUNTERS, arrival_counters
+from triton_kernels.cached_launch import cached_launch
 from triton_kernels.gdn_gating import gdn_gate, gdn_gating_ref, l2norm, l2norm_ref
 from triton_kernels.norms import gated_rmsnorm_ref, gated_rmsnorm_tile
 
@@ -31,6 +32,7 @@ def _gated_norm(b_x, z, norm_w, o_v, m_v, eps, V: tl.constexpr, o):
                               tl.load(norm_w + o_v, mask=m_v, other=0.0), V, eps, o.dtype.element_ty)
 
 
+@cached_launch
 @triton.jit
 def _gdn_decode_kernel(
     q,

@@ -15,11 +15,13 @@ import torch
 import triton
 import triton.language as tl
 
+from triton_kernels.cached_launch import cached_launch
 from triton_kernels.gdn_chunk import check_varlen_args, gdn_prefill_ref
 from triton_kernels.gdn_gating import gdn_gate, l2norm
 from triton_kernels.gdn_recurrent import _decode_config
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["C"])
 def _gdn_rows_kernel(
     q,

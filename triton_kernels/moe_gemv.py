@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from triton_kernels.cached_launch import cached_launch
 from triton_kernels.fastest import graph_time
 from triton_kernels.moe_epilogue import expert_activation, finish_combine
 
@@ -130,13 +131,13 @@ def _configs(shapes: list[tuple[int, int, int, int]]) -> list[triton.Config]:
 # Down: a program per (token, column block) streams every slot's rows, so the column blocks are narrow
 # (H / BLOCK_N programs per token) and the loop long (TOPK * I / (G * 128) steps); no single config is the
 # fastest at every T, so the autotuner picks per shape.
-_up_tuned = triton.autotune(
+_up_tuned = cached_launch(triton.autotune(
     configs=_configs([(4, 512, 4, 2), (8, 256, 4, 3), (8, 512, 4, 3), (16, 256, 4, 3)]),
-    key=["H", "I", "ROWS_BUCKET", "TOPK", "GATED", "FP8_W"], do_bench=graph_time)(_up_gemv_kernel)
-_down_tuned = triton.autotune(
+    key=["H", "I", "ROWS_BUCKET", "TOPK", "GATED", "FP8_W"], do_bench=graph_time)(_up_gemv_kernel))
+_down_tuned = cached_launch(triton.autotune(
     configs=_configs([(4, 256, 4, 3), (8, 256, 4, 3), (8, 512, 4, 3), (16, 256, 4, 4), (4, 512, 4, 4),
                       (8, 128, 4, 4)]),
-    key=["H", "I", "ROWS_BUCKET", "TOPK", "FP8_W", "HAS_SHARED", "HAS_GATE"], do_bench=graph_time)(_down_gemv_kernel)
+    key=["H", "I", "ROWS_BUCKET", "TOPK", "FP8_W", "HAS_SHARED", "HAS_GATE"], do_bench=graph_time)(_down_gemv_kernel))
 _INTERPRETER = dict(BLOCK_N=16, G=1, STAGES=1, num_warps=4)  # one config off CUDA (the interpreter cannot time configs)
 
 

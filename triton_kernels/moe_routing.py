@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from triton_kernels.arrival_counters import arrival_counters
+from triton_kernels.cached_launch import cached_launch
 from triton_kernels.norms import add_rmsnorm, add_rmsnorm_ref, rmsnorm_tile
 
 
@@ -76,6 +77,7 @@ def _topk_slots(b_l, b_gate, m_e, shared_id, TOP_K: tl.constexpr, RENORM: tl.con
     return b_wt, b_id
 
 
+@cached_launch
 @triton.jit
 def _softmax_topk_kernel(logits, weights, ids, stride_l, E, shared_id, TOP_K: tl.constexpr, RENORM: tl.constexpr,
                          SLOTS: tl.constexpr, SHARED_GATE: tl.constexpr, BLOCK_E: tl.constexpr,
@@ -148,6 +150,7 @@ def _add_rmsnorm_row(x, res, nw, h_out, r_out, t, stride_x, stride_res, H, eps, 
     return b_h.to(tl.float32)
 
 
+@cached_launch
 @triton.jit
 def _route_kernel(x, w, logits, weights, ids, arrivals, res, nw, h_out, r_out, T, R, H, E, shared_id, stride_x,
                   stride_w, stride_res, eps, offset, TOP_K: tl.constexpr, RENORM: tl.constexpr, SLOTS: tl.constexpr,

@@ -9,7 +9,10 @@ import torch
 import triton
 import triton.language as tl
 
+from triton_kernels.cached_launch import cached_launch
 
+
+@cached_launch
 @triton.jit
 def _expert_count_kernel(topk_ids, counts, M, E, CHUNK: tl.constexpr, NUM_BINS: tl.constexpr):
     """counts[c, e] = assignments c*CHUNK .. c*CHUNK + CHUNK - 1 routed to expert e. Padding lanes
@@ -21,6 +24,7 @@ def _expert_count_kernel(topk_ids, counts, M, E, CHUNK: tl.constexpr, NUM_BINS: 
     tl.store(counts + i_c * E + o_e, tl.histogram(b_ids, NUM_BINS), mask=o_e < E)
 
 
+@cached_launch
 @triton.jit
 def _expert_sort_kernel(topk_ids, counts, expert_offsets, sorted_assign, M, E, num_chunks,
                         CHUNK: tl.constexpr, NUM_BINS: tl.constexpr, BLOCK_C: tl.constexpr,

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from triton_kernels.cached_launch import cached_launch
+
 
 def rmsnorm_ref(*, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
     """x: [T, N]; weight: [N]. Math in float32, result in x's dtype."""
@@ -78,6 +80,7 @@ def gated_rmsnorm_tile(b_x, b_z, b_w, N, eps, dtype: tl.constexpr):
     return (b_w * b_n).to(tl.float32) * (b_z * tl.sigmoid(b_z))
 
 
+@cached_launch
 @triton.jit
 def _rmsnorm_kernel(x, res, w, y, r_out, stride_x, stride_res, stride_y, stride_r, n_rows, N, eps, offset,
                     HAS_RES: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -93,6 +96,7 @@ def _rmsnorm_kernel(x, res, w, y, r_out, stride_x, stride_res, stride_y, stride_
     tl.store(y + o_r[:, None] * stride_y + o_n[None, :], b_y.to(y.dtype.element_ty), mask=m)
 
 
+@cached_launch
 @triton.jit
 def _gated_rmsnorm_kernel(x, z, w, y, stride_xt, stride_xh, stride_zt, stride_zh, stride_y, n_rows, H, N, eps,
                           BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -108,6 +112,7 @@ def _gated_rmsnorm_kernel(x, z, w, y, stride_xt, stride_xh, stride_zt, stride_zh
     tl.store(y + o_r[:, None] * stride_y + o_n[None, :], b_y.to(y.dtype.element_ty), mask=m)
 
 
+@cached_launch
 @triton.jit
 def _gate_rmsnorm_kernel(x, z, w, y, stride_x, stride_z, stride_y, n_rows, group_size, eps,
                          BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr):
@@ -128,6 +133,7 @@ def _gate_rmsnorm_kernel(x, z, w, y, stride_x, stride_z, stride_y, n_rows, group
              mask=m)
 
 
+@cached_launch
 @triton.jit
 def _silu_and_mul_kernel(gu, y, stride_gu, stride_y, n_rows, I, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
     o_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -140,6 +146,7 @@ def _silu_and_mul_kernel(gu, y, stride_gu, stride_y, n_rows, I, BLOCK_R: tl.cons
     tl.store(y + o_r[:, None] * stride_y + o_i[None, :], b_s * b_u, mask=m)
 
 
+@cached_launch
 @triton.jit
 def _relu2_kernel(x, y, stride_x, stride_y, n_rows, I, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
     o_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from triton_kernels.cached_launch import cached_launch
+
 LOG2E = 1.4426950408889634
 
 
@@ -78,6 +80,7 @@ def paged_attention_extend_ref(
 # ----------------------------------------------------------------------------- store_kv
 
 
+@cached_launch
 @triton.jit
 def _store_kv_kernel(
     k, v, k_cache, v_cache, slot_mapping,
@@ -205,6 +208,7 @@ def _check_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
 
 # rows and block-table width (tight in eager steps) vary with the step: not specialized, so a new step shape
 # needs no new compile (warm-up.py warms each launch config)
+@cached_launch
 @triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
 def _extend_kernel(
     q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, o, qk_scale, num_seqs,

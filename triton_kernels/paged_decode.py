@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from triton_kernels.cached_launch import cached_launch
 from triton_kernels.paged_attention import (
     LOG2E,
     _check_paged,
@@ -38,6 +39,7 @@ def paged_attention_decode_ref(
 
 # block-table width (a tight table in eager steps) and split count vary with the batch: not specialized, so a
 # new batch needs no new compile
+@cached_launch
 @triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _decode_kernel(
     q, k_cache, v_cache, block_table, seq_lens, o, part_o, part_lse, qk_scale, num_splits,
@@ -102,6 +104,7 @@ def _decode_kernel(
         tl.store(part_lse + row, m_i + tl.log2(l_i), mask=o_g < G)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_reduce_kernel(
     part_o, part_lse, seq_lens, o, num_splits, stride_ob, stride_oh, stride_od,

@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from triton_kernels.cached_launch import cached_launch
+
 GROUP = 16  # tokens per group maximum (top_logits)
 BLOCK = 1024  # vocabulary entries per loop step
 CHUNK = 8192  # vocabulary entries per program: a row takes ceil(V / CHUNK) programs
@@ -70,6 +72,7 @@ def draw_kept_ref(*, logits: torch.Tensor, noise: torch.Tensor, temperature: tor
     return torch.where(keep, w / noise, -1.0).argmax(dim=-1)
 
 
+@cached_launch
 @triton.jit
 def _row_stats_kernel(l_ptr, l_stride, t_ptr, part_m_ptr, part_s_ptr, group_max_ptr, vocab, num_chunks, num_groups,
                       CHUNK: tl.constexpr, BLOCK: tl.constexpr, GROUPS: tl.constexpr, GROUP: tl.constexpr):
@@ -135,6 +138,7 @@ def _chunk_end(flag_ptr, row, c, vocab, CHUNK: tl.constexpr, FLAGGED: tl.constex
     return end
 
 
+@cached_launch
 @triton.jit
 def _tie_count_kernel(l_ptr, l_stride, bound_ptr, flag_ptr, counts_ptr, vocab, num_chunks, CHUNK: tl.constexpr,
                       BLOCK: tl.constexpr, FLAGGED: tl.constexpr):
@@ -149,6 +153,7 @@ def _tie_count_kernel(l_ptr, l_stride, bound_ptr, flag_ptr, counts_ptr, vocab, n
     tl.store(counts_ptr + row * num_chunks + c, tl.sum(count, 0))
 
 
+@cached_launch
 @triton.jit
 def _draw_kept_kernel(l_ptr, l_stride, e_ptr, e_stride, t_ptr, m_ptr, bound_ptr, need_ptr, min_p_ptr, counts_ptr,
                       keys_ptr, group_best_ptr, flag_ptr, vocab, num_chunks, num_groups, TIES: tl.constexpr,

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from triton_kernels.cached_launch import cached_launch
 from triton_kernels.ssd_chunk import check_snapshots, snapshot_cuts
 from triton_kernels.ssm_step import softplus
 
@@ -38,6 +39,7 @@ def _load_token(x, dt, B, C, z, dt_bias, t, stride_x_t, stride_dt_t, stride_B_t,
     return b_x, softplus(b_dt), b_B, b_C, b_z
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["num_cuts"])
 def _mamba1_prefill_kernel(
     x,

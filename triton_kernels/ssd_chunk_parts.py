@@ -21,6 +21,7 @@ sequence start). PREC is "tf32x3" for float32 inputs (close to float32 on tensor
 import triton
 import triton.language as tl
 
+from triton_kernels.cached_launch import cached_launch
 from triton_kernels.varlen import locate_chunk
 
 
@@ -44,6 +45,7 @@ def softplus_clamp(b_x, lo, hi):
     return tl.minimum(tl.maximum(b_sp, lo), hi)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T", "num_seqs"])
 def _ssd_dt_kernel(
     dt,
@@ -93,6 +95,7 @@ def _segment_update(b_s, x, B, stride_x_t, stride_B_t, o_t, m_t, m_seg, o_p, m_p
     return tl.dot(b_xw, b_B, b_s * tl.exp(b_decay), input_precision=PREC)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T", "num_cuts"])
 def _ssd_chunk_state_kernel(
     x,
@@ -204,6 +207,7 @@ def _ssd_chunk_state_kernel(
     tl.store(p_s + o_s, b_s.to(ssm_states.dtype.element_ty), mask=m_s)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["T", "num_seqs"])
 def _ssd_chunk_output_kernel(
     x,

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from triton_kernels.cached_launch import cached_launch
+
 
 @triton.jit
 def softplus(b_x):
@@ -26,6 +28,7 @@ def softplus(b_x):
     return tl.where(b_x <= 20.0, b_log1p, b_x)
 
 
+@cached_launch
 @triton.jit
 def _mamba2_decode_kernel(
     x,
@@ -96,6 +99,7 @@ def _mamba2_decode_kernel(
     tl.store(p_y, b_y.to(y.dtype.element_ty), mask=m_p)
 
 
+@cached_launch
 @triton.jit
 def _mamba1_decode_kernel(
     x,

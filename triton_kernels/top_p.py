@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from triton_kernels.cached_launch import cached_launch
 from triton_kernels.sampling import CHUNK, GROUP, NUM_WARPS, _chunk_end, _weight
 
 BOUND_BLOCK = 256  # top_p_bound's loop step (times the radix's buckets per entry)
@@ -71,6 +72,7 @@ def _radix_choose(hist_ptr, prefix_ptr, above_ptr, target, row, n, num_chunks, b
     return prefix | (digit << shift), above + tl.sum(tl.where(o_r == digit, higher, 0.0), 0), digit
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["n"])  # n rows: one compiled kernel for every batch size (warmed up at start)
 def _top_p_pass_kernel(l_ptr, l_stride, t_ptr, m_ptr, target_ptr, flag_ptr, hist_ptr, count_ptr, prefix_ptr,
                        above_ptr, n, vocab, num_chunks, p, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
@@ -116,6 +118,7 @@ def _top_p_pass_kernel(l_ptr, l_stride, t_ptr, m_ptr, target_ptr, flag_ptr, hist
             tl.store(count_ptr + (row * num_chunks + c) * RADIX + o_r, tl.sum(cnt, 0))
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["n"])
 def _top_p_final_kernel(t_ptr, m_ptr, target_ptr, flag_ptr, hist_ptr, count_ptr, prefix_ptr, above_ptr, bound_ptr,
                         need_ptr, n, vocab, num_chunks, p, BLOCK_C: tl.constexpr, RADIX: tl.constexpr):
@@ -188,6 +191,7 @@ def top_p_race_ref(*, logits: torch.Tensor, noise: torch.Tensor, temperature: to
     return cand.gather(1, ok.to(torch.int8).argmax(dim=-1, keepdim=True))[:, 0], ok.any(dim=-1)
 
 
+@cached_launch
 @triton.jit
 def _race_candidates_kernel(l_ptr, l_stride, e_ptr, e_stride, t_ptr, m_ptr, min_p_ptr, groups_ptr, cand_l_ptr,
                             cand_id_ptr, best_ptr, vocab, num_taken, K: tl.constexpr, GROUP: tl.constexpr,
@@ -213,6 +217,7 @@ def _race_candidates_kernel(l_ptr, l_stride, e_ptr, e_stride, t_ptr, m_ptr, min_
         score = tl.where(ids == pick, -2.0, score)
 
 
+@cached_launch
 @triton.jit
 def _race_before_kernel(l_ptr, l_stride, t_ptr, m_ptr, flag_ptr, cand_l_ptr, cand_id_ptr, part_ptr, vocab, num_chunks,
                         CHUNK: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr):
@@ -235,6 +240,7 @@ def _race_before_kernel(l_ptr, l_stride, t_ptr, m_ptr, flag_ptr, cand_l_ptr, can
     tl.store(part_ptr + (row * num_chunks + c) * K + o_k, tl.sum(acc, 0))
 
 
+@cached_launch
 @triton.jit
 def _race_final_kernel(part_ptr, target_ptr, flag_ptr, best_ptr, cand_id_ptr, token_ptr, found_ptr, num_chunks,
                        K: tl.constexpr, BLOCK_C: tl.constexpr):
