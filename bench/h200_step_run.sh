@@ -15,7 +15,8 @@
 # `prefix`: the shared-prefix (SHARED_REQUESTS, default 1000) and unrelated-prompts workloads, cache on / off.
 # `rollback`: bench/verify_rollback.py (the two GDN rollback designs); `unrelated`: the unrelated-prompts workload with the
 #   cache on, off, and on without the fixed snapshot cuts.
-#   bash bench/h200_step_run.sh [tests|profile|mamba|ttft|multiturn|suite|model_cuda|spec|specbench|prefix|tests_fp8_spec|mtp_default|rollback|unrelated ...]   (default: tests profile)
+# `launch`: bench/launch_overhead.py and the cached-launch CUDA test.
+#   bash bench/h200_step_run.sh [tests|profile|mamba|launch|ttft|multiturn|suite|model_cuda|spec|specbench|prefix|tests_fp8_spec|mtp_default|rollback|unrelated ...]   (default: tests profile)
 . "$(dirname "$0")/device_env.sh"
 git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || true  # the tree that travels may carry an older .git: results record the commit by hand too
 
@@ -26,11 +27,12 @@ for part in ${*:-tests profile}; do
         tests/gpu/test_model_cuda.py tests/gpu/test_overlap_cuda.py tests/gpu/test_prefix_cache_cuda.py \
         tests/test_decode_graph_inputs.py 2>&1 | tee "$OUT/tests_step_graphs.log" | tail -15 ;;
     profile)
-      timeout 420 python3 bench/step_profile.py --config configs/qwen3_5-9b-text --out "$OUT/step_profile_9b.json" \
+      timeout 420 python3 bench/step_profile.py --config configs/qwen3_5-9b-text ${PROFILE_CASES:+--cases "$PROFILE_CASES"} \
+        ${HOST_PROFILE:+--host-profile "$OUT/host_profile_9b.txt"} --out "$OUT/step_profile_9b.json" \
         2>&1 | quiet | tee "$OUT/step_profile_9b.log" | tail -24 ;;
     mamba)
       for c in nemotron_h-8b falcon_h1-7b; do
-        timeout 300 python3 bench/step_profile.py --config configs/$c --cases "decode b1,decode b32,extend 64 after 4k,prefill 2k" \
+        timeout 300 python3 bench/step_profile.py --config configs/$c --cases "${MAMBA_CASES:-decode b1,decode b32,extend 64 after 4k,prefill 2k}" \
           --top-kernels ${TOP_KERNELS:-0} --out "$OUT/step_profile_$c.json" 2>&1 | quiet | tee "$OUT/step_profile_$c.log" | tail -16
       done ;;
     ttft)
@@ -72,6 +74,10 @@ for part in ${*:-tests profile}; do
         --engine-arg snapshot_interval=1000000 --out "$OUT/prefix_random_nofixedcuts.json" 2>&1 | quiet \
         > "$OUT/prefix_random_nofixedcuts.log"
       grep -hE "output_tok_s|mean_ttft|rror" "$OUT"/prefix_random*.log ;;
+    launch)  # cached Triton launches: host us a launch both ways, the CUDA test against Triton's own launches
+      timeout 120 python3 bench/launch_overhead.py 2>&1 | quiet | tee "$OUT/launch_overhead.md"
+      timeout 200 python3 -m pytest -q -rf -p no:cacheprovider tests/gpu/test_cached_launch_cuda.py 2>&1 \
+        | tee "$OUT/tests_cached_launch.log" | tail -4 ;;
     suite)  # -v: each result is named as it completes, so a run cut by its limit still names its failures
       timeout ${SUITE_TIMEOUT:-560} python3 -m pytest -v --tb=short -rf -p no:cacheprovider -n 4 tests/gpu tests/kernels \
         tests/test_composed_gpu.py tests/test_fp8_checkpoint.py > "$OUT/suite.log" 2>&1
