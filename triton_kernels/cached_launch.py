@@ -72,7 +72,12 @@ class CachedLaunch:
         self.compiled: dict = {}
         self._device = self._stream = None
 
-    def __getattr__(self, name):  # warmup, fn, configs ...: the kernel's own
+    @property
+    def fn(self):
+        """The wrapped kernel, as an Autotuner's `fn` is (code that unwraps kernels follows `.fn`)."""
+        return self.kernel
+
+    def __getattr__(self, name):  # configs, keys ...: the kernel's own
         return getattr(self.kernel, name)
 
     def __getitem__(self, grid):
