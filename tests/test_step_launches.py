@@ -47,10 +47,10 @@ class LayerOps(TorchDispatchMode):
         self.inside -= 1
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "falcon_h1", "bamba", "granitemoehybrid", "jamba"])
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "falcon_h1", "bamba", "granitemoehybrid", "jamba",
+                                    "nemotron_h"])
 def test_decode_layers_dispatch_no_torch_kernels(tiny_checkpoint, family, monkeypatch):
-    """Nemotron-H's grouped top-k routing (nemotron_moe.py) still runs in torch, so it is not listed here;
-    Falcon-H1 adds its two branches (one add)."""
+    """Falcon-H1 adds its two branches (one add)."""
     monkeypatch.setattr(backends, "_dense_of", lambda backend, device: backends.dense_ops(
         "triton" if backend != "torch" else "torch"))
     s = make_scheduler(tiny_checkpoint(family), chunked_prefill_size=32, attention_backend="triton",

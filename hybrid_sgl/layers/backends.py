@@ -87,6 +87,7 @@ class MoEOps:
     fused_moe: Callable
     norm_route: Callable  # the block's pre-norm, then route: -> (weights, ids, logits, normed x, residual)
     dense: DenseOps  # the shared expert's
+    sigmoid_topk: Callable  # Nemotron-H's router: sigmoid logits, correction bias, expert groups -> (weights, ids)
 
 
 @dataclass(frozen=True)
@@ -214,15 +215,17 @@ def _triton_ssm(dense: DenseOps) -> SSMOps:
 
 
 def _torch_moe(dense: DenseOps) -> MoEOps:
-    from triton_kernels import fused_moe, moe_routing
+    from triton_kernels import fused_moe, moe_routing, sigmoid_routing
 
-    return MoEOps("torch", moe_routing.route_ref, fused_moe.fused_moe_ref, moe_routing.norm_route_ref, dense)
+    return MoEOps("torch", moe_routing.route_ref, fused_moe.fused_moe_ref, moe_routing.norm_route_ref, dense,
+                  sigmoid_routing.sigmoid_topk_ref)
 
 
 def _triton_moe(dense: DenseOps) -> MoEOps:
-    from triton_kernels import fused_moe, moe_routing
+    from triton_kernels import fused_moe, moe_routing, sigmoid_routing
 
-    return MoEOps("triton", moe_routing.route, fused_moe.fused_moe, moe_routing.norm_route, dense)
+    return MoEOps("triton", moe_routing.route, fused_moe.fused_moe, moe_routing.norm_route, dense,
+                  sigmoid_routing.sigmoid_topk)
 
 
 REGISTRY: dict[str, dict[str, Callable]] = {

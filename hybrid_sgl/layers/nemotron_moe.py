@@ -51,33 +51,27 @@ class NemotronMoE(nn.Module, QuantizableExperts):
         self.w_down, self.w_down_scale_inv = fp8_experts(self.w_down)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: [T, H] -> (weights [T, k] float32, expert ids [T, k])."""
+        """x: [T, H] -> (weights [T, k] float32, expert ids [T, k]): the router in float32, then
+        triton_kernels/sigmoid_routing.py."""
         s = self.spec
-        scores = F.linear(x.float(), self.router).sigmoid()  # [T, E]
-        choice = scores + self.correction_bias
-        if s.topk_group < s.n_group:
-            grouped = choice.view(x.shape[0], s.n_group, -1)  # [T, G, E/G]
-            group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # [T, G]
-            kept = group_scores.topk(s.topk_group, dim=-1).indices
-            keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
-            choice = choice.masked_fill(~keep.repeat_interleave(grouped.shape[-1], dim=1), float("-inf"))
-        ids = choice.topk(s.top_k, dim=-1).indices
-        weights = scores.gather(1, ids)
-        if s.norm_topk_prob:
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-        return weights * s.routed_scaling_factor, ids
+        return self.ops.sigmoid_topk(logits=F.linear(x.float(), self.router), bias=self.correction_bias,
+                                     top_k=s.top_k, groups=s.n_group, keep_groups=s.topk_group,
+                                     renormalize=s.norm_topk_prob, scale=s.routed_scaling_factor)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, H] -> [T, H]."""
+        """x: [T, H] -> [T, H]. The shared expert's output is added in the experts' combine where nothing
+        comes between (one rank, no latent space); else after the all-reduce and the latent projection."""
         weights, ids = self.route(x)
         h = x if self.to_latent is None else self.to_latent(x)
+        combined = self.shared is not None and self.tp.size == 1 and self.from_latent is None
         out = self.ops.fused_moe(x=h, w13=self.w_up, w2=self.w_down, topk_weights=weights, topk_ids=ids,
-                                 activation="relu2", w13_scale=self.w_up_scale_inv, w2_scale=self.w_down_scale_inv)
+                                 activation="relu2", w13_scale=self.w_up_scale_inv, w2_scale=self.w_down_scale_inv,
+                                 shared=self.shared(x) if combined else None)
         if self.tp.size > 1:
             out = self.tp.all_reduce(out)
         if self.from_latent is not None:
             out = self.from_latent(out)
-        return out if self.shared is None else out + self.shared(x)
+        return out if self.shared is None or combined else out + self.shared(x)
 
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:
         """Checkpoint names: gate.weight, gate.e_score_correction_bias, experts.{e}.{up,down}_proj.weight
