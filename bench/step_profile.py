@@ -11,8 +11,8 @@ and per mode (graphs on / off):
 - device: kernel time a step (torch.profiler, the sum of the kernels' durations);
 - idle: 1 - device / wall, the share of the step the device waits for the host;
 - launches: kernels a step;
-- "off, uncached": graphs off and every Triton kernel launched through Triton's own per-call path
-  (triton_kernels/cached_launch.py disabled), the eager step before cached launches;
+- "off" runs eagerly with cached launches (triton_kernels/cached_launch.py) on, "off, uncached" with
+  every Triton kernel launched through Triton's own per-call path; "on" as the server starts;
 - eager mode only: host microseconds a layer spends in its forward, by layer kind (the launch path:
   kernels run asynchronously, so this is the host's cost of issuing them).
 On CPU (a smoke run) device time is not measured.
@@ -194,6 +194,7 @@ def main() -> None:
     # (triton_kernels/cached_launch.py off): what the cached launches save
     graphs = {"on": (runner.graphs, runner.extend_graphs, runner.verify_graphs), "off": (None, None, None),
               "off, uncached": (None, None, None)}
+    launches_at_start = cached_launch.ENABLED
     results = {"config": a.config, "device": torch.cuda.get_device_name() if on_gpu else "cpu",
                "cuda_graph_max_tokens": args.cuda_graph_max_tokens, "cases": {}}
     for name in names:
@@ -230,7 +231,7 @@ def main() -> None:
                         f.write(f"\n######## {name}, graphs off\n" + host_profile(runner, mode, items, a.steps, sync))
             row[label] = entry
         runner.graphs, runner.extend_graphs, runner.verify_graphs = graphs["on"]
-        cached_launch.ENABLED = True
+        cached_launch.ENABLED = launches_at_start
         release(runner, items)
         results["cases"][name] = row
         print(name, json.dumps(row), flush=True)

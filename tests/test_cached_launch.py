@@ -2,12 +2,18 @@
 list and grid its launcher gets. Triton's own launch is replaced by a recorder (nothing compiles here); the
 CUDA test (tests/gpu/test_cached_launch_cuda.py) launches real kernels both ways."""
 
+import pytest
 import torch
 import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
 from triton_kernels import cached_launch as cl
+
+
+@pytest.fixture(autouse=True)
+def _enabled(monkeypatch):
+    monkeypatch.setattr(cl, "ENABLED", True)
 
 
 def _kernel(x, y, n, eps, FLAG: tl.constexpr, BLOCK: tl.constexpr = 16):
