@@ -45,6 +45,8 @@ class NemotronMoE(nn.Module, QuantizableExperts):
         self.from_latent = nn.Linear(latent_size, hidden_size, bias=bias) if latent_size else None
         shared = spec.shared_expert_intermediate_size
         self.shared = Relu2MLP(hidden_size, shared, bias, ops=ops.dense) if shared else None
+        # the shared expert's output joins the experts' combine where nothing comes between them
+        self.shared_in_combine = self.shared is not None and self.tp.size == 1 and self.from_latent is None
 
     def experts_to_fp8(self) -> None:
         self.w_up, self.w_up_scale_inv = fp8_experts(self.w_up)
@@ -63,15 +65,14 @@ class NemotronMoE(nn.Module, QuantizableExperts):
         comes between (one rank, no latent space); else after the all-reduce and the latent projection."""
         weights, ids = self.route(x)
         h = x if self.to_latent is None else self.to_latent(x)
-        combined = self.shared is not None and self.tp.size == 1 and self.from_latent is None
         out = self.ops.fused_moe(x=h, w13=self.w_up, w2=self.w_down, topk_weights=weights, topk_ids=ids,
                                  activation="relu2", w13_scale=self.w_up_scale_inv, w2_scale=self.w_down_scale_inv,
-                                 shared=self.shared(x) if combined else None)
+                                 shared=self.shared(x) if self.shared_in_combine else None)
         if self.tp.size > 1:
             out = self.tp.all_reduce(out)
         if self.from_latent is not None:
             out = self.from_latent(out)
-        return out if self.shared is None or combined else out + self.shared(x)
+        return out if self.shared is None or self.shared_in_combine else out + self.shared(x)
 
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:
         """Checkpoint names: gate.weight, gate.e_score_correction_bias, experts.{e}.{up,down}_proj.weight
