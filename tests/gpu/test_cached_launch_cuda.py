@@ -14,7 +14,7 @@ pytestmark = pytest.mark.gpu
 
 def _cases(dtype):
     g = torch.Generator(device="cuda").manual_seed(0)
-    big = torch.randn(4096 + 8, device="cuda", generator=g).to(dtype)
+    big = torch.randn(17 * 512 + 8, device="cuda", generator=g).to(dtype)
     for rows, width, offset in [(1, 256, 0), (3, 256, 0), (5, 256, 1), (5, 256, 8), (17, 512, 0), (1, 256, 3)]:
         x = big[offset:offset + rows * width].view(rows, width)  # offset 1, 3: not 16-byte aligned
         r = torch.randn(rows, width, device="cuda", generator=g).to(dtype)
@@ -26,7 +26,7 @@ def _outputs(dtype):
     out = []
     for x, r, w, weight in _cases(dtype):
         out += [rmsnorm(x=x, weight=w, eps=1e-6), *add_rmsnorm(x=x, residual=r, weight=w, eps=1e-5, offset=1.0),
-                silu_and_mul(torch.cat([x, r], dim=1))]
+                silu_and_mul(gate_up=torch.cat([x, r], dim=1))]
         if x.shape[0] <= 16:
             out.append(dense_few_rows_gemm(x=x, weight=weight))  # autotuned
     return out
