@@ -50,7 +50,6 @@ class LayerOps(TorchDispatchMode):
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "falcon_h1", "bamba", "granitemoehybrid", "jamba",
                                     "nemotron_h"])
 def test_decode_layers_dispatch_no_torch_kernels(tiny_checkpoint, family, monkeypatch):
-    """Falcon-H1 adds its two branches (one add)."""
     monkeypatch.setattr(backends, "_dense_of", lambda backend, device: backends.dense_ops(
         "triton" if backend != "torch" else "torch"))
     s = make_scheduler(tiny_checkpoint(family), chunked_prefill_size=32, attention_backend="triton",
@@ -78,6 +77,4 @@ def test_decode_layers_dispatch_no_torch_kernels(tiny_checkpoint, family, monkey
     with counter:
         s.step()  # one decode step
     assert len(req.output_ids) >= 3
-    branch_sum = ("add", "falcon_h1.py") if family == "falcon_h1" else None
-    glue = {site: n for site, n in counter.sites.items() if site[:2] != branch_sum}
-    assert not glue, f"torch kernels launched inside the layers: {glue}"
+    assert not counter.sites, f"torch kernels launched inside the layers: {dict(counter.sites)}"

@@ -1,7 +1,8 @@
 """RMS norms used by the hybrid families, and the fused SiLU-gated product of gated MLPs.
 
 rmsnorm:        y = x / rms(x) * (w + offset)      offset 1.0 for zero-centered weights (Qwen3-Next / 3.5)
-add_rmsnorm:    r = x + residual (rounded to the dtype, as in eager); y = rmsnorm(r); returns (y, r)
+add_rmsnorm:    r = x + residual (rounded to the dtype, as in eager); y = rmsnorm(r); returns (y, r);
+                with `branch`, r = (x + branch) + residual (Falcon-H1's two parallel branches)
 gated_rmsnorm:  y = (x / rms(x)) * w * silu(z)       (norm before gate; GDN output norm)
 gate_rmsnorm:   y = norm_groups(x * silu(z)) * w      (gate before norm, by channel groups; Mamba2 output norm)
 silu_and_mul:   y = silu(a) * b for gate_up = [a | b]
@@ -26,9 +27,9 @@ def rmsnorm_ref(*, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: fl
 
 
 def add_rmsnorm_ref(*, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                    offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """x, residual: [T, N]. Returns (rmsnorm(x + residual), x + residual)."""
-    r = x + residual
+                    offset: float = 0.0, branch: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, residual (, branch): [T, N]. Returns (rmsnorm(r), r) for r = x + residual, or (x + branch) + residual."""
+    r = (x if branch is None else x + branch) + residual
     return rmsnorm_ref(x=r, weight=weight, eps=eps, offset=offset), r
 
 
@@ -82,13 +83,16 @@ def gated_rmsnorm_tile(b_x, b_z, b_w, N, eps, dtype: tl.constexpr):
 
 @cached_launch
 @triton.jit
-def _rmsnorm_kernel(x, res, w, y, r_out, stride_x, stride_res, stride_y, stride_r, n_rows, N, eps, offset,
-                    HAS_RES: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+def _rmsnorm_kernel(x, res, br, w, y, r_out, stride_x, stride_res, stride_br, stride_y, stride_r, n_rows, N, eps,
+                    offset, HAS_RES: tl.constexpr, HAS_BRANCH: tl.constexpr, BLOCK_R: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
     o_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     o_n = tl.arange(0, BLOCK_N)
     m = (o_r < n_rows)[:, None] & (o_n < N)[None, :]
     o_r = o_r.to(tl.int64)
     b_x = tl.load(x + o_r[:, None] * stride_x + o_n[None, :], mask=m, other=0.0)
+    if HAS_BRANCH:  # rounded to the dtype before the residual joins, as eager's two adds
+        b_x = b_x + tl.load(br + o_r[:, None] * stride_br + o_n[None, :], mask=m, other=0.0)
     if HAS_RES:
         b_x = b_x + tl.load(res + o_r[:, None] * stride_res + o_n[None, :], mask=m, other=0.0)
         tl.store(r_out + o_r[:, None] * stride_r + o_n[None, :], b_x, mask=m)
@@ -178,21 +182,24 @@ def rmsnorm(*, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float 
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     block_r, block_n = _rows_per_program(x.shape[1])
     _rmsnorm_kernel[(triton.cdiv(x.shape[0], block_r),)](
-        x, x, weight, y, y, x.stride(0), 0, y.stride(0), 0, x.shape[0], x.shape[1], eps, offset,
-        HAS_RES=False, BLOCK_R=block_r, BLOCK_N=block_n)
+        x, x, x, weight, y, y, x.stride(0), 0, 0, y.stride(0), 0, x.shape[0], x.shape[1], eps, offset,
+        HAS_RES=False, HAS_BRANCH=False, BLOCK_R=block_r, BLOCK_N=block_n)
     return y
 
 
 def add_rmsnorm(*, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                offset: float = 0.0, branch: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     x, residual = _rows(x), _rows(residual)
     assert x.shape == residual.shape and x.dtype == residual.dtype
+    br = x if branch is None else _rows(branch)
+    assert br.shape == x.shape and br.dtype == x.dtype
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     r = torch.empty_like(y)
     block_r, block_n = _rows_per_program(x.shape[1])
     _rmsnorm_kernel[(triton.cdiv(x.shape[0], block_r),)](
-        x, residual, weight, y, r, x.stride(0), residual.stride(0), y.stride(0), r.stride(0), x.shape[0],
-        x.shape[1], eps, offset, HAS_RES=True, BLOCK_R=block_r, BLOCK_N=block_n)
+        x, residual, br, weight, y, r, x.stride(0), residual.stride(0), br.stride(0), y.stride(0), r.stride(0),
+        x.shape[0], x.shape[1], eps, offset, HAS_RES=True, HAS_BRANCH=branch is not None, BLOCK_R=block_r,
+        BLOCK_N=block_n)
     return y, r
 
 

@@ -22,9 +22,14 @@ class RMSNorm(nn.Module):
         return self.ops.rmsnorm(x=x.reshape(-1, shape[-1]), weight=self.weight, eps=self.eps,
                                 offset=self.offset).view(shape)
 
-    def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x, residual: [T, N]. Returns (norm(x + residual), x + residual) in one pass."""
-        return self.ops.add_rmsnorm(x=x, residual=residual, weight=self.weight, eps=self.eps, offset=self.offset)
+    def add(self, x: torch.Tensor, residual: torch.Tensor, branch: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, residual (, branch): [T, N]. Returns (norm(r), r) in one pass, r = x + residual or
+        (x + branch) + residual."""
+        if branch is None:
+            return self.ops.add_rmsnorm(x=x, residual=residual, weight=self.weight, eps=self.eps, offset=self.offset)
+        return self.ops.add_rmsnorm(x=x, residual=residual, weight=self.weight, eps=self.eps, offset=self.offset,
+                                    branch=branch)
 
 
 class GatedRMSNorm(nn.Module):

@@ -84,7 +84,7 @@ class FalconH1Layer(nn.Module):
             h, residual = self.input_norm(x), x
         else:
             h, residual = self.input_norm.add(x, residual)
-        h, residual = self.pre_ff_norm.add(self.mamba(h, fb) + self.self_attn(h, fb), residual)
+        h, residual = self.pre_ff_norm.add(self.mamba(h, fb), residual, branch=self.self_attn(h, fb))
         return self.feed_forward(h), residual
 
     def load_weight(self, part: str, rest: str, tensor: torch.Tensor) -> None:

@@ -25,6 +25,13 @@ def test_rmsnorm_and_add(rows, n, offset):
     y_ref, r_ref = norms.add_rmsnorm_ref(x=x, residual=res, weight=w, eps=1e-6, offset=offset)
     torch.testing.assert_close(r, r_ref, rtol=0, atol=0)
     torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    branch = torch.randn(rows, n + 3, device=DEVICE)[:, :n]  # Falcon-H1's second branch, a strided view
+    y, r = norms.add_rmsnorm(x=x, residual=res, weight=w, eps=1e-6, offset=offset, branch=branch)
+    torch.testing.assert_close(r, (x + branch) + res, rtol=0, atol=0)
+    torch.testing.assert_close(y, norms.rmsnorm_ref(x=(x + branch) + res, weight=w, eps=1e-6, offset=offset),
+                               rtol=1e-5, atol=1e-5)
+    y_ref, r_ref = norms.add_rmsnorm_ref(x=x, residual=res, weight=w, eps=1e-6, offset=offset, branch=branch)
+    torch.testing.assert_close(r_ref, r, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("rows,n", [(3, 16), (40, 32)])
@@ -50,6 +57,10 @@ def test_bf16_matches_eager_roundings():
     y, r = norms.add_rmsnorm(x=x, residual=res, weight=w, eps=1e-6, offset=1.0)
     y_ref, r_ref = norms.add_rmsnorm_ref(x=x, residual=res, weight=w, eps=1e-6, offset=1.0)
     assert torch.equal(r, r_ref)
+    assert (y.float() - y_ref.float()).abs().max() <= 2 ** -6 * y_ref.float().abs().max()
+    y, r = norms.add_rmsnorm(x=x, residual=res, weight=w, eps=1e-6, offset=1.0, branch=z)
+    assert torch.equal(r, (x + z) + res)  # two roundings, as eager's two adds
+    y_ref, _ = norms.add_rmsnorm_ref(x=x, residual=res, weight=w, eps=1e-6, offset=1.0, branch=z)
     assert (y.float() - y_ref.float()).abs().max() <= 2 ** -6 * y_ref.float().abs().max()
     xs, zs = x.view(-1, 128), z.view(-1, 128)
     wg = w[:128]
