@@ -8,7 +8,8 @@ heads replicated, MoE experts and shared expert), Qwen3-Next (its shared expert 
 experts), Nemotron-H (Mamba2 groups split, relu2 MLP,
 sigmoid-routed MoE), Bamba with one Mamba2 group (replicated: the gated norm spans both ranks),
 Falcon-H1 (parallel attention + Mamba2 with folded multipliers), Jamba (Mamba-1 channels, MoE), and
-the composed hybrid (every mixer kind, packed state slots)."""
+the composed hybrid (every mixer kind, packed state slots). Overlapped decode steps too, whose input
+tokens reach the other ranks by a broadcast from rank 0's device."""
 
 import pytest
 import torch
@@ -35,8 +36,11 @@ def _scenario(engine: Engine) -> dict:
     system = _ids(10, 40)
     first = engine.generate(input_ids=system + _ids(11, 9), sampling_params=greedy, return_logprob=True)
     second = engine.generate(input_ids=system + _ids(12, 7), sampling_params=greedy, return_logprob=True)
+    # no logprobs: overlapped decode, whose steps take the previous step's ids on the device (a broadcast)
+    overlapped = engine.generate(input_ids=[_ids(20 + i, 30 + i) for i in range(3)], sampling_params=greedy)
     engine.check_integrity()
-    return {"outputs": [*batch, first, second],
+    return {"outputs": [*batch, first, second], "overlapped": [o["output_ids"] for o in overlapped],
+            "overlapped_steps": engine.run_on_engine(lambda s: s.pipeline.num_overlapped_steps),
             "preemptions": engine.run_on_engine(lambda s: s.num_preemptions)}
 
 
@@ -57,6 +61,7 @@ def _assert_same(tp1: dict, tpn: dict) -> None:
         assert b["meta_info"]["cached_tokens"] == a["meta_info"]["cached_tokens"]
         torch.testing.assert_close(torch.tensor(_logprobs(b)), torch.tensor(_logprobs(a)), rtol=0, atol=1e-4)
     assert tp1["outputs"][-1]["meta_info"]["cached_tokens"] >= 32  # the second prompt hit the cache
+    assert tpn["overlapped_steps"] > 0 and tpn["overlapped"] == tp1["overlapped"]
 
 
 CASES = [("qwen3_5", 2, {}), ("qwen3_5_moe", 4, TP4_GDN), ("nemotron_h", 2, {}), ("bamba", 2, dict(mamba_n_groups=1)),

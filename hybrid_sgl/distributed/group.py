@@ -28,6 +28,11 @@ class TPGroup:
         dist.all_reduce(x, group=self.group)
         return x
 
+    def broadcast(self, x: torch.Tensor) -> torch.Tensor:
+        """Rank 0's x on every rank, in place. x: contiguous, the same shape and dtype on every rank."""
+        dist.broadcast(x, src=0, group=self.group)
+        return x
+
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, C] on each rank -> [N, size * C], rank r's columns at [r * C, (r + 1) * C)."""
         parts = [torch.empty_like(x) for _ in range(self.size)]

@@ -8,13 +8,16 @@ ItemResult per item. It never changes request state: the scheduler applies the r
 
 Under tensor parallelism this runner is rank 0's: every forward goes through `forward_step`, which
 first hands the step (a StepMessage) to `broadcast`, so the other ranks run the same forward on
-their shards (runner/tp_step.py).
+their shards (runner/tp_step.py). Their CUDA graphs (HYBRID_SGL_TP_CUDA_GRAPH=1, not yet run on GPUs)
+are captured in the same order on every rank, the all-reduces inside them, and each rank replays the
+shape rank 0 replays.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -46,6 +49,8 @@ from hybrid_sgl.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
+# CUDA graphs under tensor parallelism (all-reduces captured): opt-in until they have run on several GPUs
+TP_CUDA_GRAPHS = os.environ.get("HYBRID_SGL_TP_CUDA_GRAPH", "0") == "1"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -262,10 +267,12 @@ class ModelRunner:
 
     def _graphs_possible(self) -> bool:
         """CUDA graphs need CUDA, a kernel on every path that can be captured (no host syncs: the Triton /
-        vLLM kernels; the torch references sync) and one rank (the all-reduce is not captured yet)."""
+        vLLM kernels; the torch references sync) and one rank unless TP_CUDA_GRAPHS (NCCL's all-reduce is
+        captured like a kernel; every rank captures the same shapes in the same order)."""
         b = self._backends
         capturable = all(ops is None or ops.name != "torch" for ops in (b.attention, b.linear_attention, b.ssm, b.moe))
-        return self.device.type == "cuda" and not self.args.disable_cuda_graph and capturable and self.tp.size == 1
+        ranks_ok = self.tp.size == 1 or TP_CUDA_GRAPHS
+        return self.device.type == "cuda" and not self.args.disable_cuda_graph and capturable and ranks_ok
 
     def _capture_graphs(self, backends: Backends) -> tuple[StepGraphs | None, StepGraphs | None, StepGraphs | None]:
         """(decode graphs, extend graphs, verify graphs), each None when not captured. Verify graphs (with
@@ -328,12 +335,7 @@ class ModelRunner:
         plan = StepPlan(mode=ForwardMode.DECODE, tokens=tokens,
                         prefix_lens=[it.start for it in items], slots=[it.req.slot for it in items],
                         prev_rows=prev_rows if any(j >= 0 for j in prev_rows) else None)
-        prev_ids = prev.next_ids if prev is not None else None
-        shape = self.graphs.shape_for(plan) if self.graphs is not None else None
-        if shape is not None:
-            logits = self.graphs.run(plan, shape, prev_ids=prev_ids)
-        else:
-            logits = self.forward_step(plan, prev_ids=prev_ids)
+        logits = self.forward_step(plan, prev_ids=prev.next_ids if prev is not None else None)
         pending = PendingDecode(items=items, next_ids=None, host_ids=None, done=None, logits=logits)
         if sample:
             self.sample_pending(pending)
@@ -373,13 +375,7 @@ class ModelRunner:
         plan = StepPlan(mode=mode, tokens=[it.req.token_slice(it.start, it.end) for it in items],
                         prefix_lens=[it.start for it in items], slots=[it.req.slot for it in items],
                         snapshots=snapshots if any(snapshots) else None, logit_rows=rows)
-        shape = self.graphs.shape_for(plan) if self.graphs is not None else None
-        if shape is not None:
-            logits = self.graphs.run(plan, shape)
-            if rows != list(range(len(items))):  # every row; decode samples (almost) all of them
-                logits = logits[self.inputs.logit_rows(rows)]
-        else:
-            logits = self.forward_step(plan)
+        logits = self.forward_step(plan)
         if not rows:
             return results
         if sample_rows:
@@ -390,11 +386,21 @@ class ModelRunner:
 
     def forward_step(self, plan: StepPlan, *, prev_ids: torch.Tensor | None = None) -> torch.Tensor | None:
         """One step without sampling: logits [len(rows), V] of the plan's logit rows (every row when None;
-        none are computed when empty). Extend steps replay a graph of their shape when one is captured.
-        The other tensor-parallel ranks run the step too (see tp_step.py). With a draft model the final
-        hidden states [T, H] stay in `last_hidden` for it."""
+        none are computed when empty). A step replays a graph of its shape when one is captured (decode
+        graphs end at every row's logits). The other tensor-parallel ranks run the step too (see tp_step.py).
+        With a draft model the final hidden states [T, H] of an extend step stay in `last_hidden` for it.
+        prev_ids [>= 1]: the previous step's sampled ids on the device, which the plan's prev_rows take."""
         if self.broadcast is not None:
             self.broadcast(step_message(self, plan, prev_ids))
+            if prev_ids is not None:
+                self.tp.broadcast(prev_ids.to(torch.int64).contiguous())
+        rows = plan.logit_rows
+        shape = self.graphs.shape_for(plan) if self.graphs is not None else None
+        if shape is not None:
+            logits = self.graphs.run(plan, shape, prev_ids=prev_ids)
+            if rows is None or rows == list(range(plan.num_rows)):
+                return logits
+            return logits[self.inputs.logit_rows(rows)] if rows else None
         for graphs in (self.verify_graphs, self.extend_graphs):
             shape = graphs.shape_for(plan) if graphs is not None else None
             if shape is not None:
@@ -404,7 +410,6 @@ class ModelRunner:
             hidden = self.model(self.eager_batch(plan, prev_ids))
         if self.speculative is not None:
             self.last_hidden = hidden
-        rows = plan.logit_rows
         if rows is None:
             return self.model.compute_logits(hidden)
         if not rows:

@@ -2,10 +2,12 @@
 
 Rank 0 runs the only scheduler (with the prefix cache and the grammars) and the only sampler.
 Before each forward it sends a StepMessage: the step's StepPlan, the page-table rows of its
-slots, the previous step's sampled ids, and the state-slot / KV-page copies the
-prefix cache made since the last step (its pools are the Recording* ones below). A rank replays
-the copies in order, writes the rows into its own page table and runs the same forward on its
-shards, so its pools hold exactly rank 0's pages and slots for its own heads.
+slots, how many ids the previous step sampled (an overlapped decode step takes its input tokens
+from them), and the state-slot / KV-page copies the prefix cache made since the last step (its
+pools are the Recording* ones below). The ids themselves follow by a broadcast from rank 0's device,
+so the host never reads them. A rank replays the copies in order, writes the rows into its own page
+table and runs the same forward on its shards (a CUDA graph of the same shape where rank 0 replays
+one), so its pools hold exactly rank 0's pages and slots for its own heads.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from hybrid_sgl.memory.state_pool import StatePool
 class StepMessage:
     plan: StepPlan
     table_rows: list[list[int]]  # [B, pages the batch reads] page-table rows of the plan's slots
-    prev_ids: list[int] | None  # tokens the previous step sampled (overlapped decode)
+    prev_len: int | None  # ids the previous step sampled, which the step takes (overlapped decode); they follow
+    # by TPGroup.broadcast
     state_copies: list[tuple[int, int]]  # (src, dst) state-pool indices, in order
     kv_copies: list[tuple[int, int]]  # (src, dst) KV pages, in order
 
@@ -69,7 +72,7 @@ def step_message(runner, plan: StepPlan, prev_ids) -> StepMessage:
     pages = -(-plan.max_seq_len // a.page_size)
     rows = [(a.slot_pages[slot] or [])[:pages] for slot in plan.slots]  # the host's copy: no device read
     table = [r + [a.pad_page] * (pages - len(r)) for r in rows]
-    return StepMessage(plan=plan, table_rows=table, prev_ids=None if prev_ids is None else prev_ids.tolist(),
+    return StepMessage(plan=plan, table_rows=table, prev_len=None if prev_ids is None else prev_ids.shape[0],
                        state_copies=_take(runner.state_pool), kv_copies=_take(runner.kv_pool))
 
 
@@ -82,5 +85,7 @@ def replay(runner, msg: StepMessage) -> None:
     table = torch.tensor(msg.table_rows, dtype=runner.allocator.page_table.dtype, device=runner.device)
     slots = torch.tensor(msg.plan.slots, dtype=torch.long, device=runner.device)
     runner.allocator.page_table[slots, :table.shape[1]] = table
-    prev_ids = None if msg.prev_ids is None else torch.tensor(msg.prev_ids, dtype=torch.int64, device=runner.device)
+    prev_ids = None
+    if msg.prev_len is not None:  # rank 0 broadcasts them right after the message (ModelRunner.forward_step)
+        prev_ids = runner.tp.broadcast(torch.empty(msg.prev_len, dtype=torch.int64, device=runner.device))
     runner.forward_step(msg.plan, prev_ids=prev_ids)

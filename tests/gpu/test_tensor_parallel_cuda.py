@@ -32,3 +32,18 @@ def test_tp2_matches_tp1_on_cuda(tiny_checkpoint, family, tp, dims):
 def test_ep2_matches_tp1_on_cuda(tiny_checkpoint, family):
     path = tiny_checkpoint(family)
     _assert_same(_run(path, 1, True), _run(path, 2, True, ep=2))
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h"])
+def test_tp2_cuda_graphs_match_tp1(tiny_checkpoint, family, monkeypatch):
+    """HYBRID_SGL_TP_CUDA_GRAPH=1: every rank captures decode and extend graphs (all-reduces inside) and
+    replays the shape rank 0 replays; overlapped decode steps take their ids by a broadcast."""
+    from hybrid_sgl.runner import model_runner
+
+    monkeypatch.setenv("HYBRID_SGL_TP_CUDA_GRAPH", "1")  # the spawned ranks read it at import
+    monkeypatch.setattr(model_runner, "TP_CUDA_GRAPHS", True)
+    path = tiny_checkpoint(family)
+    tp1 = _run(path, 1, True)
+    with Engine(model_path=path, tp_size=2, disable_cuda_graph=False, **CUDA) as engine:
+        assert engine.run_on_engine(lambda s: s.runner.graphs is not None and s.runner.extend_graphs is not None)
+        _assert_same(tp1, _scenario(engine))
