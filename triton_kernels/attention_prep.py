@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from triton_kernels.cached_launch import cached_launch
+from triton_kernels.host_math import next_power_of_2
 from triton_kernels.norms import rmsnorm_ref
 
 
@@ -111,7 +112,7 @@ def _prep(q: torch.Tensor, k: torch.Tensor, weights: tuple[torch.Tensor, torch.T
     _qk_norm_rope_kernel[(t, hq + hkv)](
         q, k, q_out, k_out, wq, wk, cos_sin, positions, q.stride(0), q.stride(1), k.stride(0),
         k.stride(1), cos_sin.stride(0), eps, offset, HQ=hq, HKV=hkv, D=d, HALF=rotary_dim // 2,
-        BLOCK_D=triton.next_power_of_2(d), NORM=weights is not None)
+        BLOCK_D=next_power_of_2(d), NORM=weights is not None)
     return q_out, k_out
 
 
@@ -135,5 +136,5 @@ def sigmoid_gate_mul(*, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     y = torch.empty((t, h * d), dtype=o.dtype, device=o.device)
     if t:
         _sigmoid_gate_mul_kernel[(t, h)](o, gate, y, o.stride(0), o.stride(1), gate.stride(0), gate.stride(1),
-                                         H=h, D=d, BLOCK_D=triton.next_power_of_2(d))
+                                         H=h, D=d, BLOCK_D=next_power_of_2(d))
     return y

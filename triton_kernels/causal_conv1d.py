@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from triton_kernels.cached_launch import cached_launch
+from triton_kernels.host_math import cdiv, next_power_of_2
 from triton_kernels.varlen import locate_chunk, num_virtual_chunks
 
 
@@ -283,12 +284,12 @@ def _conv_prefill_fwd(x, weight, bias, conv_states, cu_seqlens, state_slots, has
     y = torch.empty(T, D, dtype=x.dtype, device=x.device)
     if N == 0:
         return y
-    grid = (triton.cdiv(D, BD), num_virtual_chunks(T, N, BT))
+    grid = (cdiv(D, BD), num_virtual_chunks(T, N, BT))
     _causal_conv1d_prefill_kernel[grid](
         x, weight, bias, conv_states, cu_seqlens, state_slots, has_initial_state,
         snap_pos if has_snap else state_slots, snap_slots if has_snap else state_slots, y,
         x.stride(0), conv_states.stride(0), N, snap_pos.shape[1] if has_snap else 1,
-        D=D, W=W, BT=BT, BD=BD, BW=triton.next_power_of_2(W - 1), BLOCK_N=64,
+        D=D, W=W, BT=BT, BD=BD, BW=next_power_of_2(W - 1), BLOCK_N=64,
         HAS_BIAS=bias is not None, USE_SILU=activation is not None, HAS_SNAP=has_snap, num_warps=num_warps,
     )
     return y
@@ -318,12 +319,12 @@ def causal_conv1d_rows(
     if N == 0:
         return y
     BD, num_warps = _update_config(N)
-    BD = min(BD, triton.next_power_of_2(D))
-    _causal_conv1d_rows_kernel[(triton.cdiv(D, BD), N)](
+    BD = min(BD, next_power_of_2(D))
+    _causal_conv1d_rows_kernel[(cdiv(D, BD), N)](
         x, weight, bias, conv_states, cu_seqlens, state_slots, has_initial_state,
         snap_pos if has_snap else state_slots, snap_slots if has_snap else state_slots, y,
         x.stride(0), conv_states.stride(0), pad_slot, snap_pos.shape[1] if has_snap else 1,
-        D=D, W=W, BD=BD, BW=triton.next_power_of_2(W - 1), HAS_BIAS=bias is not None,
+        D=D, W=W, BD=BD, BW=next_power_of_2(W - 1), HAS_BIAS=bias is not None,
         USE_SILU=activation is not None, HAS_SNAP=has_snap, num_warps=num_warps,
     )
     return y
@@ -338,8 +339,8 @@ def _conv_update_fwd(x, weight, bias, conv_states, state_slots, pad_slot, activa
         return y
     if BD is None:
         BD, num_warps = _update_config(B)
-    BD = min(BD, triton.next_power_of_2(D))
-    grid = (triton.cdiv(D, BD), B)
+    BD = min(BD, next_power_of_2(D))
+    grid = (cdiv(D, BD), B)
     _causal_conv1d_update_kernel[grid](
         x, weight, bias, conv_states, state_slots, y, x.stride(0), conv_states.stride(0), pad_slot,
         D=D, W=W, BD=BD, HAS_BIAS=bias is not None, USE_SILU=activation is not None, num_warps=num_warps,

@@ -8,10 +8,10 @@ warm-ups time every bucket, so that a short prefill later finds its answer inste
 
 import torch
 import torch.nn.functional as F
-import triton
 
 from triton_kernels.fastest import chosen, fastest
 from triton_kernels.fp8_weight_only import DENSE_MAX_ROWS, dense_few_rows_gemm
+from triton_kernels.host_math import next_power_of_2
 
 
 def dense_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -35,13 +35,13 @@ def dense_linear_choice(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 
 
 def _choice_key(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
-    return ("dense_linear", *weight.shape, triton.next_power_of_2(rows.shape[0]), rows.dtype, rows.device,
+    return ("dense_linear", *weight.shape, next_power_of_2(rows.shape[0]), rows.dtype, rows.device,
             bias is not None)
 
 
 def _ours_is_faster(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     def runs() -> dict:  # on random rows of the bucket's count
-        x = torch.randn(triton.next_power_of_2(rows.shape[0]), rows.shape[1], dtype=rows.dtype, device=rows.device)
+        x = torch.randn(next_power_of_2(rows.shape[0]), rows.shape[1], dtype=rows.dtype, device=rows.device)
         return {"cublas": lambda: F.linear(x, weight, bias),
                 "ours": lambda: dense_few_rows_gemm(x=x, weight=weight, bias=bias)}
 

@@ -14,7 +14,6 @@ keep the float32 results the default model's tests compare."""
 import functools
 
 import torch
-import triton
 
 from triton_kernels.fastest import chosen, fastest
 from triton_kernels.fp8_gemm import _cublas_takes, fp8_gemm
@@ -23,6 +22,7 @@ from triton_kernels.fp8_weight_only import (
     fp8_weight_only_gated_gemm,
     fp8_weight_only_gemm,
 )
+from triton_kernels.host_math import next_power_of_2
 from triton_kernels.norms import silu_and_mul
 
 W8A8_MIN_ROWS = 17  # below this the weight-only kernels were faster on every 9B and 35B shape
@@ -61,7 +61,7 @@ def fp8_few_rows_choice(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 
 
 def _choice_key(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
-    return ("fp8_few_rows", *weight.shape, triton.next_power_of_2(x.shape[0]), x.dtype, x.device, bias is not None)
+    return ("fp8_few_rows", *weight.shape, next_power_of_2(x.shape[0]), x.dtype, x.device, bias is not None)
 
 
 def _path(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor, bias: torch.Tensor | None) -> str:
@@ -71,7 +71,7 @@ def _path(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
         return "weight-only"
 
     def runs() -> dict:  # on random rows of the bucket's count
-        rows = torch.randn(triton.next_power_of_2(m), x.shape[1], dtype=x.dtype, device=x.device)
+        rows = torch.randn(next_power_of_2(m), x.shape[1], dtype=x.dtype, device=x.device)
         kw = dict(x=rows, weight=weight, weight_scale_inv=weight_scale_inv, bias=bias)
         paths = {"weight-only": functools.partial(fp8_weight_only_gemm, **kw),
                  "w8a8 triton": functools.partial(fp8_gemm, cublas=False, **kw)}

@@ -25,6 +25,7 @@ from triton_kernels.fp8_quant import (
     quantize_activations,
     quantize_activations_ref,
 )
+from triton_kernels.host_math import cdiv
 
 
 def fp8_gemm_ref(*, x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
@@ -96,10 +97,10 @@ def _triton_gemm(q: torch.Tensor, scale: torch.Tensor, weight: torch.Tensor, wei
             scale.stride(0), scale.stride(1), weight.stride(0), weight_scale_inv.stride(0), y.stride(0))
     flags = dict(HAS_BIAS=bias is not None, GROUP_M=8, BLOCK_K=FP8_BLOCK)
     if q.is_cuda:
-        grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
+        grid = lambda meta: (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
         _fp8_gemm_tuned[grid](*args, EMULATE_FP8=False, M_BUCKET=_m_bucket(m), **flags)
     else:  # the interpreter: one config
-        _fp8_gemm_kernel[(triton.cdiv(m, 16) * triton.cdiv(n, 32),)](*args, EMULATE_FP8=True, M_BUCKET=0,
+        _fp8_gemm_kernel[(cdiv(m, 16) * cdiv(n, 32),)](*args, EMULATE_FP8=True, M_BUCKET=0,
                                                                      BLOCK_M=16, BLOCK_N=32, **flags)
 
 
@@ -112,7 +113,7 @@ def _cublas_takes(n: int, k: int, device: torch.device) -> bool:
     try:
         q, scale = quantize_activations(torch.zeros(4, k, device=device))
         _cublas_gemm(q, scale, torch.zeros(n, k, dtype=FP8_DTYPE, device=device),
-                     torch.ones(triton.cdiv(n, FP8_BLOCK), k // FP8_BLOCK, device=device), torch.bfloat16)
+                     torch.ones(cdiv(n, FP8_BLOCK), k // FP8_BLOCK, device=device), torch.bfloat16)
     except (RuntimeError, NotImplementedError, ValueError):  # (torch 2.11 refuses some small N with ValueError)
         return False
     return True
@@ -134,7 +135,7 @@ def fp8_gemm(*, x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.T
     m, k = x.shape
     n = weight.shape[0]
     assert weight.shape == (n, k) and weight.dtype == FP8_DTYPE, f"weight {tuple(weight.shape)} {weight.dtype}"
-    assert weight_scale_inv.shape == (triton.cdiv(n, FP8_BLOCK), triton.cdiv(k, FP8_BLOCK)), \
+    assert weight_scale_inv.shape == (cdiv(n, FP8_BLOCK), cdiv(k, FP8_BLOCK)), \
         f"weight_scale_inv {tuple(weight_scale_inv.shape)} for weight {(n, k)}"
     assert weight_scale_inv.dtype == torch.float32 and (bias is None or bias.shape == (n,))
     weight, weight_scale_inv = weight.contiguous(), weight_scale_inv.contiguous()

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from triton_kernels.cached_launch import cached_launch
+from triton_kernels.host_math import cdiv, next_power_of_2
 
 FP8_BLOCK = 128
 FP8_DTYPE = torch.float8_e4m3fn
@@ -23,7 +24,7 @@ def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """weight [N, K] (any float dtype) -> (e4m3 [N, K], weight_scale_inv [ceil(N/128), ceil(K/128)] float32),
     each 128 x 128 block scaled so that its largest magnitude maps to 448 (an all-zero block gets scale 1)."""
     n, k = weight.shape
-    nb, kb = triton.cdiv(n, FP8_BLOCK), triton.cdiv(k, FP8_BLOCK)
+    nb, kb = cdiv(n, FP8_BLOCK), cdiv(k, FP8_BLOCK)
     padded = weight.new_zeros(nb * FP8_BLOCK, kb * FP8_BLOCK, dtype=torch.float32)
     padded[:n, :k] = weight.float()
     blocks = padded.view(nb, FP8_BLOCK, kb, FP8_BLOCK)  # [nb, 128, kb, 128]
@@ -51,7 +52,7 @@ def quantize_activations_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     """x [M, K] -> (q [M, K] e4m3, scale [M, ceil(K/128)] float32): each token's 128-column groups
     scaled to amax 448 and rounded to e4m3 (the kernel's float32 operations, in its order)."""
     m, k = x.shape
-    kb = triton.cdiv(k, FP8_BLOCK)
+    kb = cdiv(k, FP8_BLOCK)
     padded = x.new_zeros(m, kb * FP8_BLOCK, dtype=torch.float32)
     padded[:, :k] = x.float()
     groups = padded.view(m, kb, FP8_BLOCK)
@@ -108,14 +109,14 @@ def quantize_activations(x: torch.Tensor, rows: int | None = None) -> tuple[torc
     block-scaled GEMMs read it); rows >= M pads with zero rows of scale 1 (default M)."""
     m, k = x.shape
     rows = m if rows is None else rows
-    kb = triton.cdiv(k, FP8_BLOCK)
+    kb = cdiv(k, FP8_BLOCK)
     x = x.contiguous()
     q = torch.empty(rows, k, dtype=FP8_DTYPE, device=x.device)
     scale = torch.empty(kb, rows, dtype=torch.float32, device=x.device).t()
     if rows == 0:
         return q, scale
-    groups = min(8, triton.next_power_of_2(kb))
-    _quantize_activations_kernel[(rows, triton.cdiv(kb, groups))](
+    groups = min(8, next_power_of_2(kb))
+    _quantize_activations_kernel[(rows, cdiv(kb, groups))](
         x, q, scale, m, k, x.stride(0), q.stride(0), scale.stride(0), scale.stride(1), INV_MAX=INV_FP8_MAX,
         EMULATE_FP8=not x.is_cuda, GROUPS=groups, BLOCK_K=FP8_BLOCK)
     return q, scale

@@ -23,6 +23,7 @@ from triton_kernels.arrival_counters import arrival_counters, parts_scratch
 from triton_kernels.cached_launch import cached_launch
 from triton_kernels.fastest import fastest, graph_time
 from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8, f16_rows
+from triton_kernels.host_math import cdiv, next_power_of_2
 from triton_kernels.norms import silu_and_mul, silu_and_mul_ref
 
 # Rows past which the GEMMs quantize activations too (fp8_gemm.py). From 17 rows on those e4m3 x e4m3 GEMMs
@@ -196,7 +197,7 @@ def _check(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor
     n = weight.shape[0]
     assert m <= WEIGHT_ONLY_MAX_ROWS, f"{m} rows: use fp8_gemm above {WEIGHT_ONLY_MAX_ROWS}"
     assert weight.shape == (n, k) and weight.dtype == FP8_DTYPE, f"weight {tuple(weight.shape)} {weight.dtype}"
-    assert weight_scale_inv.shape == (triton.cdiv(n, FP8_BLOCK), triton.cdiv(k, FP8_BLOCK)), \
+    assert weight_scale_inv.shape == (cdiv(n, FP8_BLOCK), cdiv(k, FP8_BLOCK)), \
         f"weight_scale_inv {tuple(weight_scale_inv.shape)} for weight {(n, k)}"
     assert weight_scale_inv.dtype == torch.float32 and (bias is None or bias.shape == (n,))
 
@@ -276,24 +277,24 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tenso
     args = (x, weight, scales, bias if bias is not None else y, y, m, n, k,
             x.stride(0), weight.stride(0), scales.stride(0), y.stride(0))
     if kernel == "gemv":
-        flags = dict(HAS_BIAS=bias is not None, GATED=gated, ROWS=triton.next_power_of_2(m))
+        flags = dict(HAS_BIAS=bias is not None, GATED=gated, ROWS=next_power_of_2(m))
         if x.is_cuda:
-            _gemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags)
+            _gemv_tuned[lambda meta: (cdiv(n, meta["BLOCK_N"]),)](*args, **flags)
         else:  # the interpreter: one config
-            _gemv_kernel[(triton.cdiv(n, 16),)](*args, BLOCK_N=16, BLOCK_K=256, STAGES=1, **flags)
+            _gemv_kernel[(cdiv(n, 16),)](*args, BLOCK_N=16, BLOCK_K=256, STAGES=1, **flags)
         return
-    bucket = max(16, triton.next_power_of_2(m))  # 16, 32 or 64: one row tile reads the weight once
+    bucket = max(16, next_power_of_2(m))  # 16, 32 or 64: one row tile reads the weight once
     # fp16 operands pay a per-tile scaling of x that grows with its rows: it pays off at 16 rows, not at 64
     f16 = x.dtype == torch.bfloat16 and bucket == 16 if f16_operands is None else f16_operands
     f16 = f16 and weight_scale_inv is not None  # (16-bit weights multiply as they are)
     flags = dict(HAS_BIAS=bias is not None, EXACT_DOT=x.dtype == torch.float32, F16_OPERANDS=f16, M_BUCKET=bucket,
                  SCALED=weight_scale_inv is not None, BLOCK_M=bucket, BLOCK_K=FP8_BLOCK)
     args = args[:5] + (parts_scratch(x.device, MAX_SPLIT_K * bucket * n),
-                       arrival_counters(x.device, triton.cdiv(n, 16))) + args[5:]
+                       arrival_counters(x.device, cdiv(n, 16))) + args[5:]
     if x.is_cuda:
-        _dot_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](*args, **flags)
+        _dot_tuned[lambda meta: (cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](*args, **flags)
     else:  # the interpreter: one config, K split in two
-        _dot_kernel[(triton.cdiv(n, 32), 2)](*args, BLOCK_N=32, SPLIT_K=2, **flags)
+        _dot_kernel[(cdiv(n, 32), 2)](*args, BLOCK_N=32, SPLIT_K=2, **flags)
 
 
 MAX_SPLIT_K = 8

@@ -21,6 +21,7 @@ from triton_kernels.arrival_counters import arrival_counters, parts_scratch
 from triton_kernels.cached_launch import cached_launch
 from triton_kernels.fastest import fastest
 from triton_kernels.fp8_quant import FP8_BLOCK, FP8_DTYPE, dequantize_fp8
+from triton_kernels.host_math import cdiv, next_power_of_2
 from triton_kernels.moe_epilogue import expert_activation, finish_combine, sum_slots_if_last
 from triton_kernels.moe_gemv import expert_gemvs
 from triton_kernels.moe_sort import bins_for, locate_block, max_blocks, sort_by_expert
@@ -251,8 +252,8 @@ def _combine(out_rows: torch.Tensor, t: int, k: int, shared: torch.Tensor | None
     h = out_rows.shape[1]
     out = torch.empty((t, h), dtype=out_rows.dtype, device=out_rows.device)
     _check_shared(shared, shared_gate, t, h)
-    block_h = min(1024, triton.next_power_of_2(h))
-    _combine_kernel[(t, triton.cdiv(h, block_h))](
+    block_h = min(1024, next_power_of_2(h))
+    _combine_kernel[(t, cdiv(h, block_h))](
         out_rows, shared, shared_gate, out, 0 if shared is None else shared.stride(0),
         0 if shared_gate is None else shared_gate.stride(0), out.stride(0), h, TOP_K=k,
         HAS_SHARED=shared is not None, HAS_GATE=shared_gate is not None, BLOCK_H=block_h, enable_fp_fusion=False)
@@ -318,7 +319,7 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     fp8 = w13_scale is not None
     if fp8:
         def blocks(w: torch.Tensor) -> tuple[int, int, int]:
-            return e, triton.cdiv(w.shape[1], FP8_BLOCK), triton.cdiv(w.shape[2], FP8_BLOCK)
+            return e, cdiv(w.shape[1], FP8_BLOCK), cdiv(w.shape[2], FP8_BLOCK)
 
         assert w13.dtype == w2.dtype == FP8_DTYPE and w2_scale is not None, "FP8 experts need both weights e4m3"
         assert w13_scale.shape == blocks(w13) and w2_scale.shape == blocks(w2), (
@@ -351,7 +352,7 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
 
     def programs(config: dict, columns: int) -> tuple[int]:
         blocks = rows if unsorted else max_blocks(rows, e, config["BLOCK_M"])
-        return (blocks * triton.cdiv(columns, config["BLOCK_N"]),)
+        return (blocks * cdiv(columns, config["BLOCK_N"]),)
 
     prec = "tf32x3" if x.dtype == torch.float32 else "tf32"
     num_bins = bins_for(e)
@@ -365,7 +366,7 @@ def _fused_moe_fwd(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
         _check_shared(shared, shared_gate, t, h)
         out_rows = parts_scratch(x.device, rows * h).view(rows, h)
         out = torch.empty_like(x)
-        counters = arrival_counters(x.device, t * triton.cdiv(h, down["BLOCK_N"]))
+        counters = arrival_counters(x.device, t * cdiv(h, down["BLOCK_N"]))
     else:  # [T*k, H], row t * k + j; the rows of slots routed elsewhere (partial) are never written
         out_rows = (torch.zeros if partial else torch.empty)((rows, h), dtype=x.dtype, device=x.device)
         out = counters = out_rows  # (unused)

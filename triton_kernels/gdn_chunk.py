@@ -11,7 +11,6 @@ gamma_C replaced by gamma at token p - 1): the prefix-cache snapshots of a prefi
 """
 
 import torch
-import triton
 
 from triton_kernels.gdn_chunk_parts import (
     _gdn_chunk_intra_kernel,
@@ -19,6 +18,7 @@ from triton_kernels.gdn_chunk_parts import (
     _gdn_chunk_state_kernel,
 )
 from triton_kernels.gdn_gating import gdn_gating_ref, l2norm_ref
+from triton_kernels.host_math import cdiv, next_power_of_2
 from triton_kernels.varlen import num_virtual_chunks
 
 CHUNK_SIZE = 64
@@ -31,9 +31,9 @@ def _state_config(num_seqs: int, HV: int, V: int, cuts: bool = False) -> tuple[i
     w and k by every V block bound it, finer blocks only add re-reads). Chosen by hand, not
     autotuned: the kernel updates the state pool in place, so the autotuner's repeated runs would
     corrupt it. With snapshot cuts the [K, 64] blocks take 8 warps: on 4 the cut branch spills (ptxas)."""
-    if num_seqs * HV * triton.cdiv(V, 64) >= 256:
-        return min(64, max(16, triton.next_power_of_2(V))), 8 if cuts else 4, 2
-    return min(32, max(16, triton.next_power_of_2(V))), 4, 3
+    if num_seqs * HV * cdiv(V, 64) >= 256:
+        return min(64, max(16, next_power_of_2(V))), 8 if cuts else 4, 2
+    return min(32, max(16, next_power_of_2(V))), 4, 3
 
 
 def _check_snapshot_args(snap_pos, snap_slots, num_seqs: int) -> bool:
@@ -76,7 +76,7 @@ def _gdn_prefill_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, cu_seqlens, stat
     o = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
     if N == 0:
         return o
-    BT, BK = CHUNK_SIZE, triton.next_power_of_2(K)
+    BT, BK = CHUNK_SIZE, next_power_of_2(K)
     prec = "tf32x3" if q.dtype == torch.float32 else "tf32"
     NC = num_virtual_chunks(T, N, BT)
     g_cum = torch.empty(T, HV, dtype=torch.float32, device=v.device)
@@ -92,14 +92,14 @@ def _gdn_prefill_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, cu_seqlens, stat
         HK=HK, HV=HV, K=K, V=V, BT=BT, BK=BK, BLOCK_N=64, PREC=prec,
     )
     BV_state, num_warps, num_stages = state_config or _state_config(N, HV, V, has_snap)
-    _gdn_chunk_state_kernel[(triton.cdiv(V, BV_state), HV, N)](
+    _gdn_chunk_state_kernel[(cdiv(V, BV_state), HV, N)](
         kn, w, u, g_cum, h, v_new, ssm_states, cu_seqlens, state_slots, has_initial_state,
         snap_pos if has_snap else state_slots, snap_slots if has_snap else state_slots,
         ssm_states.stride(0), snap_pos.shape[1] if has_snap else 1,
         HK=HK, HV=HV, K=K, V=V, BT=BT, BK=min(BK, 64), BV=BV_state, PREC=prec, HAS_SNAP=has_snap,
         num_warps=num_warps, num_stages=num_stages,
     )
-    _gdn_chunk_output_kernel[lambda meta: (NC * HV * triton.cdiv(V, meta["BV"]),)](
+    _gdn_chunk_output_kernel[lambda meta: (NC * HV * cdiv(V, meta["BV"]),)](
         q, kn, v_new, h, g_cum, o, cu_seqlens, q.stride(0), q.stride(1), scale, N,
         HK=HK, HV=HV, K=K, V=V, BT=BT, BK=BK, BLOCK_N=64, PREC=prec,
     )

@@ -21,6 +21,7 @@ import triton.language as tl
 from triton_kernels.arrival_counters import MAX_COUNTERS, arrival_counters
 from triton_kernels.cached_launch import cached_launch
 from triton_kernels.gdn_gating import gdn_gate, gdn_gating_ref, l2norm, l2norm_ref
+from triton_kernels.host_math import cdiv, next_power_of_2
 from triton_kernels.norms import gated_rmsnorm_ref, gated_rmsnorm_tile
 
 
@@ -129,10 +130,10 @@ def _decode_config(batch: int, HV: int, K: int, V: int, whole_heads: bool = Fals
     latency-bound and want many one-warp programs ([K, 16] tiles at 32 rows, [K, 32] at 256); from
     about a thousand rows on, the copy bandwidth wants [K, 64] tiles on 4 warps. Wider K adds warps,
     at most 128 state values per thread. whole_heads (the fused norm): BV covers V."""
-    BK = triton.next_power_of_2(K)
+    BK = next_power_of_2(K)
     rows = batch * HV
     BV, num_warps = (16, 1) if rows < 128 else (32, 1) if rows < 1024 else (64, 4)
-    BV = max(8, triton.next_power_of_2(V)) if whole_heads else min(BV, max(8, triton.next_power_of_2(V)))
+    BV = max(8, next_power_of_2(V)) if whole_heads else min(BV, max(8, next_power_of_2(V)))
     return BV, max(num_warps, min(8, BK * BV // (32 * 128)))
 
 
@@ -166,12 +167,12 @@ def _gdn_decode_fwd(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, pad_
     counters = B * HV if norm and BV < V else 1  # (the last-arriver norm's)
     assert counters <= MAX_COUNTERS, f"{B} x {HV} heads normalized by their last program: too many counters"
     zz = z if norm else v  # (unread without the norm)
-    grid = (triton.cdiv(V, BV), HV, B)
+    grid = (cdiv(V, BV), HV, B)
     _gdn_decode_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, zz, norm_weight if norm else v, o,
         arrival_counters(o.device, counters), q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
         v.stride(1), a.stride(0), b.stride(0), zz.stride(0), zz.stride(1), ssm_states.stride(0), pad_slot, scale,
-        norm_eps, HK=HK, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, VP=triton.next_power_of_2(V),
+        norm_eps, HK=HK, HV=HV, K=K, V=V, BK=next_power_of_2(K), BV=BV, VP=next_power_of_2(V),
         NORM=norm, num_warps=num_warps,
     )
     return o

@@ -19,6 +19,7 @@ from triton_kernels.cached_launch import cached_launch
 from triton_kernels.gdn_chunk import check_varlen_args, gdn_prefill_ref
 from triton_kernels.gdn_gating import gdn_gate, l2norm
 from triton_kernels.gdn_recurrent import _decode_config
+from triton_kernels.host_math import cdiv, next_power_of_2
 
 
 @cached_launch
@@ -148,13 +149,13 @@ def gdn_rows(
     if N == 0:
         return o
     BV, num_warps = _decode_config(N, HV, K, V)
-    _gdn_rows_kernel[(triton.cdiv(V, BV), HV, N)](
+    _gdn_rows_kernel[(cdiv(V, BV), HV, N)](
         q, k, v, a, b, A_log, dt_bias, ssm_states, cu_seqlens, state_slots, has_initial_state,
         snap_pos if has_snap else state_slots, snap_slots if has_snap else state_slots,
         row_lens if row_lens is not None else state_slots, o,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
         ssm_states.stride(0), pad_slot, scale, snap_pos.shape[1] if has_snap else 1,
-        HK=HK, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, HAS_SNAP=has_snap, WRITE_FINAL=write_final,
+        HK=HK, HV=HV, K=K, V=V, BK=next_power_of_2(K), BV=BV, HAS_SNAP=has_snap, WRITE_FINAL=write_final,
         HAS_LENS=row_lens is not None, num_warps=num_warps,
     )
     return o

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from triton_kernels.cached_launch import cached_launch
 from triton_kernels.fastest import graph_time
+from triton_kernels.host_math import cdiv, next_power_of_2
 from triton_kernels.moe_epilogue import expert_activation, finish_combine
 
 
@@ -157,7 +158,7 @@ def expert_gemvs(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, s13: torc
     ids = topk_ids.reshape(-1).contiguous()
     inter = torch.empty((rows, i), dtype=x.dtype, device=x.device)
     out = torch.empty_like(x)
-    bucket = triton.next_power_of_2(rows)
+    bucket = next_power_of_2(rows)
     up_args = (x, w13, s13, inter, ids, x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1),
                inter.stride(0), h, i, e, bucket)
     up_flags = dict(TOPK=k, GATED=gated, FP8_W=fp8, ROW_SCALES=fp8 and gated and i % 32 != 0)  # BLOCK_N <= 32
@@ -169,13 +170,13 @@ def expert_gemvs(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, s13: torc
     if configs is None and not x.is_cuda:
         configs = (_INTERPRETER, _INTERPRETER)
     if configs is None:
-        _up_tuned[lambda meta: (rows * triton.cdiv(i, meta["BLOCK_N"]),)](*up_args, **up_flags)
-        _down_tuned[lambda meta: (t * triton.cdiv(h, meta["BLOCK_N"]),)](
+        _up_tuned[lambda meta: (rows * cdiv(i, meta["BLOCK_N"]),)](*up_args, **up_flags)
+        _down_tuned[lambda meta: (t * cdiv(h, meta["BLOCK_N"]),)](
             *down_args, **down_flags, enable_fp_fusion=False)
     else:
         up, down = configs
-        _up_gemv_kernel[(rows * triton.cdiv(i, up["BLOCK_N"]),)](*up_args, **up_flags, **up)
-        _down_gemv_kernel[(t * triton.cdiv(h, down["BLOCK_N"]),)](*down_args, **down_flags, **down,
+        _up_gemv_kernel[(rows * cdiv(i, up["BLOCK_N"]),)](*up_args, **up_flags, **up)
+        _down_gemv_kernel[(t * cdiv(h, down["BLOCK_N"]),)](*down_args, **down_flags, **down,
                                                                   enable_fp_fusion=False)
     return out
 

@@ -22,6 +22,7 @@ import triton.language as tl
 
 from triton_kernels.arrival_counters import arrival_counters
 from triton_kernels.cached_launch import cached_launch
+from triton_kernels.host_math import cdiv, next_power_of_2
 from triton_kernels.norms import add_rmsnorm, add_rmsnorm_ref, rmsnorm_tile
 
 
@@ -112,7 +113,7 @@ def softmax_topk(*, logits: torch.Tensor, top_k: int, renormalize: bool, num_exp
     if t:
         _softmax_topk_kernel[(t,)](logits, weights, ids, logits.stride(0), e, shared_id or 0, TOP_K=top_k,
                                    RENORM=renormalize, SLOTS=slots, SHARED_GATE=shared_gate,
-                                   BLOCK_E=triton.next_power_of_2(e), BLOCK_K=triton.next_power_of_2(slots))
+                                   BLOCK_E=next_power_of_2(e), BLOCK_K=next_power_of_2(slots))
     return weights, ids
 
 
@@ -208,7 +209,7 @@ def route_config(num_tokens: int, norm_hidden: int | None = None) -> dict:
     sm_90 holds without spilling (tests/kernels/test_moe_sm90_compile.py)."""
     c = {**ROUTE_CONFIG, "BLOCK_R": 8} if num_tokens >= 8 else dict(ROUTE_CONFIG)
     if norm_hidden:
-        c["BLOCK_H"] = triton.next_power_of_2(norm_hidden)
+        c["BLOCK_H"] = next_power_of_2(norm_hidden)
         c["BLOCK_R"] = c["BLOCK_R"] if c["BLOCK_H"] <= 2048 else 2
     return c
 
@@ -244,15 +245,15 @@ def _route_launch(*, x: torch.Tensor, weight: torch.Tensor, top_k: int, renormal
     ids = torch.empty((t, slots), dtype=torch.int64, device=x.device)
     norm = norm or {}
     c = {**route_config(t, h if norm else None), **(config or {})}
-    block_h = c["BLOCK_H"] if norm else min(c["BLOCK_H"], triton.next_power_of_2(h))
+    block_h = c["BLOCK_H"] if norm else min(c["BLOCK_H"], next_power_of_2(h))
     assert block_h >= h or not norm, f"the pre-norm needs whole rows: BLOCK_H {block_h} < H {h}"
     res = norm.get("residual", x)
-    _route_kernel[(triton.cdiv(r, c["BLOCK_R"]),)](
+    _route_kernel[(cdiv(r, c["BLOCK_R"]),)](
         x, weight, logits, weights, ids, arrival_counters(x.device, 1), res, norm.get("norm_weight", x),
         norm.get("h", x), norm.get("r", x), t, r, h, e, shared_id or 0, x.stride(0), weight.stride(0), res.stride(0),
         norm.get("eps", 0.0), norm.get("offset", 0.0), TOP_K=top_k, RENORM=renormalize, SLOTS=slots,
         SHARED_GATE=shared_gate, NORM=bool(norm), BLOCK_R=c["BLOCK_R"], BLOCK_H=block_h,
-        BLOCK_T=triton.next_power_of_2(t), BLOCK_E=triton.next_power_of_2(e), BLOCK_K=triton.next_power_of_2(slots),
+        BLOCK_T=next_power_of_2(t), BLOCK_E=next_power_of_2(e), BLOCK_K=next_power_of_2(slots),
         num_warps=c["num_warps"])
     return weights, ids, logits
 

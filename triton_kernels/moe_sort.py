@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from triton_kernels.cached_launch import cached_launch
+from triton_kernels.host_math import cdiv, next_power_of_2
 
 
 @cached_launch
@@ -78,7 +79,7 @@ def locate_block(expert_offsets, i_b, E, BLOCK_M: tl.constexpr, NUM_BINS: tl.con
 
 
 def bins_for(num_experts: int) -> int:
-    return triton.next_power_of_2(num_experts + 1)  # one spare bin for padding lanes
+    return next_power_of_2(num_experts + 1)  # one spare bin for padding lanes
 
 
 def sort_by_expert(*, topk_ids: torch.Tensor, num_experts: int, chunk: int | None = None
@@ -90,8 +91,8 @@ def sort_by_expert(*, topk_ids: torch.Tensor, num_experts: int, chunk: int | Non
     num_assign = topk_ids.numel()
     ids = topk_ids.contiguous()
     if chunk is None:
-        chunk = min(triton.next_power_of_2(max(num_assign, 16)), 1024 if ids.device.type == "cuda" else 16)
-    num_chunks = triton.cdiv(num_assign, chunk)
+        chunk = min(next_power_of_2(max(num_assign, 16)), 1024 if ids.device.type == "cuda" else 16)
+    num_chunks = cdiv(num_assign, chunk)
     num_bins = bins_for(num_experts)
     sorted_assign = torch.empty(num_assign, dtype=torch.int32, device=ids.device)
     expert_offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=ids.device)
@@ -100,7 +101,7 @@ def sort_by_expert(*, topk_ids: torch.Tensor, num_experts: int, chunk: int | Non
         _expert_count_kernel[(num_chunks,)](ids, counts, num_assign, num_experts, CHUNK=chunk, NUM_BINS=num_bins)
     _expert_sort_kernel[(num_chunks,)](
         ids, counts, expert_offsets, sorted_assign, num_assign, num_experts, num_chunks,
-        CHUNK=chunk, NUM_BINS=num_bins, BLOCK_C=max(1, min(triton.next_power_of_2(num_chunks), 8192 // num_bins)),
+        CHUNK=chunk, NUM_BINS=num_bins, BLOCK_C=max(1, min(next_power_of_2(num_chunks), 8192 // num_bins)),
         ONE_CHUNK=num_chunks == 1)
     return sorted_assign, expert_offsets
 

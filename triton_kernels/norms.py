@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from triton_kernels.cached_launch import cached_launch
+from triton_kernels.host_math import cdiv, next_power_of_2
 
 
 def rmsnorm_ref(*, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
@@ -162,13 +163,13 @@ def _relu2_kernel(x, y, stride_x, stride_y, n_rows, I, BLOCK_R: tl.constexpr, BL
 
 
 def _rows_per_program(n: int) -> tuple[int, int]:
-    block_n = triton.next_power_of_2(n)
+    block_n = next_power_of_2(n)
     return max(1, min(64, 4096 // block_n)), block_n
 
 
 def _elementwise_tiles(width: int) -> tuple[int, int]:
     """(rows, columns) of an elementwise program's tile: up to 1024 columns, 2048 elements."""
-    block_i = min(1024, triton.next_power_of_2(width))
+    block_i = min(1024, next_power_of_2(width))
     return max(1, 2048 // block_i), block_i
 
 
@@ -181,7 +182,7 @@ def rmsnorm(*, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float 
     x = _rows(x)
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     block_r, block_n = _rows_per_program(x.shape[1])
-    _rmsnorm_kernel[(triton.cdiv(x.shape[0], block_r),)](
+    _rmsnorm_kernel[(cdiv(x.shape[0], block_r),)](
         x, x, x, weight, y, y, x.stride(0), 0, 0, y.stride(0), 0, x.shape[0], x.shape[1], eps, offset,
         HAS_RES=False, HAS_BRANCH=False, BLOCK_R=block_r, BLOCK_N=block_n)
     return y
@@ -196,7 +197,7 @@ def add_rmsnorm(*, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     r = torch.empty_like(y)
     block_r, block_n = _rows_per_program(x.shape[1])
-    _rmsnorm_kernel[(triton.cdiv(x.shape[0], block_r),)](
+    _rmsnorm_kernel[(cdiv(x.shape[0], block_r),)](
         x, residual, br, weight, y, r, x.stride(0), residual.stride(0), br.stride(0), y.stride(0), r.stride(0),
         x.shape[0], x.shape[1], eps, offset, HAS_RES=True, HAS_BRANCH=branch is not None, BLOCK_R=block_r,
         BLOCK_N=block_n)
@@ -211,7 +212,7 @@ def gated_rmsnorm(*, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps
     t, h, n = x3.shape
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     block_r, block_n = _rows_per_program(n)
-    _gated_rmsnorm_kernel[(triton.cdiv(t * h, block_r),)](
+    _gated_rmsnorm_kernel[(cdiv(t * h, block_r),)](
         x3, z3, weight, y, x3.stride(0), x3.stride(1), z3.stride(0), z3.stride(1), n, t * h, h, n, eps,
         BLOCK_R=block_r, BLOCK_N=block_n)
     return y
@@ -227,7 +228,7 @@ def gate_rmsnorm(*, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps:
     assert d % group_size == 0, f"D={d} is not a multiple of group_size={group_size}"
     y = torch.empty((t, d), dtype=x.dtype, device=x.device)
     block_r, block_g, warps = _gate_rmsnorm_config(group_size)
-    _gate_rmsnorm_kernel[(triton.cdiv(t, block_r), d // group_size)](
+    _gate_rmsnorm_kernel[(cdiv(t, block_r), d // group_size)](
         x, z, weight, y, x.stride(0), z.stride(0), y.stride(0), t, group_size, eps,
         BLOCK_R=block_r, BLOCK_G=block_g, num_warps=warps)
     return y
@@ -244,7 +245,7 @@ def silu_and_mul(*, gate_up: torch.Tensor) -> torch.Tensor:
     n, i = gate_up.shape[0], gate_up.shape[1] // 2
     y = torch.empty((n, i), dtype=gate_up.dtype, device=gate_up.device)
     block_r, block_i = _elementwise_tiles(i)
-    _silu_and_mul_kernel[(triton.cdiv(n, block_r), triton.cdiv(i, block_i))](
+    _silu_and_mul_kernel[(cdiv(n, block_r), cdiv(i, block_i))](
         gate_up, y, gate_up.stride(0), y.stride(0), n, i, BLOCK_R=block_r, BLOCK_I=block_i)
     return y
 
@@ -254,6 +255,6 @@ def relu2(*, x: torch.Tensor) -> torch.Tensor:
     n, i = x.shape
     y = torch.empty((n, i), dtype=x.dtype, device=x.device)
     block_r, block_i = _elementwise_tiles(i)
-    _relu2_kernel[(triton.cdiv(n, block_r), triton.cdiv(i, block_i))](
+    _relu2_kernel[(cdiv(n, block_r), cdiv(i, block_i))](
         x, y, x.stride(0), y.stride(0), n, i, BLOCK_R=block_r, BLOCK_I=block_i)
     return y

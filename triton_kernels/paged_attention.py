@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from triton_kernels.cached_launch import cached_launch
+from triton_kernels.host_math import cdiv, next_power_of_2
 
 LOG2E = 1.4426950408889634
 
@@ -130,7 +131,7 @@ def store_kv(
         k, v, k_cache, v_cache, slot_mapping,
         *k.stride(), *v.stride(), *k_cache.stride(), *v_cache.stride(),
         PAGE_SIZE=k_cache.shape[1], NUM_HEADS=hkv, HEAD_DIM=d,
-        H_PAD=triton.next_power_of_2(hkv), D_PAD=triton.next_power_of_2(d),
+        H_PAD=next_power_of_2(hkv), D_PAD=next_power_of_2(d),
     )
 
 
@@ -286,10 +287,10 @@ def _extend_config(num_tokens: int, num_heads: int, head_dim: int, dtype: torch.
     (64-row blocks) is best with one warpgroup, 64/64/4 warps/2 stages (0.175 ms vs 0.196 with 8)."""
     if device.type != "cuda":
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
-    d_pad = triton.next_power_of_2(head_dim)
+    d_pad = next_power_of_2(head_dim)
     if dtype == torch.float32:  # for tests: ieee dots run on FMA units; small tiles keep them out of spills
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=2)
-    if triton.cdiv(num_tokens, 128) * num_heads < 2 * _num_sms(device):  # too few 128-row blocks
+    if cdiv(num_tokens, 128) * num_heads < 2 * _num_sms(device):  # too few 128-row blocks
         return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2 if d_pad >= 256 else 3)
     return dict(BLOCK_M=128, BLOCK_N=64, num_warps=4 if d_pad <= 64 else 8, num_stages=3)
 
@@ -309,7 +310,7 @@ def _paged_attention_extend(*, q, k_cache, v_cache, block_table, cu_seqlens_q, s
     _extend_kernel[grid](
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, o, scale * LOG2E, b,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), block_table.stride(0), *o.stride(),
-        G=hq // hkv, PAGE_SIZE=page_size, HEAD_DIM=d, D_PAD=triton.next_power_of_2(d),
+        G=hq // hkv, PAGE_SIZE=page_size, HEAD_DIM=d, D_PAD=next_power_of_2(d),
         PRECISION=_precision(q.dtype), **cfg,
     )
     return o

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from triton_kernels.cached_launch import cached_launch
+from triton_kernels.host_math import cdiv, next_power_of_2
 from triton_kernels.paged_attention import (
     LOG2E,
     _check_paged,
@@ -171,11 +172,11 @@ def _decode_config(batch: int, num_kv_heads: int, head_dim: int, max_len: int, d
     elif not half:  # float32, for tests: ieee dots on FMA units
         block_n, stages = 16, 2
     else:
-        kv_bytes = 2 * triton.next_power_of_2(head_dim) * dtype.itemsize  # one token's K and V rows
+        kv_bytes = 2 * next_power_of_2(head_dim) * dtype.itemsize  # one token's K and V rows
         budget = (32 if programs >= 4 * sms else 64) * 1024
         block_n = min(64, 1 << (budget // kv_bytes).bit_length() - 1)  # >= 32 up to head_dim 256
         stages = 2
-    max_splits = max(1, triton.cdiv(triton.cdiv(max_len, block_n), 4))
+    max_splits = max(1, cdiv(cdiv(max_len, block_n), 4))
     splits = max(1, min(_DECODE_PROGRAMS_PER_SM * sms // programs, max_splits))
     warps = 8 if half and splits > 1 else 4
     return dict(BLOCK_N=block_n, NUM_SPLITS=splits, num_warps=warps, num_stages=stages)
@@ -197,19 +198,19 @@ def _paged_attention_decode(*, q, k_cache, v_cache, block_table, seq_lens, scale
         part_lse = torch.empty((b, hq, splits), dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = o  # unused
-    d_pad = triton.next_power_of_2(d)
+    d_pad = next_power_of_2(d)
     _decode_kernel[(b, hkv, splits)](
         q, k_cache, v_cache, block_table, seq_lens, o, part_o, part_lse, scale * LOG2E, splits,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), block_table.stride(0), *o.stride(),
-        NUM_HEADS=hq, G=g, G_PAD=max(16, triton.next_power_of_2(g)), PAGE_SIZE=page_size,
+        NUM_HEADS=hq, G=g, G_PAD=max(16, next_power_of_2(g)), PAGE_SIZE=page_size,
         HEAD_DIM=d, D_PAD=d_pad, SPLIT=splits > 1, PRECISION=_precision(q.dtype), **cfg,
     )
     if splits > 1:
         # all splits in one step on a GPU (<= 128 x 64 floats per program); small steps in the interpreter
         # so tests cover the loop over split blocks
-        block_s = min(triton.next_power_of_2(splits), 128 if q.device.type == "cuda" else 8)
+        block_s = min(next_power_of_2(splits), 128 if q.device.type == "cuda" else 8)
         block_d = min(d_pad, 64)
-        _decode_reduce_kernel[(b, hq, triton.cdiv(d, block_d))](
+        _decode_reduce_kernel[(b, hq, cdiv(d, block_d))](
             part_o, part_lse, seq_lens, o, splits, *o.stride(),
             NUM_HEADS=hq, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"], BLOCK_S=block_s, num_warps=4,
         )

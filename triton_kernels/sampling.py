@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from triton_kernels.cached_launch import cached_launch
+from triton_kernels.host_math import cdiv, next_power_of_2
 
 GROUP = 16  # tokens per group maximum (top_logits)
 BLOCK = 1024  # vocabulary entries per loop step
@@ -106,11 +107,11 @@ def row_stats(*, logits: torch.Tensor, temperature: torch.Tensor, group_max: tor
     program reduces one chunk of a row; torch combines the [n, chunks] partials."""
     n, vocab = logits.shape
     assert logits.dtype == torch.float32 and logits.stride(1) == 1, (logits.dtype, logits.stride())
-    block = max(min(BLOCK, chunk, triton.next_power_of_2(vocab)), GROUP)
+    block = max(min(BLOCK, chunk, next_power_of_2(vocab)), GROUP)
     assert chunk % block == 0, f"chunk {chunk} must be a multiple of the block {block}"
-    num_groups = triton.cdiv(vocab, GROUP)
+    num_groups = cdiv(vocab, GROUP)
     assert group_max is None or (group_max.shape == (n, num_groups) and group_max.is_contiguous()), group_max.shape
-    num_chunks = triton.cdiv(vocab, chunk)
+    num_chunks = cdiv(vocab, chunk)
     part_m = torch.empty(n, num_chunks, dtype=torch.float32, device=logits.device)
     part_s = torch.empty_like(part_m)
     if n:
@@ -214,9 +215,9 @@ def draw_kept(*, logits: torch.Tensor, noise: torch.Tensor, temperature: torch.T
     assert logits.stride(1) == 1 and noise.stride(1) == 1 and vocab < 2 ** 31
     temperature, row_max, bound, need, min_p = (
         t.reshape(-1).contiguous() for t in (temperature.float(), row_max.float(), bound.float(), need, min_p.float()))
-    block = max(min(BLOCK, chunk, triton.next_power_of_2(vocab)), GROUP)
+    block = max(min(BLOCK, chunk, next_power_of_2(vocab)), GROUP)
     assert chunk % block == 0, f"chunk {chunk} must be a multiple of the block {block}"
-    num_chunks, num_groups = triton.cdiv(vocab, chunk), triton.cdiv(vocab, GROUP)
+    num_chunks, num_groups = cdiv(vocab, chunk), cdiv(vocab, GROUP)
     assert group_best is None or (group_best.shape == (n, num_groups) and group_best.is_contiguous()), group_best
     flags = flag.reshape(-1).to(torch.int8) if flag is not None else need  # (unread without a flag)
     counts = torch.empty(n, num_chunks, dtype=torch.int32, device=logits.device)
@@ -229,7 +230,7 @@ def draw_kept(*, logits: torch.Tensor, noise: torch.Tensor, temperature: torch.T
                                            bound, need, min_p, counts, keys,
                                            keys if group_best is None else group_best, flags, vocab, num_chunks,
                                            num_groups, TIES=ties, CHUNK=chunk, BLOCK=block,
-                                           BLOCK_C=triton.next_power_of_2(num_chunks),
+                                           BLOCK_C=next_power_of_2(num_chunks),
                                            GROUP_BEST=group_best is not None, GROUP=GROUP, FLAGGED=flag is not None,
                                            num_warps=NUM_WARPS)
     return 0xFFFFFFFF - (keys & 0xFFFFFFFF)

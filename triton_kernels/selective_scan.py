@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from triton_kernels.cached_launch import cached_launch
+from triton_kernels.host_math import cdiv, next_power_of_2
 from triton_kernels.ssd_chunk import check_snapshots, snapshot_cuts
 from triton_kernels.ssm_step import softplus
 
@@ -130,8 +131,8 @@ def _prefill_config(num_seqs: int, DM: int, N: int) -> tuple[int, int]:
     programs (one wave on the H200 at DM = 8192, N = 16) beat fewer, wider programs and a second wave.
     Tokens load one at a time: picking each token's column out of loaded 16-token tiles costs more,
     with several sequences, than the latency it hides."""
-    BD = triton.next_power_of_2(triton.cdiv(num_seqs * DM, 2048))
-    BD = min(max(BD, 8), 64, max(1, 2048 // triton.next_power_of_2(N)), triton.next_power_of_2(DM))
+    BD = next_power_of_2(cdiv(num_seqs * DM, 2048))
+    BD = min(max(BD, 8), 64, max(1, 2048 // next_power_of_2(N)), next_power_of_2(DM))
     return BD, 1
 
 
@@ -157,11 +158,11 @@ def _mamba1_prefill_fwd(x, dt, A_log, B, C, D, dt_bias, z, ssm_states, cu_seqlen
     if BD is None:
         BD, num_warps = _prefill_config(num_seqs, DM, N)
     zz = x if z is None else z
-    _mamba1_prefill_kernel[(triton.cdiv(DM, BD), num_seqs)](
+    _mamba1_prefill_kernel[(cdiv(DM, BD), num_seqs)](
         x, dt, A_log, B, C, D, D if dt_bias is None else dt_bias, zz, ssm_states, cu_seqlens, state_slots,
         has_initial_state, state_slots if snap_pos is None else snap_pos,
         state_slots if snap_slots is None else snap_slots, y, x.stride(0), dt.stride(0), B.stride(0), C.stride(0),
-        zz.stride(0), ssm_states.stride(0), num_cuts, DM=DM, N=N, BD=BD, BN=triton.next_power_of_2(N),
+        zz.stride(0), ssm_states.stride(0), num_cuts, DM=DM, N=N, BD=BD, BN=next_power_of_2(N),
         HAS_DT_BIAS=dt_bias is not None, HAS_Z=z is not None, HAS_SNAP=snap_pos is not None, num_warps=num_warps,
     )
     return y

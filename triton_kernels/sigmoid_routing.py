@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from triton_kernels.cached_launch import cached_launch
+from triton_kernels.host_math import next_power_of_2
 
 
 def sigmoid_topk_ref(*, logits: torch.Tensor, bias: torch.Tensor, top_k: int, groups: int, keep_groups: int,
@@ -87,6 +88,6 @@ def sigmoid_topk(*, logits: torch.Tensor, bias: torch.Tensor, top_k: int, groups
     if t:
         _sigmoid_topk_kernel[(t,)](logits, bias, weights, ids, logits.stride(0), e // groups, scale, TOP_K=top_k,
                                    GROUPS=groups, KEEP_GROUPS=keep_groups, RENORM=renormalize,
-                                   BLOCK_G=triton.next_power_of_2(groups), BLOCK_J=triton.next_power_of_2(e // groups),
-                                   BLOCK_K=triton.next_power_of_2(top_k))
+                                   BLOCK_G=next_power_of_2(groups), BLOCK_J=next_power_of_2(e // groups),
+                                   BLOCK_K=next_power_of_2(top_k))
     return weights, ids

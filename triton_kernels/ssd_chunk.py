@@ -21,8 +21,8 @@ import dataclasses
 
 import torch
 import torch.nn.functional as F
-import triton
 
+from triton_kernels.host_math import cdiv, next_power_of_2
 from triton_kernels.ssd_chunk_parts import _ssd_chunk_output_kernel, _ssd_chunk_state_kernel, _ssd_dt_kernel
 from triton_kernels.varlen import num_virtual_chunks
 
@@ -65,9 +65,9 @@ def default_launch(num_tokens: int, num_seqs: int, H: int, G: int, P: int, N: in
     and as many heads of a group per program (C B^T computed once for all of them) as leave four
     programs per SM."""
     sms = _num_sms(device)
-    block_n = max(16, triton.next_power_of_2(N))
-    block_p = min(max(16, triton.next_power_of_2(P)), max(16, 8192 // block_n))
-    if num_seqs * H * triton.cdiv(P, block_p) < 2 * sms and block_p > 16:
+    block_n = max(16, next_power_of_2(N))
+    block_p = min(max(16, next_power_of_2(P)), max(16, 8192 // block_n))
+    if num_seqs * H * cdiv(P, block_p) < 2 * sms and block_p > 16:
         block_p //= 2
     heads, per_group = 1, H // G
     chunk_groups = num_virtual_chunks(num_tokens, num_seqs, tile) * G
@@ -117,7 +117,7 @@ def _mamba2_prefill_fwd(x, dt, A_log, B, C, D, dt_bias, z, ssm_states, cu_seqlen
     y = torch.empty(T, H, P, dtype=x.dtype, device=x.device)
     if S == 0:
         return y
-    BP, BN = max(16, triton.next_power_of_2(P)), max(16, triton.next_power_of_2(N))
+    BP, BN = max(16, next_power_of_2(P)), max(16, next_power_of_2(N))
     output_block_p = min(BP, 64 if N <= 128 else 32)  # head-dim columns per output tile
     prec = "tf32x3" if x.dtype == torch.float32 else "tf32"
     launch = launch or default_launch(T, S, H, G, P, N, tile, x.device)
@@ -127,18 +127,18 @@ def _mamba2_prefill_fwd(x, dt, A_log, B, C, D, dt_bias, z, ssm_states, cu_seqlen
     dA_cum = torch.empty(H, T, dtype=torch.float32, device=x.device)
     h = torch.empty(NC, H, P, N, dtype=x.dtype, device=x.device)
 
-    BH = min(16, triton.next_power_of_2(H))
-    _ssd_dt_kernel[(NC, triton.cdiv(H, BH))](
+    BH = min(16, next_power_of_2(H))
+    _ssd_dt_kernel[(NC, cdiv(H, BH))](
         dt, A_log, dt_bias, dt_proc, dA_cum, cu_seqlens, dt.stride(0), float(dt_limit[0]), float(dt_limit[1]), T, S,
         H=H, BT=tile, BH=BH, BLOCK_N=64,
     )
     block_p = min(launch.state_block_p, BP)
     state_warps, state_stages = state_warps_stages(launch, x.dtype, snap_pos is not None)
-    _ssd_chunk_state_kernel[(triton.cdiv(P, block_p), H, S)](
+    _ssd_chunk_state_kernel[(cdiv(P, block_p), H, S)](
         x, B, dt_proc, dA_cum, h, ssm_states, cu_seqlens, state_slots, has_initial_state,
         state_slots if snap_pos is None else snap_pos, state_slots if snap_slots is None else snap_slots,
         x.stride(0), x.stride(1), B.stride(0), B.stride(1), ssm_states.stride(0), T, num_cuts,
-        H=H, G=G, P=P, N=N, BT=tile, BP=block_p, BN=BN, BC=triton.next_power_of_2(max(num_cuts, 1)),
+        H=H, G=G, P=P, N=N, BT=tile, BP=block_p, BN=BN, BC=next_power_of_2(max(num_cuts, 1)),
         HAS_SNAP=snap_pos is not None, PREC=prec,
         num_warps=state_warps, num_stages=state_stages,
     )

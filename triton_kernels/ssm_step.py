@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from triton_kernels.cached_launch import cached_launch
+from triton_kernels.host_math import cdiv, next_power_of_2
 
 
 @triton.jit
@@ -168,17 +169,17 @@ def _mamba2_decode_config(batch: int, H: int, P: int, N: int) -> tuple[int, int]
     within 2 % of it) at every batch on the H200 at H = 128, P = 64, N = 128: wider tiles on more warps
     are no faster, and narrower ones fall behind at large batches."""
     del batch, H
-    BP = max(1, 1024 // triton.next_power_of_2(N))
-    return min(BP, triton.next_power_of_2(P)), 1
+    BP = max(1, 1024 // next_power_of_2(N))
+    return min(BP, next_power_of_2(P)), 1
 
 
 def _mamba1_decode_config(batch: int, DM: int, N: int) -> tuple[int, int]:
     """(BD, num_warps), for DM = 8192, N = 16 on the H200: up to 8 requests the step is latency-bound
     and wants many one-warp programs ([16, N] tiles, 8 values per thread); up to 64 requests [64, N]
     tiles on 4 warps are the fastest, beyond that [128, N] tiles on 4 warps."""
-    BN = triton.next_power_of_2(N)
+    BN = next_power_of_2(N)
     BD, num_warps = (256, 1) if batch * DM <= 8 * 8192 else (1024, 4) if batch * DM <= 64 * 8192 else (2048, 4)
-    return max(1, min(BD // BN, triton.next_power_of_2(DM))), num_warps
+    return max(1, min(BD // BN, next_power_of_2(DM))), num_warps
 
 
 def _check_unit_stride(**tensors):
@@ -206,12 +207,12 @@ def _mamba2_decode_fwd(x, dt, A_log, B, C, D, dt_bias, z, ssm_states, state_slot
     if BP is None:
         BP, num_warps = _mamba2_decode_config(batch, H, P, N)
     zz = x if z is None else z
-    grid = (triton.cdiv(P, BP), H, batch)
+    grid = (cdiv(P, BP), H, batch)
     _mamba2_decode_kernel[grid](
         x, dt, A_log, B, C, D, dt_bias, zz, ssm_states, state_slots, y,
         x.stride(0), x.stride(1), dt.stride(0), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
         zz.stride(0), zz.stride(1), ssm_states.stride(0), pad_slot, float(dt_limit[0]), float(dt_limit[1]),
-        H=H, G=G, P=P, N=N, BP=BP, BN=triton.next_power_of_2(N), HAS_Z=z is not None, num_warps=num_warps,
+        H=H, G=G, P=P, N=N, BP=BP, BN=next_power_of_2(N), HAS_Z=z is not None, num_warps=num_warps,
     )
     return y
 
@@ -235,11 +236,11 @@ def _mamba1_decode_fwd(x, dt, A_log, B, C, D, dt_bias, z, ssm_states, state_slot
     if BD is None:
         BD, num_warps = _mamba1_decode_config(batch, DM, N)
     zz = x if z is None else z
-    grid = (triton.cdiv(DM, BD), batch)
+    grid = (cdiv(DM, BD), batch)
     _mamba1_decode_kernel[grid](
         x, dt, A_log, B, C, D, D if dt_bias is None else dt_bias, zz, ssm_states, state_slots, y,
         x.stride(0), dt.stride(0), B.stride(0), C.stride(0), zz.stride(0), ssm_states.stride(0), pad_slot,
-        DM=DM, N=N, BD=BD, BN=triton.next_power_of_2(N), HAS_DT_BIAS=dt_bias is not None, HAS_Z=z is not None,
+        DM=DM, N=N, BD=BD, BN=next_power_of_2(N), HAS_DT_BIAS=dt_bias is not None, HAS_Z=z is not None,
         num_warps=num_warps,
     )
     return y

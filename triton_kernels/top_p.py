@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from triton_kernels.cached_launch import cached_launch
+from triton_kernels.host_math import cdiv, next_power_of_2
 from triton_kernels.sampling import CHUNK, GROUP, NUM_WARPS, _chunk_end, _weight
 
 BOUND_BLOCK = 256  # top_p_bound's loop step (times the radix's buckets per entry)
@@ -152,8 +153,8 @@ def top_p_bound(*, logits: torch.Tensor, temperature: torch.Tensor, row_max: tor
     if not n:
         return
     radix, passes = 1 << digit_bits, 32 // digit_bits
-    block = min(BOUND_BLOCK, chunk, triton.next_power_of_2(vocab))
-    num_chunks = triton.cdiv(vocab, chunk)
+    block = min(BOUND_BLOCK, chunk, next_power_of_2(vocab))
+    num_chunks = cdiv(vocab, chunk)
     dev = logits.device
     hist = torch.empty(2, n, num_chunks, radix, dtype=torch.float32, device=dev)
     count = torch.empty(n, num_chunks, radix, dtype=torch.int32, device=dev)
@@ -161,7 +162,7 @@ def top_p_bound(*, logits: torch.Tensor, temperature: torch.Tensor, row_max: tor
     above = torch.empty(2, n, dtype=torch.float32, device=dev)
     rows = (temperature.reshape(-1).float().contiguous(), row_max.reshape(-1).float().contiguous(),
             target.reshape(-1).float().contiguous(), flag.reshape(-1).to(torch.int8))
-    block_c = triton.next_power_of_2(num_chunks)
+    block_c = next_power_of_2(num_chunks)
     for p in range(passes):
         _top_p_pass_kernel[(n, num_chunks)](logits, logits.stride(0), *rows, hist, count, prefix, above, n, vocab,
                                             num_chunks, p, CHUNK=chunk, BLOCK=block, BLOCK_C=block_c, RADIX=radix,
@@ -264,8 +265,8 @@ def top_p_race(*, logits: torch.Tensor, noise: torch.Tensor, temperature: torch.
     each of them, and a last one takes the first kept. The same tokens and flags, except where target is within
     rounding of a candidate's mass before it, or the k-th best group ties with another on its best score."""
     n, vocab = logits.shape
-    assert k == triton.next_power_of_2(k), k
-    assert group_best.shape == (n, triton.cdiv(vocab, GROUP)), group_best.shape
+    assert k == next_power_of_2(k), k
+    assert group_best.shape == (n, cdiv(vocab, GROUP)), group_best.shape
     dev = logits.device
     temperature, row_max, target, min_p = (t.reshape(-1).float().contiguous() for t in (temperature, row_max, target,
                                                                                         min_p))
@@ -274,17 +275,17 @@ def top_p_race(*, logits: torch.Tensor, noise: torch.Tensor, temperature: torch.
     groups = group_best.topk(taken, dim=-1).indices.contiguous()  # [n, taken]
     cand_l = torch.empty(n, k, dtype=torch.float32, device=dev)
     cand, best = torch.empty(n, k, dtype=torch.int64, device=dev), torch.empty_like(cand_l)
-    num_chunks = triton.cdiv(vocab, chunk)
+    num_chunks = cdiv(vocab, chunk)
     part = torch.empty(n, num_chunks, k, dtype=torch.float32, device=dev)
     token, found = torch.empty(n, dtype=torch.int64, device=dev), torch.empty(n, dtype=torch.int8, device=dev)
     if n:
         _race_candidates_kernel[(n,)](logits, logits.stride(0), noise, noise.stride(0), temperature, row_max, min_p,
                                       groups, cand_l, cand, best, vocab, taken, K=k, GROUP=GROUP,
-                                      TAKEN=triton.next_power_of_2(taken), num_warps=NUM_WARPS)
+                                      TAKEN=next_power_of_2(taken), num_warps=NUM_WARPS)
         _race_before_kernel[(n, num_chunks)](logits, logits.stride(0), temperature, row_max, flags, cand_l, cand, part,
                                              vocab, num_chunks, CHUNK=chunk,
-                                             BLOCK=min(RACE_BLOCK, chunk, triton.next_power_of_2(vocab)), K=k,
+                                             BLOCK=min(RACE_BLOCK, chunk, next_power_of_2(vocab)), K=k,
                                              num_warps=NUM_WARPS)
         _race_final_kernel[(n,)](part, target, flags, best, cand, token, found, num_chunks, K=k,
-                                 BLOCK_C=triton.next_power_of_2(num_chunks), num_warps=1)
+                                 BLOCK_C=next_power_of_2(num_chunks), num_warps=1)
     return token, found.view(torch.bool)

@@ -11,7 +11,8 @@ a Triton driver it accepts) is not available; the backend registry reads that as
 import importlib.util
 
 import torch
-import triton
+
+from triton_kernels.host_math import next_power_of_2
 
 
 def _stand_in_platform():
@@ -71,7 +72,7 @@ def _unified(*, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scale,
     if t == 0 or b == 0:
         return o
     threshold = MIN_GRID_2D // hkv if split_k is None else (1 << 30 if split_k else 0)
-    d_pad = triton.next_power_of_2(d)
+    d_pad = next_power_of_2(d)
     may_split = split_k is True or (split_k is None and b <= threshold)
     rows = t if may_split and max_seqlen_q <= _ua.MAX_3D_QUERY_LEN else 0  # split-K scratch, per token
     segm_o = torch.empty((rows, hq, NUM_SEGMENTS, d_pad), dtype=torch.float32, device=q.device)

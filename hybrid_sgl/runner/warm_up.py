@@ -16,12 +16,12 @@ import itertools
 import logging
 
 import torch
-import triton
 
 from hybrid_sgl.batch import ForwardMode, StepPlan
 from hybrid_sgl.runner.sampler import Sampler
 from hybrid_sgl.sampling_params import SamplingParams
 from hybrid_sgl.scheduler.request import Req
+from triton_kernels.host_math import next_power_of_2
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ def eager_warm_up_plans(max_tokens: int, graph_tokens: int, page_size: int, num_
                     plans.append(([p] * rows, lens))
     # one row at each end of every power-of-two range of token counts above the graphs: a block size
     # taken as the next power of two of a multiple of the token count (the MoE sort's chunk) meets each value
-    edge = max(1, triton.next_power_of_2(graph_tokens + 1) // 2)
+    edge = max(1, next_power_of_2(graph_tokens + 1) // 2)
     while edge < min(max_tokens, context_length):
         plans += [([0], [n]) for n in sorted({edge + 1, 2 * edge}) if n < min(max_tokens, context_length)]
         edge *= 2
