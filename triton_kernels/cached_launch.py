@@ -44,9 +44,9 @@ def runtime_key(v):
 
 
 class _Compiled:
-    """One compiled kernel and what its launches share: `fixed`, the values of the parameters after the
-    positional ones that no call passes at run time (constexprs, defaults, the autotuner's config), with
-    the constexprs passed positionally: the meta dict a callable grid reads."""
+    """One compiled kernel and what its launches share: `meta`, every constexpr's value (passed positionally,
+    by name, by default or by the autotuner's config: what a callable grid reads), and `tail`, the values of
+    the parameters after the positional ones (None when a call passes a runtime one by name: read per call)."""
 
     __slots__ = ("launcher", "function", "packed_metadata", "tail", "tail_names", "meta")
 

@@ -26,8 +26,6 @@ class RMSNorm(nn.Module):
             ) -> tuple[torch.Tensor, torch.Tensor]:
         """x, residual (, branch): [T, N]. Returns (norm(r), r) in one pass, r = x + residual or
         (x + branch) + residual."""
-        if branch is None:
-            return self.ops.add_rmsnorm(x=x, residual=residual, weight=self.weight, eps=self.eps, offset=self.offset)
         return self.ops.add_rmsnorm(x=x, residual=residual, weight=self.weight, eps=self.eps, offset=self.offset,
                                     branch=branch)
 
