@@ -16,7 +16,9 @@
 # `rollback`: bench/verify_rollback.py (the two GDN rollback designs); `unrelated`: the unrelated-prompts workload with the
 #   cache on, off, and on without the fixed snapshot cuts.
 # `launch`: bench/launch_overhead.py and the cached-launch CUDA test.
-#   bash bench/h200_step_run.sh [tests|profile|mamba|launch|ttft|multiturn|suite|model_cuda|spec|specbench|prefix|tests_fp8_spec|mtp_default|rollback|unrelated ...]   (default: tests profile)
+# `prefix_cache_only`: the shared-prefix workload (SHARED_REQUESTS, default 2000) with the cache on, per config in
+#   PREFIX_CONFIGS (default: the 9B and Nemotron-H-8B shapes): hit rate, tok/s, mean TTFT.
+#   bash bench/h200_step_run.sh [tests|profile|mamba|launch|ttft|multiturn|suite|model_cuda|spec|specbench|prefix|prefix_cache_only|tests_fp8_spec|mtp_default|rollback|unrelated ...]   (default: tests profile)
 . "$(dirname "$0")/device_env.sh"
 git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || true  # the tree that travels may carry an older .git: results record the commit by hand too
 
@@ -33,7 +35,8 @@ for part in ${*:-tests profile}; do
     mamba)
       for c in nemotron_h-8b falcon_h1-7b; do
         timeout 300 python3 bench/step_profile.py --config configs/$c --cases "${MAMBA_CASES:-decode b1,decode b32,extend 64 after 4k,prefill 2k}" \
-          --top-kernels ${TOP_KERNELS:-0} --out "$OUT/step_profile_$c.json" 2>&1 | quiet | tee "$OUT/step_profile_$c.log" | tail -16
+          --top-kernels ${TOP_KERNELS:-0} ${HOST_PROFILE:+--host-profile "$OUT/host_profile_$c.txt"} \
+          --out "$OUT/step_profile_$c.json" 2>&1 | quiet | tee "$OUT/step_profile_$c.log" | tail -16
       done ;;
     ttft)
       timeout 300 python3 bench/prefix_cache.py offline --config configs/qwen3_5-9b-text --cases ttft \
@@ -58,6 +61,12 @@ for part in ${*:-tests profile}; do
       timeout 330 python3 bench/prefix_cache.py offline --config configs/qwen3_5-9b-text --cases shared,random \
         --shared-requests "${SHARED_REQUESTS:-1000}" --out "$OUT/prefix_9b.json" 2>&1 | quiet | tee "$OUT/prefix_9b.log" \
         | grep -E "hit_rate|output_tok_s|mean_ttft|rror" ;;
+    prefix_cache_only)  # the shared-prefix workload with the cache on only (its hit rate), per config in PREFIX_CONFIGS
+      for c in ${PREFIX_CONFIGS:-qwen3_5-9b-text nemotron_h-8b}; do
+        timeout ${PREFIX_TIMEOUT:-250} python3 bench/prefix_cache.py offline-one --variant cache --config configs/$c \
+          --cases shared --shared-requests "${SHARED_REQUESTS:-2000}" --out "$OUT/prefix_shared_$c.json" 2>&1 | quiet \
+          | tee "$OUT/prefix_shared_$c.log" | grep -E "hit_rate|output_tok_s|mean_ttft|rror"
+      done ;;
     tests_fp8_spec)  # the FP8 GEMMs (the few-rows choice included) and FP8 models, speculative decoding on CUDA
       timeout ${TESTS_TIMEOUT:-330} python3 -m pytest -q -rf -p no:cacheprovider -n 4 tests/kernels/test_fp8_gemm.py \
         tests/gpu/test_fp8_cuda.py tests/gpu/test_speculative_cuda.py 2>&1 | tee "$OUT/tests_fp8_spec.log" | tail -12 ;;
