@@ -24,11 +24,15 @@ from __future__ import annotations
 import os
 
 import torch
+import triton
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction
 
 # on unless HYBRID_SGL_CACHED_LAUNCH=0 (the CUDA suite passed with it on; bench/step_profile.py times both ways)
 ENABLED = os.environ.get("HYBRID_SGL_CACHED_LAUNCH", "1") != "0"
+# the compiled C launch called without the launcher object's Python frame: only for the Triton version whose
+# launcher this matches (tests/gpu/test_cached_launch_cuda.py runs both ways)
+DIRECT_C_LAUNCH = triton.__version__.startswith("3.6.") and os.environ.get("HYBRID_SGL_DIRECT_C_LAUNCH", "1") != "0"
 
 
 def runtime_key(v):
@@ -48,12 +52,18 @@ class _Compiled:
     by name, by default or by the autotuner's config: what a callable grid reads), and `tail`, the values of
     the parameters after the positional ones (None when a call passes a runtime one by name: read per call)."""
 
-    __slots__ = ("launcher", "function", "packed_metadata", "tail", "tail_names", "meta")
+    __slots__ = ("launcher", "function", "packed_metadata", "tail", "tail_names", "meta", "direct", "flags")
 
     def __init__(self, compiled, tail_names: tuple[str, ...], meta: dict, runtime_kwargs: bool):
         self.launcher = compiled.run  # the driver's launcher (loads the module on first access)
         self.function = compiled.function
         self.packed_metadata = compiled.packed_metadata
+        # Triton 3.6's launcher object only adds its scratch buffers (none for these kernels) and two flags
+        # before it calls the compiled C launch: call that directly where the kernel needs no scratch
+        run = self.launcher
+        self.direct = getattr(run, "launch", None) is not None and not (
+            getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1))
+        self.flags = (run.launch_cooperative_grid, run.launch_pdl) if self.direct else ()
         self.tail_names, self.meta = tail_names, meta
         self.tail = None if runtime_kwargs else tuple(meta[name] for name in tail_names)
 
@@ -120,8 +130,13 @@ class CachedLaunch:
         n = len(grid)
         tail = entry.tail if entry.tail is not None else tuple(
             kwargs[k] if k in kwargs else entry.meta[k] for k in entry.tail_names)
-        entry.launcher(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, self._stream(device),
-                       entry.function, entry.packed_metadata, None, None, None, *args, *tail)
+        if entry.direct and DIRECT_C_LAUNCH:
+            entry.launcher.launch(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, self._stream(device),
+                                  entry.function, *entry.flags, None, None, entry.packed_metadata, None, None, None,
+                                  *args, *tail)
+        else:
+            entry.launcher(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, self._stream(device),
+                           entry.function, entry.packed_metadata, None, None, None, *args, *tail)
 
     def _first_launch(self, grid, args: tuple, kwargs: dict) -> _Compiled:
         """Triton's own launch; keeps the kernel it compiled or found."""

@@ -32,8 +32,10 @@ def _outputs(dtype):
     return out
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["direct C launch", "launcher object"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cached_launches_equal_tritons(dtype, monkeypatch):
+def test_cached_launches_equal_tritons(dtype, direct, monkeypatch):
+    monkeypatch.setattr(cl, "DIRECT_C_LAUNCH", direct and cl.DIRECT_C_LAUNCH)
     monkeypatch.setattr(cl, "ENABLED", False)
     expected = _outputs(dtype)
     monkeypatch.setattr(cl, "ENABLED", True)
@@ -47,6 +49,17 @@ def test_cached_launches_equal_tritons(dtype, monkeypatch):
     assert not firsts, "every specialization was cached on the first pass"
     for e, f, a in zip(expected, first, again, strict=True):
         assert torch.equal(e, f) and torch.equal(e, a)
+
+
+def test_direct_c_launch_serves_the_project_kernels():
+    """On the Triton version it is written for, every cached entry these kernels made launches directly."""
+    if not cl.DIRECT_C_LAUNCH:
+        pytest.skip(f"the direct C launch is off for triton {cl.triton.__version__}")
+    _outputs(torch.bfloat16)
+    from triton_kernels import fp8_weight_only, norms
+    entries = [e for k in (norms._rmsnorm_kernel, norms._silu_and_mul_kernel, fp8_weight_only._dot_tuned)
+               for e in k.compiled.values()]
+    assert entries and all(e.direct for e in entries)
 
 
 def test_cached_launches_replay_in_a_cuda_graph():
