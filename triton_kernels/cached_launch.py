@@ -99,8 +99,10 @@ class CachedLaunch:
 
     def key(self, device: int, args: tuple, kwargs: dict) -> tuple:
         """Everything the compiled kernel Triton picks depends on (see the module's docstring)."""
-        if len(args) <= self.first_constexpr:
-            head = tuple(map(runtime_key, args))
+        if len(args) <= self.first_constexpr:  # runtime_key of each, its two common cases inline (half the time)
+            head = tuple([(v == 1, v & 15 == 0, -0x80000000 <= v <= 0x7FFFFFFF, v >= 1 << 63) if type(v) is int
+                          else (v.dtype, v.data_ptr() & 15 == 0) if isinstance(v, torch.Tensor) else runtime_key(v)
+                          for v in args])
         else:
             head = tuple(a if i in self.constexpr_positions else runtime_key(a) for i, a in enumerate(args))
         if self.runtime_names.isdisjoint(kwargs):
@@ -116,9 +118,10 @@ class CachedLaunch:
         if not ENABLED:
             self.kernel[grid](*args, **kwargs)
             return
-        if self._device is None:
+        if self._device is None:  # CUDA is initialized by now: the device query without torch's lazy-init check
             from triton.runtime import driver
-            self._device, self._stream = driver.active.get_current_device, driver.active.get_current_stream
+            self._device = torch._C._cuda_getDevice if torch.cuda.is_initialized() else driver.active.get_current_device
+            self._stream = driver.active.get_current_stream
         device = self._device()
         key = self.key(device, args, kwargs)
         entry = self.compiled.get(key)
