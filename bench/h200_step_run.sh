@@ -10,7 +10,7 @@
 #   the drafts choose among 32k token ids, --speculative-token-map; SPEC_LIMITS=0,default: one spec run per
 #   --speculative-disable-by-batch-size, 0 timing the speculative pipeline at every batch size; SPEC_ROLLBACKS=
 #   snapshots,replay: one spec run per --speculative-rollback).
-# `mamba`: the step profile of the Nemotron-H-8B and Falcon-H1-7B shapes (TOP_KERNELS=N: each case's N kernels with
+# `mamba`: the step profile of the Nemotron-H-8B and Falcon-H1-7B shapes (MAMBA_CONFIGS: others; TOP_KERNELS=N: each case's N kernels with
 #   the most device time, with their calls a step).
 # `prefix`: the shared-prefix (SHARED_REQUESTS, default 1000) and unrelated-prompts workloads, cache on / off.
 # `rollback`: bench/verify_rollback.py (the two GDN rollback designs); `unrelated`: the unrelated-prompts workload with the
@@ -33,7 +33,7 @@ for part in ${*:-tests profile}; do
         ${HOST_PROFILE:+--host-profile "$OUT/host_profile_9b.txt"} --out "$OUT/step_profile_9b.json" \
         2>&1 | quiet | tee "$OUT/step_profile_9b.log" | tail -24 ;;
     mamba)
-      for c in nemotron_h-8b falcon_h1-7b; do
+      for c in ${MAMBA_CONFIGS:-nemotron_h-8b falcon_h1-7b}; do
         timeout 300 python3 bench/step_profile.py --config configs/$c --cases "${MAMBA_CASES:-decode b1,decode b32,extend 64 after 4k,prefill 2k}" \
           --top-kernels ${TOP_KERNELS:-0} ${HOST_PROFILE:+--host-profile "$OUT/host_profile_$c.txt"} \
           --out "$OUT/step_profile_$c.json" 2>&1 | quiet | tee "$OUT/step_profile_$c.log" | tail -16
