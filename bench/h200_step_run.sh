@@ -16,9 +16,10 @@
 # `rollback`: bench/verify_rollback.py (the two GDN rollback designs); `unrelated`: the unrelated-prompts workload with the
 #   cache on, off, and on without the fixed snapshot cuts.
 # `launch`: bench/launch_overhead.py and the cached-launch CUDA test.
+# `moe_prefill`: the step profile of Qwen3.5-35B-A3B's first 20 layers (MOE_CASES, default: prefill 8k and 2k, decode b32).
 # `prefix_cache_only`: the shared-prefix workload (SHARED_REQUESTS, default 2000) with the cache on, per config in
 #   PREFIX_CONFIGS (default: the 9B and Nemotron-H-8B shapes): hit rate, tok/s, mean TTFT.
-#   bash bench/h200_step_run.sh [tests|profile|mamba|launch|ttft|multiturn|suite|model_cuda|spec|specbench|prefix|prefix_cache_only|tests_fp8_spec|mtp_default|rollback|unrelated ...]   (default: tests profile)
+#   bash bench/h200_step_run.sh [tests|profile|mamba|launch|ttft|multiturn|suite|model_cuda|spec|specbench|prefix|prefix_cache_only|moe_prefill|tests_fp8_spec|mtp_default|rollback|unrelated ...]   (default: tests profile)
 . "$(dirname "$0")/device_env.sh"
 git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || true  # the tree that travels may carry an older .git: results record the commit by hand too
 
@@ -87,6 +88,13 @@ for part in ${*:-tests profile}; do
       timeout 120 python3 bench/launch_overhead.py 2>&1 | quiet | tee "$OUT/launch_overhead.md"
       timeout 200 python3 -m pytest -q -rf -p no:cacheprovider tests/gpu/test_cached_launch_cuda.py 2>&1 \
         | tee "$OUT/tests_cached_launch.log" | tail -4 ;;
+    moe_prefill)  # Qwen3.5-35B-A3B's first 20 layers (bf16 fits one H100): the 8k prefill step, its device-idle share
+      python3 -c "import json, os; c = json.load(open('configs/qwen3_5-35b-a3b-text/config.json')); \
+c.update(num_hidden_layers=20, layer_types=c['layer_types'][:20]); os.makedirs('configs/tmp_35b_20l', exist_ok=True); \
+json.dump(c, open('configs/tmp_35b_20l/config.json', 'w'))"
+      timeout ${MOE_TIMEOUT:-200} python3 bench/step_profile.py --config configs/tmp_35b_20l --steps 5 \
+        --cases "${MOE_CASES:-prefill 8k,prefill 2k,decode b32}" --top-kernels 12 --out "$OUT/step_profile_35b20.json" 2>&1 \
+        | quiet | tee "$OUT/step_profile_35b20.log" | tail -30 ;;
     suite)  # -v: each result is named as it completes, so a run cut by its limit still names its failures
       timeout ${SUITE_TIMEOUT:-560} python3 -m pytest -v --tb=short -rf -p no:cacheprovider -n 4 tests/gpu tests/kernels \
         tests/test_composed_gpu.py tests/test_fp8_checkpoint.py > "$OUT/suite.log" 2>&1
