@@ -71,7 +71,7 @@ class ServerArgs:
                                         "without logprobs, penalties or min_new_tokens).")
     disable_cuda_graph: bool = _f(False, "Run every step eagerly instead of replaying captured CUDA graphs.")
     cuda_graph_max_tokens: int = _f(2048, "Largest extend / prefill step (in tokens) replayed from a CUDA graph; "
-                                    "larger steps, and steps that take snapshots inside a prompt, run eagerly. "
+                                    "larger steps run eagerly (snapshot cuts inside a prompt are graph inputs). "
                                     "0: extend steps always run eagerly.")
     cuda_graph_max_bs: int | None = _f(None, "Largest decode batch captured in a CUDA graph (larger batches run "
                                        "eagerly). Default: max_running_requests, at most 256.")
