@@ -10,6 +10,8 @@ and per mode (graphs on / off):
 - wall: milliseconds a step, the host waiting for each step to end (what a request sees);
 - device: kernel time a step (torch.profiler, the sum of the kernels' durations);
 - idle: 1 - device / wall, the share of the step the device waits for the host;
+- gc: milliseconds a step of Python's cycle collections inside the timed steps (start-up objects are frozen
+  and earlier garbage collected first, as in a server);
 - launches: kernels a step;
 - "off" runs eagerly with cached launches (triton_kernels/cached_launch.py) on, "off, uncached" with
   every Triton kernel launched through Triton's own per-call path; "on" as the server starts;
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import json
 import os
@@ -97,15 +100,40 @@ def release(runner: ModelRunner, items: list) -> None:
             runner.allocator.free_snapshot(index)
 
 
-def time_steps(runner, mode, items, steps: int, sync) -> float:
+def time_steps(runner, mode, items, steps: int, sync) -> tuple[float, float]:
+    """(wall seconds a step, milliseconds a step of Python's cycle collections inside the timed steps). The
+    garbage of what ran before (the profiler's events, the last case) is collected first, as a server has
+    no profiler and froze its start-up objects (engine.py): a full collection inside the loop is then one
+    the steps themselves brought about."""
     for _ in range(2):
         runner.run(mode, items)
     sync()
-    start = time.perf_counter()
-    for _ in range(steps):
-        runner.run(mode, items)
-        sync()
-    return (time.perf_counter() - start) / steps
+    gc.collect()
+    with CollectionTimer() as collections:
+        start = time.perf_counter()
+        for _ in range(steps):
+            runner.run(mode, items)
+            sync()
+        wall = (time.perf_counter() - start) / steps
+    return wall, collections.seconds / steps * 1e3
+
+
+class CollectionTimer:
+    """Seconds spent in Python's cycle collections while the block runs (gc.callbacks)."""
+
+    def __enter__(self):
+        self.seconds, self._start = 0.0, None
+        gc.callbacks.append(self._on)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._on)
+
+    def _on(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            self.seconds += time.perf_counter() - self._start
 
 
 def kernel_profile(runner, mode, items, steps: int, sync, top: int = 0) -> tuple[float, float, list]:
@@ -195,6 +223,8 @@ def main() -> None:
     graphs = {"on": (runner.graphs, runner.extend_graphs, runner.verify_graphs), "off": (None, None, None),
               "off, uncached": (None, None, None)}
     launches_at_start = cached_launch.ENABLED
+    gc.collect()  # the start-up objects leave the collector's passes, as the engine does before serving
+    gc.freeze()
     results = {"config": a.config, "device": torch.cuda.get_device_name() if on_gpu else "cpu",
                "cuda_graph_max_tokens": args.cuda_graph_max_tokens, "cases": {}}
     for name in names:
@@ -213,8 +243,8 @@ def main() -> None:
                 continue  # no graphs here (CPU, or a torch backend)
             runner.graphs, runner.extend_graphs, runner.verify_graphs = decode, extend, verify
             cached_launch.ENABLED = label != "off, uncached"
-            wall = time_steps(runner, mode, items, a.steps, sync)
-            entry = {"wall_ms": round(wall * 1e3, 3)}
+            wall, gc_ms = time_steps(runner, mode, items, a.steps, sync)
+            entry = {"wall_ms": round(wall * 1e3, 3), "gc_ms": round(gc_ms, 3)}
             if on_gpu:
                 device_ms, launches, top = kernel_profile(runner, mode, items, a.steps, sync, a.top_kernels)
                 entry.update(device_ms=round(device_ms, 3), launches=round(launches, 1),
@@ -246,14 +276,15 @@ def main() -> None:
 
 def report(results: dict) -> str:
     lines = [f"# Step profile: {results['config']} on {results['device']}", "",
-             "| step | graphs | wall ms | device ms | idle | launches | eager / graphed wall |",
-             "|---|---|---|---|---|---|---|"]
+             "| step | graphs | wall ms | gc ms | device ms | idle | launches | eager / graphed wall |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, row in results["cases"].items():
         for label, e in row.items():
             ratio = ""
             if label.startswith("off") and "on" in row:
                 ratio = f"{e['wall_ms'] / row['on']['wall_ms']:.2f}x"
-            lines.append(f"| {name} | {label} | {e['wall_ms']:.3f} | {e.get('device_ms', '-')} | {e.get('idle', '-')} "
+            lines.append(f"| {name} | {label} | {e['wall_ms']:.3f} | {e.get('gc_ms', '-')} | {e.get('device_ms', '-')} "
+                         f"| {e.get('idle', '-')} "
                          f"| {e.get('launches', '-')} | {ratio} |")
     lines += ["", "Host microseconds a layer, eager (by layer kind):", ""]
     for name, row in results["cases"].items():
