@@ -30,10 +30,10 @@ from triton.runtime.jit import JITFunction
 
 # on unless HYBRID_SGL_CACHED_LAUNCH=0 (the CUDA suite passed with it on; bench/step_profile.py times both ways)
 ENABLED = os.environ.get("HYBRID_SGL_CACHED_LAUNCH", "1") != "0"
-# the compiled C launch called without the launcher object's Python frame: only for the Triton version whose
-# launcher this matches, opt-in (HYBRID_SGL_DIRECT_C_LAUNCH=1) until it has run on a GPU
-# (tests/gpu/test_cached_launch_cuda.py runs both ways)
-DIRECT_C_LAUNCH = triton.__version__.startswith("3.6.") and os.environ.get("HYBRID_SGL_DIRECT_C_LAUNCH", "0") == "1"
+# the compiled C launch called without the launcher object's Python frame (~0.9 of its 6.3 us on an H100 host,
+# bench/README.md): only for the Triton version whose launcher this matches; HYBRID_SGL_DIRECT_C_LAUNCH=0 turns it
+# off (tests/gpu/test_cached_launch_cuda.py runs both ways)
+DIRECT_C_LAUNCH = triton.__version__.startswith("3.6.") and os.environ.get("HYBRID_SGL_DIRECT_C_LAUNCH", "1") != "0"
 
 
 def runtime_key(v):
