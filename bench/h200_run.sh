@@ -36,11 +36,6 @@ profile() {  # profile NAME CONFIG ARGS...: bench/decode_profile.py into $OUT/pr
   date +%T; timeout 150 python3 bench/decode_profile.py --config "configs/$config" --top 30 "$@" 2>&1 | quiet \
     | tee "$OUT/profile_$name.md" | head -40
 }
-cut_35b() {  # configs/tmp_35b_20l: 35B-A3B's first 20 layers (its bf16 weights fit one H100), made on the GPU machine
-  python3 -c "import json, os; c = json.load(open('configs/qwen3_5-35b-a3b-text/config.json')); \
-c.update(num_hidden_layers=20, layer_types=c['layer_types'][:20]); os.makedirs('configs/tmp_35b_20l', exist_ok=True); \
-json.dump(c, open('configs/tmp_35b_20l/config.json', 'w'))"
-}
 group() {  # group NAME SECONDS FILES...: one pytest run, each test named as it ends (-v), into $OUT/tests_NAME.log
   local name=$1 limit=$2; shift 2; date +%T
   timeout "$limit" python3 -m pytest -v -rfE -p no:cacheprovider --durations=10 "$@" > "$OUT/tests_$name.log" 2>&1

@@ -89,9 +89,7 @@ for part in ${*:-tests profile}; do
       timeout 200 python3 -m pytest -q -rf -p no:cacheprovider tests/gpu/test_cached_launch_cuda.py 2>&1 \
         | tee "$OUT/tests_cached_launch.log" | tail -4 ;;
     moe_prefill)  # Qwen3.5-35B-A3B's first 20 layers (bf16 fits one H100): the 8k prefill step, its device-idle share
-      python3 -c "import json, os; c = json.load(open('configs/qwen3_5-35b-a3b-text/config.json')); \
-c.update(num_hidden_layers=20, layer_types=c['layer_types'][:20]); os.makedirs('configs/tmp_35b_20l', exist_ok=True); \
-json.dump(c, open('configs/tmp_35b_20l/config.json', 'w'))"
+      cut_35b
       timeout ${MOE_TIMEOUT:-200} python3 bench/step_profile.py --config configs/tmp_35b_20l --steps 5 \
         --cases "${MOE_CASES:-prefill 8k,prefill 2k,decode b32}" --top-kernels 12 --out "$OUT/step_profile_35b20.json" 2>&1 \
         | quiet | tee "$OUT/step_profile_35b20.log" | tail -30 ;;
