@@ -14,7 +14,8 @@
 #   the most device time, with their calls a step).
 # `prefix`: the shared-prefix (SHARED_REQUESTS, default 1000) and unrelated-prompts workloads, cache on / off.
 # `rollback`: bench/verify_rollback.py (the two GDN rollback designs); `unrelated`: the unrelated-prompts workload with the
-#   cache on, off, and on without the fixed snapshot cuts.
+#   cache on, off, and on without the fixed snapshot cuts (UNRELATED_CONFIG: another shape; FIXED_CUTS_RUN=0: the first two only).
+# `suite`: the CUDA suite (SUITE_ARGS: other pytest arguments, e.g. @FILE of test ids).
 # `launch`: bench/launch_overhead.py and the cached-launch CUDA test.
 # `moe_prefill`: the step profile of Qwen3.5-35B-A3B's first 20 layers (MOE_CASES, default: prefill 8k and 2k, decode b32).
 # `prefix_cache_only`: the shared-prefix workload (SHARED_REQUESTS, default 2000) with the cache on, per config in
@@ -77,12 +78,13 @@ for part in ${*:-tests profile}; do
         | tee "$OUT/mtp_accept.log" | tail -20 ;;
     rollback)  # the GDN rollback of a verify step: snapshot rows and a copy against a checkpoint and a replay
       timeout 120 python3 bench/verify_rollback.py 2>&1 | tee "$OUT/verify_rollback.md" ;;
-    unrelated)  # 256 unrelated 1k prompts: the cache on and off, then on without the fixed cuts (their cost)
-      timeout 200 python3 bench/prefix_cache.py offline --config configs/qwen3_5-9b-text --cases random \
-        --out "$OUT/prefix_random_9b.json" 2>&1 | quiet > "$OUT/prefix_random.log"
-      timeout 110 python3 bench/prefix_cache.py offline-one --variant cache --config configs/qwen3_5-9b-text --cases random \
-        --engine-arg snapshot_interval=1000000 --out "$OUT/prefix_random_nofixedcuts.json" 2>&1 | quiet \
-        > "$OUT/prefix_random_nofixedcuts.log"
+    unrelated)  # 256 unrelated 1k prompts: the cache on and off, then on without the fixed cuts (their cost; FIXED_CUTS_RUN=0: not)
+      c=${UNRELATED_CONFIG:-qwen3_5-9b-text}
+      timeout 200 python3 bench/prefix_cache.py offline --config configs/$c --cases random \
+        --out "$OUT/prefix_random_$c.json" 2>&1 | quiet > "$OUT/prefix_random_$c.log"
+      [ "${FIXED_CUTS_RUN:-1}" = 0 ] || timeout 110 python3 bench/prefix_cache.py offline-one --variant cache \
+        --config configs/$c --cases random --engine-arg snapshot_interval=1000000 \
+        --out "$OUT/prefix_random_nofixedcuts_$c.json" 2>&1 | quiet > "$OUT/prefix_random_nofixedcuts_$c.log"
       grep -hE "output_tok_s|mean_ttft|rror" "$OUT"/prefix_random*.log ;;
     launch)  # cached Triton launches: host us a launch both ways, the CUDA test against Triton's own launches
       timeout 120 python3 bench/launch_overhead.py 2>&1 | quiet | tee "$OUT/launch_overhead.md"
@@ -94,8 +96,8 @@ for part in ${*:-tests profile}; do
         --cases "${MOE_CASES:-prefill 8k,prefill 2k,decode b32}" --top-kernels 12 --out "$OUT/step_profile_35b20.json" 2>&1 \
         | quiet | tee "$OUT/step_profile_35b20.log" | tail -30 ;;
     suite)  # -v: each result is named as it completes, so a run cut by its limit still names its failures
-      timeout ${SUITE_TIMEOUT:-560} python3 -m pytest -v --tb=short -rf -p no:cacheprovider -n 4 tests/gpu tests/kernels \
-        tests/test_composed_gpu.py tests/test_fp8_checkpoint.py > "$OUT/suite.log" 2>&1
+      timeout ${SUITE_TIMEOUT:-560} python3 -m pytest -v --tb=short -rf -p no:cacheprovider -n 4 \
+        ${SUITE_ARGS:-tests/gpu tests/kernels tests/test_composed_gpu.py tests/test_fp8_checkpoint.py} > "$OUT/suite.log" 2>&1
       grep -E "FAILED|ERROR" "$OUT/suite.log" | head -40; tail -3 "$OUT/suite.log" ;;
     model_cuda)  # the HF-parity tests on CUDA, each failure with its whole traceback
       timeout ${SUITE_TIMEOUT:-300} python3 -m pytest -v --tb=long -rf -p no:cacheprovider -n 4 tests/gpu/test_model_cuda.py \

@@ -4,7 +4,10 @@
 cuBLAS streams some narrow weights (few output columns, long K) far below the copy bandwidth, where
 the few-rows kernel's per-shape column tiles and K splits keep every SM reading. The choice is timed
 once per row bucket (the next power of two) at the bucket's rows (fastest.py): the decode graphs'
-warm-ups time every bucket, so that a short prefill later finds its answer instead of stalling."""
+warm-ups time every bucket, so that a short prefill later finds its answer instead of stalling.
+HYBRID_SGL_FEW_ROWS_GEMM=0 at start runs every linear on cuBLAS (to compare the two ways' host and device time)."""
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +15,8 @@ import torch.nn.functional as F
 from triton_kernels.fastest import chosen, fastest
 from triton_kernels.fp8_weight_only import DENSE_MAX_ROWS, dense_few_rows_gemm
 from triton_kernels.host_math import next_power_of_2
+
+FEW_ROWS = os.environ.get("HYBRID_SGL_FEW_ROWS_GEMM", "1") != "0"
 
 
 def dense_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -23,7 +28,7 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """dense_linear_ref on CUDA. Up to DENSE_MAX_ROWS rows of 16-bit x (weight in x's dtype) run the few-rows
     kernel where it timed faster than cuBLAS by 5 %; everything else runs cuBLAS."""
     rows = x.reshape(-1, x.shape[-1])
-    if not (0 < rows.shape[0] <= DENSE_MAX_ROWS and x.dtype in (torch.bfloat16, torch.float16)
+    if not (FEW_ROWS and 0 < rows.shape[0] <= DENSE_MAX_ROWS and x.dtype in (torch.bfloat16, torch.float16)
             and weight.dtype == x.dtype and _ours_is_faster(rows, weight, bias)):
         return F.linear(x, weight, bias)
     return dense_few_rows_gemm(x=rows, weight=weight, bias=bias).view(*x.shape[:-1], weight.shape[0])
