@@ -169,6 +169,19 @@ def host_profile(runner, mode, items, steps: int, sync, limit: int = 45) -> str:
     return out.getvalue()
 
 
+def host_ops(runner, mode, items, steps: int, sync, top: int, on_gpu: bool) -> list:
+    """The `top` host-side operations of `steps` eager steps by their own CPU time, from torch.profiler: aten ops
+    and, on CUDA, the runtime and driver calls (cudaLaunchKernel, cuLaunchKernel, cudaMemcpyAsync ...), which
+    cProfile sees only as part of the C call that makes them. [name, us a step, calls a step]."""
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if on_gpu else [ProfilerActivity.CPU]
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            runner.run(mode, items)
+        sync()
+    ranked = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]
+    return [[e.key[:90], round(e.self_cpu_time_total / steps, 1), round(e.count / steps, 1)] for e in ranked]
+
+
 class LayerHostTimer:
     """Host time each layer's forward takes, by layer kind (forward hooks, no sync)."""
 
@@ -203,6 +216,8 @@ def main() -> None:
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--host-profile", default=None, help="write a cProfile of each case's eager steps here")
     p.add_argument("--top-kernels", type=int, default=0, help="report each case's N kernels with the most device time")
+    p.add_argument("--host-ops", type=int, default=0,
+                   help="each eager case's N host ops (aten, CUDA runtime and driver calls) of most own CPU time")
     a = p.parse_args()
     names = [n.strip() for n in a.cases.split(",")]
     on_gpu = torch.cuda.is_available() and a.device != "cpu"
@@ -259,6 +274,8 @@ def main() -> None:
                     runner.run(mode, items)
                 sync()
                 entry["host_us_per_layer"] = timer.remove()
+                if a.host_ops:
+                    entry["host_ops"] = host_ops(runner, mode, items, a.steps, sync, a.host_ops, on_gpu)
                 if a.host_profile:
                     with open(a.host_profile, "a") as f:
                         f.write(f"\n######## {name}, graphs off\n" + host_profile(runner, mode, items, a.steps, sync))
@@ -289,6 +306,10 @@ def report(results: dict) -> str:
     lines += ["", "Host microseconds a layer, eager (by layer kind):", ""]
     for name, row in results["cases"].items():
         lines.append(f"- {name}: {row['off'].get('host_us_per_layer')}")
+    for name, row in results["cases"].items():
+        if row["off"].get("host_ops"):
+            lines += ["", f"Host ops of {name}, eager (name, own CPU us a step, calls a step):", ""]
+            lines += [f"- {op}" for op in row["off"]["host_ops"]]
     for name, row in results["cases"].items():
         for label, e in row.items():
             if e.get("top_kernels"):

@@ -101,3 +101,13 @@ def test_step_profile_reports_every_case_on_cpu(tmp_path):
         assert row["off"]["wall_ms"] > 0 and row["off, uncached"]["wall_ms"] > 0
         assert set(row["off"]["host_us_per_layer"]) == {"linear_attention+mlp", "full_attention+mlp"}
     assert "| decode b1 | off |" in text
+
+
+def test_step_profile_lists_the_host_ops_of_an_eager_step(tmp_path):
+    out = tmp_path / "steps.json"
+    text = _run("step_profile.py", "--config", BUNDLED_MODEL, "--device", "cpu", "--scale", "0.02", "--steps", "1",
+                "--cases", "decode b1", "--host-ops", "3", "--out", str(out))
+    ops = json.loads(out.read_text())["cases"]["decode b1"]["off"]["host_ops"]  # aten ops by own CPU time
+    assert len(ops) == 3 and all(op[0].startswith("aten::") and op[1] > 0 and op[2] > 0 for op in ops)
+    assert [op[1] for op in ops] == sorted((op[1] for op in ops), reverse=True)
+    assert "Host ops of decode b1, eager" in text
