@@ -105,8 +105,8 @@ class ServerArgs:
                                    "token 0).")
     max_mamba_cache_size: int | None = _f(None, "Recurrent-state slots in all: running requests plus prefix-cache "
                                           "snapshots. Default: from --mamba-full-memory-ratio.")
-    mamba_full_memory_ratio: float = _f(0.9, "Recurrent-state memory (running slots plus snapshots) over KV "
-                                        "memory when sizing the snapshot pool by default.")
+    mamba_full_memory_ratio: float = _f(0.9, "Prefix-cache snapshot memory over KV memory, splitting what the "
+                                        "running requests' state slots leave, when sizing the snapshots by default.")
     snapshot_interval: int | None = _f(None, "Snapshot the recurrent state every this many tokens inside a prompt "
                                        "(written by the prefill kernels). Default: at 64, 96, 128, 192, then "
                                        "four a doubling (256, 320, 384, 448, 512, 640, ...).")
