@@ -11,7 +11,8 @@
 #   --speculative-disable-by-batch-size, 0 timing the speculative pipeline at every batch size; SPEC_ROLLBACKS=
 #   snapshots,replay: one spec run per --speculative-rollback).
 # `mamba`: the step profile of the Nemotron-H-8B and Falcon-H1-7B shapes (MAMBA_CONFIGS: others; TOP_KERNELS=N: each case's N kernels with
-#   the most device time, with their calls a step).
+#   the most device time, with their calls a step). `profile` and `mamba`: HOST_OPS=N lists each eager case's N host ops
+#   (aten ops, CUDA runtime and driver calls) of most own CPU time.
 # `prefix`: the shared-prefix (SHARED_REQUESTS, default 1000) and unrelated-prompts workloads, cache on / off.
 # `rollback`: bench/verify_rollback.py (the two GDN rollback designs); `unrelated`: the unrelated-prompts workload with the
 #   cache on, off, and on without the fixed snapshot cuts (UNRELATED_CONFIG: another shape; FIXED_CUTS_RUN=0: the first two only).
@@ -32,12 +33,12 @@ for part in ${*:-tests profile}; do
         tests/test_decode_graph_inputs.py 2>&1 | tee "$OUT/tests_step_graphs.log" | tail -15 ;;
     profile)
       timeout 420 python3 bench/step_profile.py --config configs/qwen3_5-9b-text ${PROFILE_CASES:+--cases "$PROFILE_CASES"} \
-        ${HOST_PROFILE:+--host-profile "$OUT/host_profile_9b.txt"} --out "$OUT/step_profile_9b.json" \
+        ${HOST_PROFILE:+--host-profile "$OUT/host_profile_9b.txt"} ${HOST_OPS:+--host-ops $HOST_OPS} --out "$OUT/step_profile_9b.json" \
         2>&1 | quiet | tee "$OUT/step_profile_9b.log" | tail -24 ;;
     mamba)
       for c in ${MAMBA_CONFIGS:-nemotron_h-8b falcon_h1-7b}; do
         timeout 300 python3 bench/step_profile.py --config configs/$c --cases "${MAMBA_CASES:-decode b1,decode b32,extend 64 after 4k,prefill 2k}" \
-          --top-kernels ${TOP_KERNELS:-0} ${HOST_PROFILE:+--host-profile "$OUT/host_profile_$c.txt"} \
+          --top-kernels ${TOP_KERNELS:-0} ${HOST_PROFILE:+--host-profile "$OUT/host_profile_$c.txt"} ${HOST_OPS:+--host-ops $HOST_OPS} \
           --out "$OUT/step_profile_$c.json" 2>&1 | quiet | tee "$OUT/step_profile_$c.log" | tail -16
       done ;;
     ttft)
