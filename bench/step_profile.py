@@ -100,14 +100,19 @@ def release(runner: ModelRunner, items: list) -> None:
             runner.allocator.free_snapshot(index)
 
 
+def run_steps(runner, mode, items, steps: int, sync) -> None:
+    """`steps` steps back to back, then wait for the device (what each profiler below records)."""
+    for _ in range(steps):
+        runner.run(mode, items)
+    sync()
+
+
 def time_steps(runner, mode, items, steps: int, sync) -> tuple[float, float]:
     """(wall seconds a step, milliseconds a step of Python's cycle collections inside the timed steps). The
     garbage of what ran before (the profiler's events, the last case) is collected first, as a server has
     no profiler and froze its start-up objects (engine.py): a full collection inside the loop is then one
     the steps themselves brought about."""
-    for _ in range(2):
-        runner.run(mode, items)
-    sync()
+    run_steps(runner, mode, items, 2, sync)
     gc.collect()
     with CollectionTimer() as collections:
         start = time.perf_counter()
@@ -140,9 +145,7 @@ def kernel_profile(runner, mode, items, steps: int, sync, top: int = 0) -> tuple
     """(device ms a step, kernels a step, the `top` kernels by device time: [name, ms a step, calls a
     step]) from torch.profiler."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            runner.run(mode, items)
-        sync()
+        run_steps(runner, mode, items, steps, sync)
     kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
     by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for e in kernels:
@@ -158,9 +161,7 @@ def host_profile(runner, mode, items, steps: int, sync, limit: int = 45) -> str:
     cumulative time (what the launch path and the code around it cost)."""
     prof = cProfile.Profile()
     prof.enable()
-    for _ in range(steps):
-        runner.run(mode, items)
-    sync()
+    run_steps(runner, mode, items, steps, sync)
     prof.disable()
     out = io.StringIO()
     stats = pstats.Stats(prof, stream=out)
@@ -175,9 +176,7 @@ def host_ops(runner, mode, items, steps: int, sync, top: int, on_gpu: bool) -> l
     cProfile sees only as part of the C call that makes them. [name, us a step, calls a step]."""
     activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if on_gpu else [ProfilerActivity.CPU]
     with profile(activities=activities) as prof:
-        for _ in range(steps):
-            runner.run(mode, items)
-        sync()
+        run_steps(runner, mode, items, steps, sync)
     ranked = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]
     return [[e.key[:90], round(e.self_cpu_time_total / steps, 1), round(e.count / steps, 1)] for e in ranked]
 
@@ -267,12 +266,9 @@ def main() -> None:
                 if top:
                     entry["top_kernels"] = top
             if label == "off":
-                runner.run(mode, items)  # one step first: the profiler before it leaves host work behind
-                sync()
+                run_steps(runner, mode, items, 1, sync)  # first: the profiler before it leaves host work behind
                 timer = LayerHostTimer(runner)
-                for _ in range(a.steps):
-                    runner.run(mode, items)
-                sync()
+                run_steps(runner, mode, items, a.steps, sync)
                 entry["host_us_per_layer"] = timer.remove()
                 if a.host_ops:
                     entry["host_ops"] = host_ops(runner, mode, items, a.steps, sync, a.host_ops, on_gpu)

@@ -94,9 +94,9 @@ def plan_memory(*, config: ModelConfig, state: StateShapes | None, kv_dtype: tor
                 raise ValueError(f"--max-mamba-cache-size {max_mamba_cache_size} is below the {running} running "
                                  "requests' state slots; raise it or lower --max-running-requests")
             snapshots = max_mamba_cache_size - running
-        else:  # the running slots' leftover, split with the KV pages at the ratio
-            left = max(0, budget_bytes - running * per_running)
-            snapshots = int(left * mamba_full_memory_ratio / (1 + mamba_full_memory_ratio)) // state_per_req
+        else:  # what the running slots leave, split with the KV pages at the ratio
+            spare = max(0, budget_bytes - running * per_running)
+            snapshots = int(spare * mamba_full_memory_ratio / (1 + mamba_full_memory_ratio)) // state_per_req
     left = budget_bytes - running * per_running - snapshots * state_per_req
     if left <= 0:
         raise ValueError(f"{running} running slots + {snapshots} snapshots of {state_per_req} bytes leave no room "
