@@ -14,7 +14,7 @@ import triton.language as tl
 
 from triton_kernels.cached_launch import cached_launch
 from triton_kernels.host_math import cdiv, next_power_of_2
-from triton_kernels.varlen import locate_chunk, num_virtual_chunks
+from triton_kernels.varlen import locate_chunk, num_virtual_chunks, snapshot_cuts
 
 
 @triton.jit
@@ -392,18 +392,6 @@ def _activate(x: torch.Tensor, activation: str | None) -> torch.Tensor:
     raise ValueError(f"unsupported conv1d activation {activation!r}; expected 'silu' or None")
 
 
-def _snapshot_cuts(snap_pos, snap_slots, seq: int, length: int) -> list[tuple[int, int]]:
-    """[(p, slot)] of one sequence's cuts, after checking the row against the contract."""
-    if snap_pos is None:
-        return []
-    row = snap_pos[seq].tolist()
-    pos = [p for p in row if p != -1]
-    assert row == pos + [-1] * (len(row) - len(pos)), f"snap_pos[{seq}] = {row}: cuts first, then -1"
-    assert pos == sorted(pos) and all(1 <= p <= length for p in pos), (
-        f"snap_pos[{seq}] = {row}: cuts ascend within 1..{length} (the sequence's length in this call)")
-    return list(zip(pos, snap_slots[seq].tolist()))
-
-
 def causal_conv1d_prefill_ref(
     *,
     x: torch.Tensor,
@@ -427,6 +415,7 @@ def causal_conv1d_prefill_ref(
     w = weight.float().t()  # [W, D]
     y = torch.empty_like(x)
     bounds = cu_seqlens.tolist()
+    cuts = snapshot_cuts(snap_pos, snap_slots, bounds)
     for i, slot in enumerate(state_slots.tolist()):
         start, end = bounds[i], bounds[i + 1]
         if bool(has_initial_state[i]):
@@ -439,7 +428,7 @@ def causal_conv1d_prefill_ref(
         if bias is not None:
             out = out + bias.float()
         y[start:end] = _activate(out, activation).to(x.dtype)
-        for p, snap_slot in _snapshot_cuts(snap_pos, snap_slots, i, end - start):
+        for p, snap_slot in cuts[i].items():
             conv_states[snap_slot] = full[p : p + width - 1].to(conv_states.dtype)  # the W-1 inputs before p
         conv_states[slot] = full[full.shape[0] - (width - 1) :].to(conv_states.dtype)
     return y

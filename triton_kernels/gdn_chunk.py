@@ -19,7 +19,7 @@ from triton_kernels.gdn_chunk_parts import (
 )
 from triton_kernels.gdn_gating import gdn_gating_ref, l2norm_ref
 from triton_kernels.host_math import cdiv, next_power_of_2
-from triton_kernels.varlen import num_virtual_chunks
+from triton_kernels.varlen import num_virtual_chunks, snapshot_cuts
 
 CHUNK_SIZE = 64
 
@@ -160,18 +160,6 @@ def _chunked_delta_rule(q, k, v, g, beta, state, chunk_size):
     return o, state
 
 
-def _snapshot_cuts(snap_pos, snap_slots, seq: int, length: int) -> list[tuple[int, int]]:
-    """[(p, slot)] of one sequence's cuts, after checking the row against the contract."""
-    if snap_pos is None:
-        return []
-    row = snap_pos[seq].tolist()
-    pos = [p for p in row if p != -1]
-    assert row == pos + [-1] * (len(row) - len(pos)), f"snap_pos[{seq}] = {row}: cuts first, then -1"
-    assert pos == sorted(pos) and all(1 <= p <= length for p in pos), (
-        f"snap_pos[{seq}] = {row}: cuts ascend within 1..{length} (the sequence's length in this call)")
-    return list(zip(pos, snap_slots[seq].tolist()))
-
-
 def gdn_prefill_ref(
     *,
     q: torch.Tensor,
@@ -205,6 +193,7 @@ def gdn_prefill_ref(
     vf, g, beta = v.float().transpose(0, 1), g.t(), beta.t()  # [Hv, T, V], [Hv, T]
     o = torch.empty_like(v)
     bounds = cu_seqlens.tolist()
+    cuts = snapshot_cuts(snap_pos, snap_slots, bounds)
     for i, slot in enumerate(state_slots.tolist()):
         s, e = bounds[i], bounds[i + 1]
         if bool(has_initial_state[i]):
@@ -213,7 +202,7 @@ def gdn_prefill_ref(
             state = torch.zeros(ssm_states.shape[1:], dtype=torch.float32, device=v.device)
         # snapshots: the pieces between cuts one after another, as a server that snapshots and goes on
         piece, start = state, s
-        for p, snap_slot in _snapshot_cuts(snap_pos, snap_slots, i, e - s):
+        for p, snap_slot in cuts[i].items():
             _, piece = _chunked_delta_rule(qf[:, start : s + p], kf[:, start : s + p], vf[:, start : s + p],
                                            g[:, start : s + p], beta[:, start : s + p], piece, chunk_size)
             ssm_states[snap_slot] = piece.to(ssm_states.dtype)

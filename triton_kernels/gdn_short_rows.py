@@ -9,17 +9,17 @@ rolls back to). Same arguments and result as gdn_chunk.gdn_prefill, plus pad_slo
 slot are skipped (their outputs are zero), so the pad rows of a padded graph shape cost nothing.
 """
 
-import itertools
 
 import torch
 import triton
 import triton.language as tl
 
 from triton_kernels.cached_launch import cached_launch
-from triton_kernels.gdn_chunk import check_varlen_args, gdn_prefill_ref
-from triton_kernels.gdn_gating import gdn_gate, l2norm
+from triton_kernels.gdn_chunk import check_varlen_args
+from triton_kernels.gdn_gating import gdn_gate, gdn_gating_ref, l2norm, l2norm_ref
 from triton_kernels.gdn_recurrent import _decode_config
 from triton_kernels.host_math import cdiv, next_power_of_2
+from triton_kernels.varlen import snapshot_cuts
 
 
 @cached_launch
@@ -161,25 +161,65 @@ def gdn_rows(
     return o
 
 
-def gdn_rows_ref(*, pad_slot: int = -1, write_final: bool = True, row_lens: torch.Tensor | None = None,
-                 **kwargs) -> torch.Tensor:
-    """gdn_rows defined in torch: gdn_chunk.gdn_prefill_ref over the rows (pad rows are computed too; their
-    outputs go unread), the slots put back after it when not write_final, and with row_lens only each row's
-    first row_lens[i] tokens run (gathered into rows of their own; the other outputs are zeros)."""
+def gdn_rows_ref(
+    *,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    ssm_states: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    state_slots: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    pad_slot: int = -1,
+    scale: float | None = None,
+    snap_pos: torch.Tensor | None = None,
+    snap_slots: torch.Tensor | None = None,
+    write_final: bool = True,
+    row_lens: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """gdn_rows defined in torch, token by token as the kernel steps: step j applies the decode update
+    (gdn_recurrent.gdn_decode_ref's) to every row that has a j-th token, all such rows at once, so a verify
+    step of N rows of k + 1 tokens costs k + 1 batched updates (gdn_chunk.gdn_prefill_ref would solve a
+    64-token chunk per row and cut). Same arguments and result as gdn_rows: pad-slot rows and tokens past
+    row_lens are not run (zero outputs), nothing is written with write_final=False but the snapshots."""
+    T, HK, K, HV, V, N, _ = check_varlen_args(q, k, v, a, b, A_log, dt_bias, ssm_states, cu_seqlens,
+                                              state_slots, has_initial_state, snap_pos, snap_slots)
+    scale = K ** -0.5 if scale is None else scale
+    o = torch.zeros(T, HV, V, dtype=v.dtype, device=v.device)
+    cu, slots = cu_seqlens.tolist(), state_slots.tolist()
+    lens = [cu[i + 1] - cu[i] for i in range(N)]
     if row_lens is not None:
-        cu, lens = kwargs["cu_seqlens"], row_lens.tolist()
-        starts = cu.tolist()
-        picked = torch.tensor([t for start, m in zip(starts, lens) for t in range(start, start + m)],
-                              dtype=torch.long, device=cu.device)
-        rows = {name: kwargs[name].index_select(0, picked) for name in ("q", "k", "v", "a", "b")}
-        cu_kept = torch.tensor([0, *itertools.accumulate(lens)], dtype=cu.dtype, device=cu.device)
-        o_kept = gdn_rows_ref(write_final=write_final, **{**kwargs, **rows, "cu_seqlens": cu_kept})
-        o = torch.zeros(kwargs["v"].shape, dtype=o_kept.dtype, device=o_kept.device)
-        return o.index_copy_(0, picked, o_kept)
+        lens = [min(n, m) for n, m in zip(lens, row_lens.tolist())]
+    live = [i for i in range(N) if slots[i] != pad_slot and lens[i] > 0]
+    if not live:
+        return o
+    row_cuts = snapshot_cuts(snap_pos, snap_slots, cu)
+    cuts = {(n, p): snap_slot for n, i in enumerate(live) for p, snap_slot in row_cuts[i].items() if p <= lens[i]}
+    dev, n_rep = v.device, HV // HK
+    g, beta = gdn_gating_ref(a, b, A_log, dt_bias)  # [T, HV]
+    qf = l2norm_ref(q).repeat_interleave(n_rep, dim=1) * scale  # [T, HV, K]
+    kf = l2norm_ref(k).repeat_interleave(n_rep, dim=1)
+    vf = v.float()
+    live_t = torch.tensor(live, dtype=torch.long, device=dev)
+    live_slots = state_slots.long()[live_t]
+    init = has_initial_state[live_t].bool()[:, None, None, None]
+    state = torch.where(init, ssm_states[live_slots].float(), 0.0)  # [n, HV, K, V]
+    for j in range(max(lens[i] for i in live)):
+        rows = [n for n, i in enumerate(live) if lens[i] > j]
+        tok = torch.tensor([cu[live[n]] + j for n in rows], dtype=torch.long, device=dev)
+        at = torch.tensor(rows, dtype=torch.long, device=dev)
+        s = state[at] * g[tok].exp()[..., None, None]
+        u = beta[tok][..., None] * (vf[tok] - torch.einsum("bhk,bhkv->bhv", kf[tok], s))
+        s = s + kf[tok][..., :, None] * u[..., None, :]
+        o[tok] = torch.einsum("bhk,bhkv->bhv", qf[tok], s).to(v.dtype)
+        state[at] = s
+        for r, n in enumerate(rows):
+            if (n, j + 1) in cuts:
+                ssm_states[cuts[n, j + 1]] = s[r].to(ssm_states.dtype)
     if write_final:
-        return gdn_prefill_ref(**kwargs)
-    states, slots = kwargs["ssm_states"], kwargs["state_slots"].long()
-    before = states[slots].clone()
-    o = gdn_prefill_ref(**kwargs)
-    states[slots] = before
+        ssm_states[live_slots] = state.to(ssm_states.dtype)
     return o

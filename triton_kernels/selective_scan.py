@@ -18,8 +18,9 @@ import triton.language as tl
 
 from triton_kernels.cached_launch import cached_launch
 from triton_kernels.host_math import cdiv, next_power_of_2
-from triton_kernels.ssd_chunk import check_snapshots, snapshot_cuts
+from triton_kernels.ssd_chunk import check_snapshots
 from triton_kernels.ssm_step import softplus
+from triton_kernels.varlen import snapshot_cuts
 
 
 @triton.jit

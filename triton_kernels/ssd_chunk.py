@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from triton_kernels.host_math import cdiv, next_power_of_2
 from triton_kernels.ssd_chunk_parts import _ssd_chunk_output_kernel, _ssd_chunk_state_kernel, _ssd_dt_kernel
-from triton_kernels.varlen import num_virtual_chunks
+from triton_kernels.varlen import num_virtual_chunks, snapshot_cuts
 
 
 def tile_tokens(chunk_size: int, N: int) -> int:
@@ -184,22 +184,6 @@ def mamba2_prefill(
     (None) the snapshot code is compiled out."""
     return _mamba2_prefill_fwd(x, dt, A_log, B, C, D, dt_bias, z, ssm_states, cu_seqlens, state_slots,
                                has_initial_state, chunk_size, dt_limit, snap_pos, snap_slots)
-
-
-def snapshot_cuts(snap_pos: torch.Tensor | None, snap_slots: torch.Tensor | None,
-                  bounds: list[int]) -> list[dict[int, int]]:
-    """Per sequence, {tokens p: snapshot slot} from the [num_seqs, cuts] rows (-1 is no cut), each
-    row checked: valid cuts first, strictly ascending, within 1..length."""
-    cuts: list[dict[int, int]] = [{} for _ in range(len(bounds) - 1)]
-    if snap_pos is None:
-        return cuts
-    for i, (row, slots) in enumerate(zip(snap_pos.tolist(), snap_slots.tolist())):
-        valid = [p for p in row if p != -1]
-        length = bounds[i + 1] - bounds[i]
-        assert row[: len(valid)] == valid == sorted(set(valid)), f"snap_pos row {i} {row}: cuts first, ascending"
-        assert all(1 <= p <= length for p in valid), f"snap_pos row {i} {row}: cuts within 1..{length}"
-        cuts[i] = dict(zip(valid, slots))
-    return cuts
 
 
 def mamba2_prefill_ref(

@@ -11,6 +11,7 @@ sequence start leaves no hole, every other start at most one). A kernel launched
 when its index is a hole; per-chunk buffers are indexed by the virtual index directly.
 """
 
+import torch
 import triton
 import triton.language as tl
 
@@ -34,3 +35,19 @@ def locate_chunk(cu_seqlens, i_c, N, BT: tl.constexpr, BLOCK_N: tl.constexpr):
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     i_t = i_c - (bos // BT + i_n)
     return i_n, i_t, bos, eos
+
+
+def snapshot_cuts(snap_pos: torch.Tensor | None, snap_slots: torch.Tensor | None,
+                  bounds: list[int]) -> list[dict[int, int]]:
+    """Per sequence, {tokens p: snapshot slot} from the [num_seqs, cuts] rows (-1 is no cut), each
+    row checked: valid cuts first, strictly ascending, within 1..length."""
+    cuts: list[dict[int, int]] = [{} for _ in range(len(bounds) - 1)]
+    if snap_pos is None:
+        return cuts
+    for i, (row, slots) in enumerate(zip(snap_pos.tolist(), snap_slots.tolist())):
+        valid = [p for p in row if p != -1]
+        length = bounds[i + 1] - bounds[i]
+        assert row[: len(valid)] == valid == sorted(set(valid)), f"snap_pos row {i} {row}: cuts first, ascending"
+        assert all(1 <= p <= length for p in valid), f"snap_pos row {i} {row}: cuts within 1..{length}"
+        cuts[i] = dict(zip(valid, slots))
+    return cuts

@@ -10,7 +10,7 @@ import torch
 from tests.kernels.test_gdn_chunk import DEVICE, SNAP_SLOTS, TOL, batch_args, gdn_inputs, pool, rows, snap_args
 from triton_kernels.gdn_chunk import gdn_prefill_ref
 from triton_kernels.gdn_recurrent import gdn_decode
-from triton_kernels.gdn_short_rows import gdn_rows
+from triton_kernels.gdn_short_rows import gdn_rows, gdn_rows_ref
 
 CASES = [  # (lens, has_init, cuts per row, hk, hv, dk, dv)
     ([4, 4, 4], [True, True, True], [[1, 2, 3], [1, 2, 3], [1, 2, 3]], 1, 2, 16, 16),  # verify, k = 3
@@ -32,6 +32,39 @@ def test_rows_match_reference(lens, has_init, cuts, hk, hv, dk, dv):
     torch.testing.assert_close(o, o_ref, **TOL)
     torch.testing.assert_close(ours, ref, **TOL)  # snapshot rows, final states, every other row untouched
     assert torch.equal(ours[pad_slot], states[pad_slot])
+
+
+@pytest.mark.parametrize("lens,has_init,cuts,hk,hv,dk,dv", CASES)
+def test_torch_rows_match_chunked_reference(lens, has_init, cuts, hk, hv, dk, dv):
+    """gdn_rows_ref (the CPU backend's verify step: batched token steps) against the chunked torch math."""
+    pad_slot, state_slots = 5, [4, 0, 6, 2][: len(lens)]
+    x = {name: t.cpu() for name, t in gdn_inputs(sum(lens), hk, hv, dk, dv, seed=23).items()}
+    states = pool(16, hv, dk, dv).cpu()
+    args = {name: t.cpu() for name, t in batch_args(lens, state_slots, has_init).items()}
+    snaps = {name: t.cpu() for name, t in snap_args(cuts, SNAP_SLOTS, pad_slot).items()}
+    ours, ref = states.clone(), states.clone()
+    o = gdn_rows_ref(**x, **args, **snaps, ssm_states=ours, pad_slot=pad_slot)
+    o_ref = gdn_prefill_ref(**x, **args, **snaps, ssm_states=ref)
+    torch.testing.assert_close(o, o_ref, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(ours, ref, atol=2e-5, rtol=2e-5)
+
+
+def test_torch_rows_replay_and_pad_rows_match_the_kernel():
+    """gdn_rows_ref with pad rows, write_final=False and row_lens gives what the kernel gives."""
+    lens, kept, pad_slot = [4, 4, 3, 4], [2, 4, 3, 1], 9
+    x = gdn_inputs(sum(lens), 1, 2, 16, 16, seed=43)
+    states = pool(12, 2, 16, 16)
+    args = batch_args(lens, [0, 1, pad_slot, 3], [True, False, True, True])
+    for extra in ({"write_final": False}, {"row_lens": torch.tensor(kept, dtype=torch.int32, device=DEVICE)}):
+        ours, ref = states.clone(), states.clone()
+        o = gdn_rows(**x, **args, ssm_states=ours, pad_slot=pad_slot, **extra)
+        o_ref = gdn_rows_ref(**x, **args, ssm_states=ref, pad_slot=pad_slot, **extra)
+        run = kept if "row_lens" in extra else lens
+        written = torch.cat([torch.arange(s, s + n) for row, (s, n) in enumerate(zip([0, 4, 8, 11], run)) if row != 2])
+        torch.testing.assert_close(o[written], o_ref[written], **TOL)  # (the kernel leaves the rest unwritten)
+        assert not o_ref[8:11].any()  # the pad row's outputs
+        torch.testing.assert_close(ours, ref, **TOL)
+        assert torch.equal(ref[pad_slot], states[pad_slot])
 
 
 def test_pad_rows_are_skipped():
