@@ -55,6 +55,45 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, pre
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
+SHORT_ROWS = 8  # rows of at most this many new tokens (decode, verify steps) attend batched in the reference
+SCORES_PER_GROUP = 1 << 24  # at most this many float32 scores at once (64 MiB)
+
+
+def _attend_short_rows(o, q, k_cache, v_cache, block_table, bounds, lens, scale) -> torch.Tensor:
+    """paged_attention_extend_ref for rows of at most SHORT_ROWS new tokens: groups of rows at once, each row's
+    queries padded to the longest row's and its keys to the group's longest context (masked), instead of a
+    gather and two small matmuls per row. Fills and returns o [T, Hq, D]."""
+    B, (Hq, D), page_size = len(lens), q.shape[1:], k_cache.shape[1]
+    Hkv = k_cache.shape[2]
+    M = max(e - s for s, e in zip(bounds, bounds[1:]))
+    if M == 0:
+        return o
+    dev = q.device
+    starts = torch.tensor(bounds[:-1], device=dev)
+    counts = torch.tensor(bounds[1:], device=dev) - starts
+    totals = torch.tensor(lens, device=dev)
+    j = torch.arange(M, device=dev)
+    tokens = (starts[:, None] + j).clamp(max=q.shape[0] - 1)  # [B, M], pads repeat a real token
+    real = j < counts[:, None]
+    q_pos = totals[:, None] - counts[:, None] + j  # [B, M]; a pad query sits past its row's keys: none masked out
+    group = max(1, SCORES_PER_GROUP // (Hq * M * max(lens)))
+    for g0 in range(0, B, group):
+        rows = slice(g0, min(B, g0 + group))
+        length = max(lens[rows])
+        pages = block_table[rows, : -(-length // page_size)].clamp(0, k_cache.shape[0] - 1)
+        k = k_cache[pages].flatten(1, 2)[:, :length].float()  # [b, Lk, Hkv, D]
+        v = v_cache[pages].flatten(1, 2)[:, :length].float()
+        qg = q[tokens[rows]].float().view(-1, M, Hkv, Hq // Hkv, D)  # [b, M, Hkv, rep, D]
+        scores = torch.einsum("bmgrd,bkgd->bgrmk", qg, k) * scale
+        k_pos = torch.arange(length, device=dev)
+        hidden = (k_pos > q_pos[rows, :, None]) | (k_pos >= totals[rows, None, None])  # [b, M, Lk]
+        scores = scores.masked_fill(hidden[:, None, None], float("-inf"))
+        out = torch.einsum("bgrmk,bkgd->bmgrd", scores.softmax(-1), v).reshape(-1, M, Hq, D)
+        keep = real[rows]
+        o[tokens[rows][keep]] = out[keep].to(q.dtype)
+    return o
+
+
 def paged_attention_extend_ref(
     *,
     q: torch.Tensor,
@@ -70,6 +109,8 @@ def paged_attention_extend_ref(
     tokens per request (prefix + new). Returns o: [T, Hq, D]."""
     o = torch.empty_like(q)
     bounds, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
+    if lens and max(e - s for s, e in zip(bounds, bounds[1:])) <= SHORT_ROWS:
+        return _attend_short_rows(o, q, k_cache, v_cache, block_table, bounds, lens, scale)
     for i, total in enumerate(lens):
         s, e = bounds[i], bounds[i + 1]
         k = _gather_kv(k_cache, block_table[i], total)

@@ -114,6 +114,18 @@ def test_extend_matches_ref_and_dense(page_size, hkv, group, d):
     check(out, dense_causal(kw["q"], dense, new_lens, kw["scale"]), torch.float32)
 
 
+@pytest.mark.parametrize("page_size,hkv,group,d", SHAPES[:3])
+@pytest.mark.parametrize("scores_per_group", [pa.SCORES_PER_GROUP, 1])
+def test_short_rows_reference_matches_dense(page_size, hkv, group, d, scores_per_group, monkeypatch):
+    """The torch reference's batched path (rows of at most SHORT_ROWS new tokens: decode and verify steps),
+    in one group or one row a group, against SDPA per request: ragged rows, an empty one, a fresh one."""
+    monkeypatch.setattr(pa, "SCORES_PER_GROUP", scores_per_group)
+    prefix_lens, new_lens = [5, 0, 30, 3, 11], [4, 8, 1, 0, 2]
+    kw, dense = make_case(prefix_lens=prefix_lens, new_lens=new_lens, page_size=page_size, hkv=hkv,
+                          group=group, d=d, seed=page_size * 5 + d)
+    check(pa.paged_attention_extend_ref(**kw), dense_causal(kw["q"], dense, new_lens, kw["scale"]), torch.float32)
+
+
 @pytest.mark.parametrize("block_m,block_n", [(32, 16), (16, 32)])
 def test_extend_other_tiles(block_m, block_n):
     """Diagonal bookkeeping when BLOCK_M != BLOCK_N (the GPU configs use 128/64 and 64/64)."""
