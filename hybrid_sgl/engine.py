@@ -97,11 +97,11 @@ class Engine:
     # ---- public API ------------------------------------------------------------------------------
     def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
                  logprob_start_len=None, top_logprobs_num=None, stream: bool = False,
-                 return_text_in_logprobs: bool = False, rid=None):
+                 return_text_in_logprobs: bool = False, rid=None, token_ids_logprob=None):
         """prompt / input_ids: one or a batch. Returns a dict (single request, n = 1) or a list of
         dicts; with stream=True an iterator of dicts (batch items carry "index")."""
         prepared, single = self.prepare(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                        top_logprobs_num, return_text_in_logprobs, rid)
+                                        top_logprobs_num, return_text_in_logprobs, rid, token_ids_logprob)
         updates: queue.Queue = queue.Queue()
         self._submit(prepared, updates.put)
         if stream:
@@ -112,10 +112,10 @@ class Engine:
 
     async def async_generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
                              logprob_start_len=None, top_logprobs_num=None, stream: bool = False,
-                             return_text_in_logprobs: bool = False, rid=None):
+                             return_text_in_logprobs: bool = False, rid=None, token_ids_logprob=None):
         """Like generate; with stream=True returns an async iterator of dicts."""
         prepared, single = self.prepare(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                        top_logprobs_num, return_text_in_logprobs, rid)
+                                        top_logprobs_num, return_text_in_logprobs, rid, token_ids_logprob)
         gen = self.stream_updates(self.submit(prepared))
         if stream:
             return self._stream_async(gen, single)

@@ -129,7 +129,8 @@ def test_sampled_logprob_and_constrained_requests_decode_beside_drafted_ones(tin
 
     def run(**kw):
         with Engine(model_path=path, **BASE, **kw) as engine:
-            outs = [engine.generate(input_ids=p, sampling_params=s, return_logprob=i == 3)
+            outs = [engine.generate(input_ids=p, sampling_params=s, return_logprob=i == 3,
+                                    **({"top_logprobs_num": 3, "token_ids_logprob": [7, 11]} if i == 3 else {}))
                     for i, (p, s) in enumerate(zip(PROMPTS, params))]
             engine.check_integrity()
         return outs
@@ -144,9 +145,15 @@ def test_sampled_logprob_and_constrained_requests_decode_beside_drafted_ones(tin
     assert len(spec[1]["output_ids"]) == len(plain[1]["output_ids"])
     assert spec[0]["meta_info"]["spec_verify_ct"] < len(spec[0]["output_ids"])
     assert spec[1]["meta_info"]["spec_verify_ct"] > 0
-    assert spec[2]["meta_info"]["spec_verify_ct"] == 0 and spec[3]["meta_info"]["spec_verify_ct"] == 0
-    lp = [x[0] for x in spec[3]["meta_info"]["output_token_logprobs"]]
-    assert lp == pytest.approx([x[0] for x in plain[3]["meta_info"]["output_token_logprobs"]], abs=1e-4)
+    assert spec[2]["meta_info"]["spec_verify_ct"] == 0  # constrained: one-token rows
+    # logprobs come off the verify rows: drafted, and each kept token's logprobs are plain decoding's
+    assert 0 < spec[3]["meta_info"]["spec_verify_ct"] < len(spec[3]["output_ids"])
+    for key in ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs"):
+        got, want = spec[3]["meta_info"][key], plain[3]["meta_info"][key]
+        assert len(got) == len(want) == len(plain[3]["output_ids"]), key
+        flat = lambda rows: [x for row in rows for x in (row if isinstance(row[0], (list, tuple)) else [row])]  # noqa: E731
+        assert [t for _, t, *_ in flat(got)] == [t for _, t, *_ in flat(want)], key
+        assert [v for v, *_ in flat(got)] == pytest.approx([v for v, *_ in flat(want)], abs=1e-4), key
 
 
 @pytest.mark.parametrize("rollback", ["snapshots", "replay"])

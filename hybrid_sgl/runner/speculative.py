@@ -1,7 +1,7 @@
 """Speculative decoding with the model's own MTP layer (NEXTN): draft, verify, roll back.
 
-A request whose tokens depend on the model's distribution alone (no grammar, bias, penalties,
-min_new_tokens or logprobs) carries up to k draft tokens d1..dk, proposed by the MTP layer
+A request whose tokens depend on the model's distribution alone (no grammar, bias, penalties or
+min_new_tokens) carries up to k draft tokens d1..dk, proposed by the MTP layer
 (models/mtp.py). Its next decode step is a verify row of k + 1 tokens [x_L, d1..dk] at positions
 L..L+k in an extend-shaped step, which gives the model's distribution p_i after each of them.
 - Greedy: the model's own token after each is t_i = argmax p_i; the drafts are accepted while
@@ -46,7 +46,7 @@ import torch
 from hybrid_sgl.batch import ForwardMode, StepPlan, device_index
 from hybrid_sgl.layers.gdn import GatedDeltaNet
 from hybrid_sgl.runner.cuda_graph import StepGraphs
-from hybrid_sgl.runner.sampler import filtered_probs
+from hybrid_sgl.runner.sampler import filtered_probs, ids_logprobs, logprobs_of
 
 if TYPE_CHECKING:
     from hybrid_sgl.runner.model_runner import BatchItem, ItemResult, ModelRunner
@@ -55,10 +55,9 @@ if TYPE_CHECKING:
 
 def takes_drafts(req: Req) -> bool:
     """Whether req's tokens depend on the model's distribution alone, so that drafts can be checked
-    against it: no grammar, bias, penalties, min_new_tokens or logprobs."""
+    against it: no grammar, bias, penalties or min_new_tokens (logprobs are read off the verify rows)."""
     p = req.params
-    return (p.grammar_key is None and not p.logit_bias and not p.uses_penalties and p.min_new_tokens == 0
-            and not req.return_logprob)
+    return p.grammar_key is None and not p.logit_bias and not p.uses_penalties and p.min_new_tokens == 0
 
 
 def speculative_sample(probs: torch.Tensor, draft: list[int], generator: torch.Generator | None) -> list[int]:
@@ -176,10 +175,10 @@ class SpecDecoder:
 
     # ---- verify ----------------------------------------------------------------------------------
     @torch.inference_mode()
-    def verify(self, items: list[BatchItem], drafts: list[list[int]]) -> tuple[list[list[int]], list[ItemResult]]:
+    def verify(self, items: list[BatchItem], drafts: list[list[int]]) -> list[list[ItemResult]]:
         """One step over decode items, item i's row being its token and drafts[i]. Returns per item the
-        candidate tokens in order (accepted drafts, then the model's token; one sampled token for a
-        row without drafts) and the ItemResults of the rows without drafts (sampled as usual)."""
+        results of its candidate tokens in order: the accepted drafts, then the model's token (with their
+        logprobs when the request asks); a row without drafts: its one token, sampled as usual."""
         from hybrid_sgl.runner.model_runner import ItemResult
 
         r = self.runner
@@ -218,14 +217,16 @@ class SpecDecoder:
                 while j < len(d) and d[j] == own[j]:
                     j += 1
                 candidates[i] = d[:j] + [own[j]]
+        rows = [[result] for result in results]
         for i, f in draft_rows:
             req = items[i].req
             if not req.params.greedy:
                 n = len(drafts[i]) + 1
                 probs = filtered_probs(logits[f:f + n], [req] * n)
                 candidates[i] = speculative_sample(probs, drafts[i], req.generator)
+            rows[i] = _token_results(logits[f:f + len(candidates[i])], candidates[i], req)
         self.verified_rows += len(draft_rows)
-        return candidates, results
+        return rows
 
     def keep(self, req: Req, run_len: int, kept: int) -> None:
         """req's verify row of run_len tokens keeps its first `kept` (1..run_len): its slot's state is to go
@@ -319,6 +320,23 @@ class SpecDecoder:
                 proposed[i].append(flat[at])
                 at += 1
         return [p[:e.want] for p, e in zip(proposed, entries)]
+
+
+def _token_results(logits: torch.Tensor, tokens: list[int], req: Req) -> list[ItemResult]:
+    """The results of a verify row's kept tokens: logits [n, V], the row's logits before each of its n
+    tokens; with logprobs, each token's, its top ones and those of token_ids_logprob, as a decode step
+    computes them (the raw distribution)."""
+    from hybrid_sgl.runner.model_runner import ItemResult
+
+    results = [ItemResult(next_token=t) for t in tokens]
+    if req.return_logprob:
+        lps, tops = logprobs_of(logits, torch.tensor(tokens, device=logits.device), req.top_logprobs_num)
+        ids = ids_logprobs(logits, [req.token_ids_logprob] * len(tokens)) if req.token_ids_logprob else None
+        for j, result in enumerate(results):
+            result.token_logprob, result.top_logprobs = lps[j], tops[j]
+            if ids is not None:
+                result.token_ids_logprobs = ids[j]
+    return results
 
 
 def _last_rows(entries: list[DraftEntries]):

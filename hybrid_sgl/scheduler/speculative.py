@@ -16,7 +16,7 @@ drafts) are taken when the drafts are made, evicting cached prefixes if needed, 
 from __future__ import annotations
 
 from hybrid_sgl.batch import ForwardMode
-from hybrid_sgl.runner.model_runner import BatchItem, ItemResult, ModelRunner
+from hybrid_sgl.runner.model_runner import BatchItem, ModelRunner
 from hybrid_sgl.runner.speculative import DraftEntries, SpecDecoder
 from hybrid_sgl.scheduler.overlap import OverlapPipeline
 from hybrid_sgl.scheduler.pipeline import StepHost
@@ -79,16 +79,16 @@ class SpecPipeline(OverlapPipeline):
             req = it.req
             drafts.append(req.spec_drafts[:spec.budget(req)] if req.spec_base == it.start else [])
             req.spec_drafts, req.spec_base = [], -1
-        candidates, results = spec.verify(items, drafts)
+        rows = spec.verify(items, drafts)
         changed, entries, offset = [], [], 0
-        for it, draft, tokens, result in zip(items, drafts, candidates, results):
+        for it, draft, row in zip(items, drafts, rows):
             req, start = it.req, it.start
             if draft:
                 req.spec_verify_ct += 1
                 kept = 0
-                for token in tokens:
+                for result in row:
                     host.results.apply(BatchItem(req=req, start=start + kept, end=start + kept + 1, sample=True),
-                                       ItemResult(next_token=token))
+                                       result)
                     kept += 1
                     if req.finished:
                         break
@@ -96,7 +96,7 @@ class SpecPipeline(OverlapPipeline):
                 changed.append(req)
             else:
                 kept = 1
-                if host.results.apply(it, result):
+                if host.results.apply(it, row[0]):
                     changed.append(req)
             if not req.finished and spec.budget(req) > 0:
                 entries.append(DraftEntries(req=req, start=start, tokens=req.token_slice(start + 1, start + 1 + kept),
