@@ -145,7 +145,8 @@ def test_sampled_logprob_and_constrained_requests_decode_beside_drafted_ones(tin
     assert len(spec[1]["output_ids"]) == len(plain[1]["output_ids"])
     assert spec[0]["meta_info"]["spec_verify_ct"] < len(spec[0]["output_ids"])
     assert spec[1]["meta_info"]["spec_verify_ct"] > 0
-    assert spec[2]["meta_info"]["spec_verify_ct"] == 0  # constrained: one-token rows
+    # constrained: drafted too, each verify position under its grammar's mask
+    assert 0 < spec[2]["meta_info"]["spec_verify_ct"] < len(spec[2]["output_ids"])
     # logprobs come off the verify rows: drafted, and each kept token's logprobs are plain decoding's
     assert 0 < spec[3]["meta_info"]["spec_verify_ct"] < len(spec[3]["output_ids"])
     for key in ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs"):
@@ -154,6 +155,27 @@ def test_sampled_logprob_and_constrained_requests_decode_beside_drafted_ones(tin
         flat = lambda rows: [x for row in rows for x in (row if isinstance(row[0], (list, tuple)) else [row])]  # noqa: E731
         assert [t for _, t, *_ in flat(got)] == [t for _, t, *_ in flat(want)], key
         assert [v for v, *_ in flat(got)] == pytest.approx([v for v, *_ in flat(want)], abs=1e-4), key
+
+
+@pytest.mark.parametrize("regex", ["[0-9]{5}", "(ab|cd)+", "[a-z]+[0-9]"])
+@pytest.mark.parametrize("p", [0.0, 0.7, 1.0])
+def test_constrained_requests_take_drafts_their_grammar_allows(tiny_checkpoint, monkeypatch, regex, p):
+    """Drafts for a constrained request are cut before the first its grammar rejects or that would end it,
+    the rest verified under the grammar's mask at each position, and the matcher rolled back to the tokens
+    kept: output and finish reason equal plain decoding's, for grammars that end and ones that do not, with
+    drafts always wrong (p = 0, many rejected by the grammar), mostly right and always right."""
+    path = tiny_checkpoint("qwen3_5", mtp=True)
+    params = {"max_new_tokens": 12, "temperature": 0, "regex": regex}
+    prompts = PROMPTS[:3]
+    plain, _ = _generate(path, prompts, params)
+    truth = {tuple(prompt): o["output_ids"] for prompt, o in zip(prompts, plain)}
+    scripted = ScriptedDrafts(truth, p, seed=3)
+    monkeypatch.setattr(SpecDecoder, "draft", lambda self, entries: scripted(self, entries))
+    spec, _ = _generate(path, prompts, params, **SPEC)
+    assert [o["output_ids"] for o in spec] == [o["output_ids"] for o in plain]
+    assert [o["meta_info"]["finish_reason"] for o in spec] == [o["meta_info"]["finish_reason"] for o in plain]
+    if p == 1.0:  # right drafts are kept: fewer verify steps than tokens
+        assert all(o["meta_info"]["spec_verify_ct"] < len(o["output_ids"]) for o in spec)
 
 
 @pytest.mark.parametrize("rollback", ["snapshots", "replay"])

@@ -66,6 +66,10 @@ class GrammarMatcher(abc.ABC):
         """Write the allowed next tokens as bits into mask[row] (mask: [rows, words] int32, CPU)."""
 
     @abc.abstractmethod
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last num_tokens accepted tokens (speculative decoding checks drafts and takes them back)."""
+
+    @abc.abstractmethod
     def is_terminated(self) -> bool:
         """The grammar has ended (its stop token was accepted): nothing more may be generated."""
 

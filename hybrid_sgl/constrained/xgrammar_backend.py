@@ -36,6 +36,9 @@ class XGrammarMatcher(GrammarMatcher):
     def fill_mask(self, mask: torch.Tensor, row: int) -> None:
         self._m.fill_next_token_bitmask(mask, row)
 
+    def rollback(self, num_tokens: int) -> None:
+        self._m.rollback(num_tokens)
+
     def is_terminated(self) -> bool:
         return self._m.is_terminated()
 

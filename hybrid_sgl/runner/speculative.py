@@ -1,7 +1,7 @@
 """Speculative decoding with the model's own MTP layer (NEXTN): draft, verify, roll back.
 
-A request whose tokens depend on the model's distribution alone (no grammar, bias, penalties or
-min_new_tokens) carries up to k draft tokens d1..dk, proposed by the MTP layer
+A request whose tokens depend on the model's distribution alone (no bias, penalties or min_new_tokens;
+a grammar only masks it) carries up to k draft tokens d1..dk, proposed by the MTP layer
 (models/mtp.py). Its next decode step is a verify row of k + 1 tokens [x_L, d1..dk] at positions
 L..L+k in an extend-shaped step, which gives the model's distribution p_i after each of them.
 - Greedy: the model's own token after each is t_i = argmax p_i; the drafts are accepted while
@@ -44,9 +44,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from hybrid_sgl.batch import ForwardMode, StepPlan, device_index
+from hybrid_sgl.constrained.bitmask import mask_words
 from hybrid_sgl.layers.gdn import GatedDeltaNet
 from hybrid_sgl.runner.cuda_graph import StepGraphs
-from hybrid_sgl.runner.sampler import filtered_probs, ids_logprobs, logprobs_of
+from hybrid_sgl.runner.sampler import apply_token_bitmask, filtered_probs, ids_logprobs, logprobs_of
 
 if TYPE_CHECKING:
     from hybrid_sgl.runner.model_runner import BatchItem, ItemResult, ModelRunner
@@ -55,9 +56,10 @@ if TYPE_CHECKING:
 
 def takes_drafts(req: Req) -> bool:
     """Whether req's tokens depend on the model's distribution alone, so that drafts can be checked
-    against it: no grammar, bias, penalties or min_new_tokens (logprobs are read off the verify rows)."""
+    against it: no bias, penalties or min_new_tokens (logprobs are read off the verify rows, and a grammar
+    masks each verify position)."""
     p = req.params
-    return p.grammar_key is None and not p.logit_bias and not p.uses_penalties and p.min_new_tokens == 0
+    return not p.logit_bias and not p.uses_penalties and p.min_new_tokens == 0
 
 
 def speculative_sample(probs: torch.Tensor, draft: list[int], generator: torch.Generator | None) -> list[int]:
@@ -178,10 +180,13 @@ class SpecDecoder:
     def verify(self, items: list[BatchItem], drafts: list[list[int]]) -> list[list[ItemResult]]:
         """One step over decode items, item i's row being its token and drafts[i]. Returns per item the
         results of its candidate tokens in order: the accepted drafts, then the model's token (with their
-        logprobs when the request asks); a row without drafts: its one token, sampled as usual."""
+        logprobs when the request asks); a row without drafts: its one token, sampled as usual.
+        A constrained request's drafts are first cut (in `drafts`, in place) before the first one its grammar
+        rejects or that would end it, and each verify position is scored under the grammar's mask there."""
         from hybrid_sgl.runner.model_runner import ItemResult
 
         r = self.runner
+        masks = _fit_grammars(items, drafts, r.config.vocab_size)
         tokens, cuts, rows, draft_rows, plain_rows = [], [], [], [], []
         offset = 0
         for i, (it, d) in enumerate(zip(items, drafts)):
@@ -207,9 +212,17 @@ class SpecDecoder:
         if plain_rows:
             r._sample(logits, items, results, plain_rows)
         candidates = [[res.next_token] for res in results]
+        masked = logits
+        if masks:  # the constrained rows' positions under their masks (one copy of the masks to the device)
+            at = [f + j for i, f in draft_rows if i in masks for j in range(len(drafts[i]) + 1)]
+            index = device_index(at, logits.device)
+            on_device = torch.cat(list(masks.values())).to(logits.device)
+            masked = logits.index_copy(0, index, apply_token_bitmask(logits[index], on_device))
+            starts = itertools.accumulate((len(m) for m in masks.values()), initial=0)
+            masks = {i: on_device[s:s + len(m)] for (i, m), s in zip(masks.items(), starts)}
         greedy_rows = [(i, f) for i, f in draft_rows if items[i].req.params.greedy]
         if greedy_rows:
-            greedy = logits.argmax(dim=-1).tolist()  # every logit row: one read of the step's tokens
+            greedy = masked.argmax(dim=-1).tolist()  # every logit row: one read of the step's tokens
             for i, f in greedy_rows:
                 d = drafts[i]
                 own = greedy[f:f + len(d) + 1]
@@ -217,16 +230,17 @@ class SpecDecoder:
                 while j < len(d) and d[j] == own[j]:
                     j += 1
                 candidates[i] = d[:j] + [own[j]]
-        rows = [[result] for result in results]
+        out = [[result] for result in results]
         for i, f in draft_rows:
             req = items[i].req
             if not req.params.greedy:
                 n = len(drafts[i]) + 1
-                probs = filtered_probs(logits[f:f + n], [req] * n)
+                probs = filtered_probs(masked[f:f + n], [req] * n)
                 candidates[i] = speculative_sample(probs, drafts[i], req.generator)
-            rows[i] = _token_results(logits[f:f + len(candidates[i])], candidates[i], req)
+            n = len(candidates[i])
+            out[i] = _token_results(logits[f:f + n], candidates[i], req, masks[i][:n] if i in masks else None)
         self.verified_rows += len(draft_rows)
-        return rows
+        return out
 
     def keep(self, req: Req, run_len: int, kept: int) -> None:
         """req's verify row of run_len tokens keeps its first `kept` (1..run_len): its slot's state is to go
@@ -322,16 +336,42 @@ class SpecDecoder:
         return [p[:e.want] for p, e in zip(proposed, entries)]
 
 
-def _token_results(logits: torch.Tensor, tokens: list[int], req: Req) -> list[ItemResult]:
+def _fit_grammars(items: list[BatchItem], drafts: list[list[int]], vocab: int) -> dict[int, torch.Tensor]:
+    """Cut each constrained row's drafts (in place) before the first one its grammar rejects or that would
+    end the grammar, and fill its masks. Returns {item index: [kept drafts + 1, words] int32 host bitmask of
+    the row's verify positions}, for rows that keep a draft; every matcher is left where it was."""
+    masks = {}
+    for i, (it, draft) in enumerate(zip(items, drafts)):
+        matcher = it.req.grammar
+        if not draft or matcher is None:
+            continue
+        rows = torch.full((len(draft) + 1, mask_words(vocab)), -1, dtype=torch.int32)
+        matcher.fill_mask(rows, 0)
+        n = 0
+        while n < len(draft) and matcher.accept(draft[n]):
+            if matcher.is_terminated():  # the draft would end the grammar: verified as the model's own token
+                matcher.rollback(1)
+                break
+            n += 1
+            matcher.fill_mask(rows, n)
+        if n:
+            matcher.rollback(n)
+            masks[i] = rows[:n + 1]
+        drafts[i] = draft[:n]
+    return masks
+
+
+def _token_results(logits: torch.Tensor, tokens: list[int], req: Req,
+                   mask: torch.Tensor | None = None) -> list[ItemResult]:
     """The results of a verify row's kept tokens: logits [n, V], the row's logits before each of its n
-    tokens; with logprobs, each token's, its top ones and those of token_ids_logprob, as a decode step
-    computes them (the raw distribution)."""
+    tokens (mask [n, words]: its grammar's there, or None); with logprobs, each token's, its top ones and
+    those of token_ids_logprob, as a decode step computes them (the raw distribution, under the mask)."""
     from hybrid_sgl.runner.model_runner import ItemResult
 
     results = [ItemResult(next_token=t) for t in tokens]
     if req.return_logprob:
-        lps, tops = logprobs_of(logits, torch.tensor(tokens, device=logits.device), req.top_logprobs_num)
-        ids = ids_logprobs(logits, [req.token_ids_logprob] * len(tokens)) if req.token_ids_logprob else None
+        lps, tops = logprobs_of(logits, torch.tensor(tokens, device=logits.device), req.top_logprobs_num, mask)
+        ids = ids_logprobs(logits, [req.token_ids_logprob] * len(tokens), mask) if req.token_ids_logprob else None
         for j, result in enumerate(results):
             result.token_logprob, result.top_logprobs = lps[j], tops[j]
             if ids is not None:
