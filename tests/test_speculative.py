@@ -157,6 +157,37 @@ def test_sampled_logprob_and_constrained_requests_decode_beside_drafted_ones(tin
         assert [v for v, *_ in flat(got)] == pytest.approx([v for v, *_ in flat(want)], abs=1e-4), key
 
 
+ADJUSTED = [  # logit bias, penalties over the output, min_new_tokens against an EOS the model favours
+    {"logit_bias": {"7": 2.5, "11": -1.0}},
+    {"frequency_penalty": 0.6, "presence_penalty": 0.4},
+    {"repetition_penalty": 1.3},
+    {"min_new_tokens": 9, "ignore_eos": False, "logit_bias": {"2": 4.0}},
+]
+
+
+@pytest.mark.parametrize("adjust", ADJUSTED, ids=["bias", "frequency_presence", "repetition", "min_new_tokens"])
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_adjusted_requests_take_drafts_scored_as_plain_decoding_would(tiny_checkpoint, monkeypatch, adjust,
+                                                                      temperature):
+    """Bias, penalties and min_new_tokens apply at each verify position over the output as if the drafts
+    before it were kept. Greedy: the tokens and finish reasons of plain decoding, and drafts accepted
+    (fewer verify steps than tokens). Sampled: as many tokens as plain decoding."""
+    path = tiny_checkpoint("qwen3_5", mtp=True)
+    params = {**GREEDY, "max_new_tokens": 16, "temperature": temperature, "sampling_seed": 3, **adjust}
+    plain, _ = _generate(path, PROMPTS, params)
+    truth = {tuple(prompt): o["output_ids"] for prompt, o in zip(PROMPTS, plain)}
+    scripted = ScriptedDrafts(truth, 0.9, seed=7)
+    monkeypatch.setattr(SpecDecoder, "draft", lambda self, entries: scripted(self, entries))
+    spec, _ = _generate(path, PROMPTS, params, **SPEC)
+    assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in spec)
+    if temperature == 0.0:
+        assert [o["output_ids"] for o in spec] == [o["output_ids"] for o in plain]
+        assert [o["meta_info"]["finish_reason"] for o in spec] == [o["meta_info"]["finish_reason"] for o in plain]
+        assert sum(o["meta_info"]["spec_verify_ct"] for o in spec) < sum(len(o["output_ids"]) for o in spec)
+    if "min_new_tokens" in adjust:
+        assert all(len(o["output_ids"]) >= 9 for o in spec)
+
+
 @pytest.mark.parametrize("regex", ["[0-9]{5}", "(ab|cd)+", "[a-z]+[0-9]"])
 @pytest.mark.parametrize("p", [0.0, 0.7, 1.0])
 def test_constrained_requests_take_drafts_their_grammar_allows(tiny_checkpoint, monkeypatch, regex, p):

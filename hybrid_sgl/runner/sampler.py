@@ -70,7 +70,7 @@ class BatchParams:
     any_top_p_only: bool
     any_top_p: bool
     any_min_p: bool
-    adjusts: bool  # some request has logit bias, penalties or min_new_tokens (see _adjust)
+    adjusts: bool  # some request has logit bias, penalties or min_new_tokens (see adjust_logits)
     unseeded: torch.Tensor | None  # [u] int64 rows (of the n) without a generator; None when all or none
     all_unseeded: bool
     seeded: list[tuple[int, torch.Generator]]  # (row of the n, its generator), in row order
@@ -156,7 +156,7 @@ def sample(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, ...], mask
     if mask is not None:
         logits = apply_token_bitmask(logits, mask)
     if params.adjusts:
-        logits = _adjust(logits, reqs, eos_ids)
+        logits = adjust_logits(logits, reqs, eos_ids)
     if not params.sampled:
         return logits.argmax(dim=-1)
     sub = logits if params.rows is None else logits[params.rows]  # [n, V]
@@ -305,7 +305,7 @@ def sample_ref(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, ...],
     """Reference of `sample` (same arguments): sorts the whole vocabulary of every sampled row."""
     if mask is not None:
         logits = apply_token_bitmask(logits, mask)
-    logits = _adjust(logits, reqs, eos_ids)
+    logits = adjust_logits(logits, reqs, eos_ids)
     out = logits.argmax(dim=-1)
     sampled = [i for i, r in enumerate(reqs) if not r.params.greedy]
     if not sampled:
@@ -333,7 +333,7 @@ def apply_token_bitmask(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
     return logits.masked_fill(~allowed, float("-inf"))
 
 
-def _adjust(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, ...]) -> torch.Tensor:
+def adjust_logits(logits: torch.Tensor, reqs: list[Req], eos_ids: tuple[int, ...]) -> torch.Tensor:
     """Logit bias, penalties and the min_new_tokens stop mask; copies only when something applies."""
     copied = False
     for i, r in enumerate(reqs):

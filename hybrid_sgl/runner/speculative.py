@@ -1,7 +1,6 @@
 """Speculative decoding with the model's own MTP layer (NEXTN): draft, verify, roll back.
 
-A request whose tokens depend on the model's distribution alone (no bias, penalties or min_new_tokens;
-a grammar only masks it) carries up to k draft tokens d1..dk, proposed by the MTP layer
+A decoding request carries up to k draft tokens d1..dk, proposed by the MTP layer
 (models/mtp.py). Its next decode step is a verify row of k + 1 tokens [x_L, d1..dk] at positions
 L..L+k in an extend-shaped step, which gives the model's distribution p_i after each of them.
 - Greedy: the model's own token after each is t_i = argmax p_i; the drafts are accepted while
@@ -11,6 +10,10 @@ L..L+k in an extend-shaped step, which gives the model's distribution p_i after 
   (renormalized), and a row whose drafts are all accepted draws its last token from p(k+1). Each
   token then has the distribution plain sampling gives (speculative sampling), though not the same
   draws for a seed.
+- Every verify position is scored as plain decoding would score it after the drafts before it: logit
+  bias, penalties and min_new_tokens over the output as if those drafts were kept (AfterDrafts), a
+  grammar's mask after them (drafts it rejects, or that would end it, are cut first); logprobs are
+  read off the row's logits.
 
 Rollback: the verify step's recurrent kernels write the state after each of the first k tokens of
 a row into the slot's k verify rows (snapshot cuts, ForwardBatch.snap_pos), and the slot holds the
@@ -19,9 +22,9 @@ With --speculative-rollback replay (vLLM's ReplaySSM) the gated-delta-rule layer
 the verify step and keep its inputs; rollback then runs each row's m kept tokens again from the
 untouched slot (one short-row kernel a layer, GatedDeltaNet.replay), and copies only the conv1d
 state of row m - 1 (bench/README.md: the replay writes the 2 MiB state once where the snapshots write
-it k + 1 times). KV written past the kept tokens is overwritten before anything reads it. Other rows
-of the same step (sampled, constrained, logprob requests) are one-token rows sampled as in any decode
-step (replayed with their one token).
+it k + 1 times). KV written past the kept tokens is overwritten before anything reads it. Rows
+without drafts in the same step (no budget left, or every draft cut by a grammar) are one-token rows
+sampled as in any decode step (replayed with their one token).
 
 Drafting: the MTP layer's entry i takes the token at i + 1 and the model's final hidden state at i.
 After every step, each row's new entries (the prompt chunk's, or the kept tokens') run through it in
@@ -47,19 +50,32 @@ from hybrid_sgl.batch import ForwardMode, StepPlan, device_index
 from hybrid_sgl.constrained.bitmask import mask_words
 from hybrid_sgl.layers.gdn import GatedDeltaNet
 from hybrid_sgl.runner.cuda_graph import StepGraphs
-from hybrid_sgl.runner.sampler import apply_token_bitmask, filtered_probs, ids_logprobs, logprobs_of
+from hybrid_sgl.runner.sampler import adjust_logits, apply_token_bitmask, filtered_probs, ids_logprobs, logprobs_of
+from hybrid_sgl.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from hybrid_sgl.runner.model_runner import BatchItem, ItemResult, ModelRunner
     from hybrid_sgl.scheduler.request import Req
 
 
-def takes_drafts(req: Req) -> bool:
-    """Whether req's tokens depend on the model's distribution alone, so that drafts can be checked
-    against it: no bias, penalties or min_new_tokens (logprobs are read off the verify rows, and a grammar
-    masks each verify position)."""
+def adjusts(req: Req) -> bool:
+    """Whether req's logits are adjusted before sampling: logit bias, penalties or min_new_tokens."""
     p = req.params
-    return not p.logit_bias and not p.uses_penalties and p.min_new_tokens == 0
+    return bool(p.logit_bias) or p.uses_penalties or p.min_new_tokens > 0
+
+
+@dataclass
+class AfterDrafts:
+    """What the logit adjustments (sampler.adjust_logits) read of a request, as it would stand after its
+    first drafts were kept: the distribution at a verify position is the one plain decoding would see there."""
+
+    params: SamplingParams
+    output_ids: list[int]
+    prompt_ids: list[int]
+
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
 
 
 def speculative_sample(probs: torch.Tensor, draft: list[int], generator: torch.Generator | None) -> list[int]:
@@ -169,8 +185,6 @@ class SpecDecoder:
     def budget(self, req: Req) -> int:
         """Drafts req can take at its next verify (it is decoding: num_computed = seq_len - 1): at most
         k, none past max_new_tokens or the context."""
-        if not takes_drafts(req):
-            return 0
         left = req.params.max_new_tokens - len(req.output_ids) - 1
         room = self.runner.context_length - 1 - req.num_computed
         return max(0, min(self.k, left, room))
@@ -187,6 +201,7 @@ class SpecDecoder:
 
         r = self.runner
         masks = _fit_grammars(items, drafts, r.config.vocab_size)
+        adjusted = {i for i, (it, d) in enumerate(zip(items, drafts)) if d and adjusts(it.req)}
         tokens, cuts, rows, draft_rows, plain_rows = [], [], [], [], []
         offset = 0
         for i, (it, d) in enumerate(zip(items, drafts)):
@@ -220,6 +235,12 @@ class SpecDecoder:
             masked = logits.index_copy(0, index, apply_token_bitmask(logits[index], on_device))
             starts = itertools.accumulate((len(m) for m in masks.values()), initial=0)
             masks = {i: on_device[s:s + len(m)] for (i, m), s in zip(masks.items(), starts)}
+        if adjusted:  # bias, penalties, min_new_tokens at each position, over the drafts before it
+            at = [(i, f + j, j) for i, f in draft_rows if i in adjusted for j in range(len(drafts[i]) + 1)]
+            index = device_index([row for _, row, _ in at], logits.device)
+            views = [AfterDrafts(items[i].req.params, items[i].req.output_ids + drafts[i][:j], items[i].req.prompt_ids)
+                     for i, _, j in at]
+            masked = masked.index_copy(0, index, adjust_logits(masked[index], views, r.config.eos_token_ids))
         greedy_rows = [(i, f) for i, f in draft_rows if items[i].req.params.greedy]
         if greedy_rows:
             greedy = masked.argmax(dim=-1).tolist()  # every logit row: one read of the step's tokens
