@@ -37,6 +37,19 @@ def _generate(path: str, prompts, params, **kw) -> list[dict]:
     return outs, stats
 
 
+def generate_each(path: str, params: list[dict], logprobs_at: int, **kw) -> list[dict]:
+    """PROMPTS one at a time, each with its params; the one at logprobs_at asks for logprobs, its 3 top
+    logprobs and those of ids 7 and 11."""
+    with Engine(model_path=path, **{**BASE, **kw}) as engine:
+        outs = [engine.generate(input_ids=p, sampling_params=s, **(LOGPROBS if i == logprobs_at else {}))
+                for i, (p, s) in enumerate(zip(PROMPTS, params))]
+        engine.check_integrity()
+    return outs
+
+
+LOGPROBS = {"return_logprob": True, "top_logprobs_num": 3, "token_ids_logprob": [7, 11]}
+
+
 class ScriptedDrafts:
     """Test-only drafts: the true next tokens (from a plain run), each kept with probability p, else a
     wrong token; the rest of a row's drafts follow the true continuation after the wrong one."""
@@ -126,20 +139,11 @@ def test_sampled_logprob_and_constrained_requests_decode_beside_drafted_ones(tin
     sampled = {**GREEDY, "temperature": 0.8, "sampling_seed": 5}
     constrained = {**GREEDY, "max_new_tokens": 8, "temperature": 0, "regex": "[0-9]+"}
     params = [greedy, sampled, constrained, greedy]
-
-    def run(**kw):
-        with Engine(model_path=path, **BASE, **kw) as engine:
-            outs = [engine.generate(input_ids=p, sampling_params=s, return_logprob=i == 3,
-                                    **({"top_logprobs_num": 3, "token_ids_logprob": [7, 11]} if i == 3 else {}))
-                    for i, (p, s) in enumerate(zip(PROMPTS, params))]
-            engine.check_integrity()
-        return outs
-
-    plain = run()
+    plain = generate_each(path, params, logprobs_at=3)
     truth = {tuple(prompt): o["output_ids"] for prompt, o in zip(PROMPTS, plain)}
     scripted = ScriptedDrafts(truth, 0.8, seed=1)
     monkeypatch.setattr(SpecDecoder, "draft", lambda self, entries: scripted(self, entries))
-    spec = run(**SPEC, speculative_rollback=rollback)
+    spec = generate_each(path, params, logprobs_at=3, **SPEC, speculative_rollback=rollback)
     # the sampled request takes drafts too (speculative sampling: its distribution, not its draws, is kept)
     assert [spec[i]["output_ids"] for i in (0, 2, 3)] == [plain[i]["output_ids"] for i in (0, 2, 3)]
     assert len(spec[1]["output_ids"]) == len(plain[1]["output_ids"])

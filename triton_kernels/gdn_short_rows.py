@@ -161,26 +161,9 @@ def gdn_rows(
     return o
 
 
-def gdn_rows_ref(
-    *,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    A_log: torch.Tensor,
-    dt_bias: torch.Tensor,
-    ssm_states: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    state_slots: torch.Tensor,
-    has_initial_state: torch.Tensor,
-    pad_slot: int = -1,
-    scale: float | None = None,
-    snap_pos: torch.Tensor | None = None,
-    snap_slots: torch.Tensor | None = None,
-    write_final: bool = True,
-    row_lens: torch.Tensor | None = None,
-) -> torch.Tensor:
+def gdn_rows_ref(*, q, k, v, a, b, A_log, dt_bias, ssm_states, cu_seqlens, state_slots, has_initial_state,
+                 pad_slot: int = -1, scale=None, snap_pos=None, snap_slots=None, write_final: bool = True,
+                 row_lens=None) -> torch.Tensor:
     """gdn_rows defined in torch, token by token as the kernel steps: step j applies the decode update
     (gdn_recurrent.gdn_decode_ref's) to every row that has a j-th token, all such rows at once, so a verify
     step of N rows of k + 1 tokens costs k + 1 batched updates (gdn_chunk.gdn_prefill_ref would solve a

@@ -9,7 +9,7 @@ import pytest
 from hybrid_sgl.engine import Engine
 from hybrid_sgl.runner.speculative import SpecDecoder
 from tests.gpu.test_model_cuda import BACKENDS
-from tests.test_speculative import GREEDY, PROMPTS, SPEC, ScriptedDrafts, _generate
+from tests.test_speculative import GREEDY, PROMPTS, SPEC, ScriptedDrafts, _generate, generate_each
 from tests.test_speculative_replay import REPLAY
 
 pytestmark = pytest.mark.gpu
@@ -91,19 +91,11 @@ def test_constrained_and_logprob_requests_take_drafts_on_cuda(tiny_checkpoint, m
     logprob request's logprobs come off its verify rows: tokens equal plain decoding's, logprobs within 1e-4."""
     path = tiny_checkpoint("qwen3_5", mtp=True)
     params = [{"max_new_tokens": 12, "temperature": 0, "regex": "[a-z]+[0-9]"}, GREEDY]
-
-    def run(**kw):
-        with Engine(model_path=path, dtype="float32", log_level="warning", **CUDA, **kw) as engine:
-            outs = [engine.generate(input_ids=p, sampling_params=s, return_logprob=i == 1, top_logprobs_num=2)
-                    for i, (p, s) in enumerate(zip(PROMPTS, params))]
-            engine.check_integrity()
-        return outs
-
-    plain = run()
+    plain = generate_each(path, params, logprobs_at=1, **CUDA)
     truth = {tuple(prompt): o["output_ids"] for prompt, o in zip(PROMPTS, plain)}
     scripted = ScriptedDrafts(truth, 0.8, seed=5)
     monkeypatch.setattr(SpecDecoder, "draft", lambda self, entries: scripted(self, entries))
-    spec = run(**SPEC)
+    spec = generate_each(path, params, logprobs_at=1, **CUDA, **SPEC)
     assert [o["output_ids"] for o in spec] == [o["output_ids"] for o in plain]
     assert all(0 < o["meta_info"]["spec_verify_ct"] < len(o["output_ids"]) for o in spec)
     got, want = (o["meta_info"]["output_token_logprobs"] for o in (spec[1], plain[1]))
