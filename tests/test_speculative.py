@@ -156,9 +156,40 @@ def test_sampled_logprob_and_constrained_requests_decode_beside_drafted_ones(tin
     for key in ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs"):
         got, want = spec[3]["meta_info"][key], plain[3]["meta_info"][key]
         assert len(got) == len(want) == len(plain[3]["output_ids"]), key
-        flat = lambda rows: [x for row in rows for x in (row if isinstance(row[0], (list, tuple)) else [row])]  # noqa: E731
-        assert [t for _, t, *_ in flat(got)] == [t for _, t, *_ in flat(want)], key
-        assert [v for v, *_ in flat(got)] == pytest.approx([v for v, *_ in flat(want)], abs=1e-4), key
+        assert [t for _, t, *_ in _flat(got)] == [t for _, t, *_ in _flat(want)], key
+        assert [v for v, *_ in _flat(got)] == pytest.approx([v for v, *_ in _flat(want)], abs=1e-4), key
+
+
+def test_logprobs_of_constrained_and_free_rows_in_one_verify_step(tiny_checkpoint, monkeypatch):
+    """Four logprob requests in one batch, two of them constrained: their verify rows' logprobs are read in one
+    pass, each under its own grammar's masks, and equal plain decoding's (tokens exact, values within 1e-4)."""
+    path = tiny_checkpoint("qwen3_5", mtp=True)
+    regex = {**GREEDY, "max_new_tokens": 12, "regex": "[a-z]+[0-9]"}
+    params = [regex, GREEDY, regex, GREEDY]
+
+    def run(**kw):
+        with Engine(model_path=path, **BASE, **kw) as engine:
+            outs = engine.generate(input_ids=PROMPTS, sampling_params=params, **LOGPROBS)
+            engine.check_integrity()
+        return outs
+
+    plain = run()
+    truth = {tuple(prompt): o["output_ids"] for prompt, o in zip(PROMPTS, plain)}
+    scripted = ScriptedDrafts(truth, 0.8, seed=9)
+    monkeypatch.setattr(SpecDecoder, "draft", lambda self, entries: scripted(self, entries))
+    spec = run(**SPEC)
+    assert [o["output_ids"] for o in spec] == [o["output_ids"] for o in plain]
+    assert all(0 < o["meta_info"]["spec_verify_ct"] < len(o["output_ids"]) for o in spec)
+    for got, want in zip(spec, plain):
+        for key in ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs"):
+            g, w = _flat(got["meta_info"][key]), _flat(want["meta_info"][key])
+            assert [t for _, t, *_ in g] == [t for _, t, *_ in w], key
+            assert [v for v, *_ in g] == pytest.approx([v for v, *_ in w], abs=1e-4), key
+
+
+def _flat(rows: list) -> list:
+    """Logprob entries (value, id, ...) of a meta_info list, whose rows are entries or lists of them."""
+    return [x for row in rows for x in (row if row and isinstance(row[0], (list, tuple)) else [row])]
 
 
 ADJUSTED = [  # logit bias, penalties over the output, min_new_tokens against an EOS the model favours

@@ -258,8 +258,9 @@ class SpecDecoder:
                 n = len(drafts[i]) + 1
                 probs = filtered_probs(masked[f:f + n], [req] * n)
                 candidates[i] = speculative_sample(probs, drafts[i], req.generator)
-            n = len(candidates[i])
-            out[i] = _token_results(logits[f:f + n], candidates[i], req, masks[i][:n] if i in masks else None)
+            out[i] = [ItemResult(next_token=t) for t in candidates[i]]
+        _add_logprobs(logits, [(f, items[i].req, out[i], masks.get(i)) for i, f in draft_rows
+                               if items[i].req.return_logprob])
         self.verified_rows += len(draft_rows)
         return out
 
@@ -382,22 +383,31 @@ def _fit_grammars(items: list[BatchItem], drafts: list[list[int]], vocab: int) -
     return masks
 
 
-def _token_results(logits: torch.Tensor, tokens: list[int], req: Req,
-                   mask: torch.Tensor | None = None) -> list[ItemResult]:
-    """The results of a verify row's kept tokens: logits [n, V], the row's logits before each of its n
-    tokens (mask [n, words]: its grammar's there, or None); with logprobs, each token's, its top ones and
-    those of token_ids_logprob, as a decode step computes them (the raw distribution, under the mask)."""
-    from hybrid_sgl.runner.model_runner import ItemResult
-
-    results = [ItemResult(next_token=t) for t in tokens]
-    if req.return_logprob:
-        lps, tops = logprobs_of(logits, torch.tensor(tokens, device=logits.device), req.top_logprobs_num, mask)
-        ids = ids_logprobs(logits, [req.token_ids_logprob] * len(tokens), mask) if req.token_ids_logprob else None
-        for j, result in enumerate(results):
-            result.token_logprob, result.top_logprobs = lps[j], tops[j]
-            if ids is not None:
-                result.token_ids_logprobs = ids[j]
-    return results
+def _add_logprobs(logits: torch.Tensor, rows: list[tuple[int, Req, list[ItemResult], torch.Tensor | None]]) -> None:
+    """Fill the logprobs of verify rows' kept tokens, all rows at once, as a decode step computes them (the raw
+    distribution, under the grammar's mask): each token's, its top ones and those of token_ids_logprob.
+    rows: (the row's first logit row, its request, the results of its kept tokens, its masks [>= kept, words]
+    or None)."""
+    if not rows:
+        return
+    dev = logits.device
+    index = device_index([f + j for f, _, results, _ in rows for j in range(len(results))], dev)
+    tokens = device_index([res.next_token for _, _, results, _ in rows for res in results], dev)
+    mask = None
+    if any(m is not None for *_, m in rows):
+        words = next(m for *_, m in rows if m is not None).shape[1]
+        mask = torch.cat([m[:len(results)] if m is not None else torch.full((len(results), words), -1,
+                          dtype=torch.int32, device=dev) for _, _, results, m in rows])
+    chosen = logits[index]
+    lps, tops = logprobs_of(chosen, tokens, max(req.top_logprobs_num for _, req, _, _ in rows), mask)
+    ids = ids_logprobs(chosen, [req.token_ids_logprob for _, req, results, _ in rows for _ in results], mask)
+    at = 0
+    for _, req, results, _ in rows:
+        for res in results:
+            res.token_logprob, res.top_logprobs = lps[at], tops[at][:req.top_logprobs_num]
+            if req.token_ids_logprob:
+                res.token_ids_logprobs = ids[at]
+            at += 1
 
 
 def _last_rows(entries: list[DraftEntries]):
