@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from hybrid_sgl.engine import Engine
-from hybrid_sgl.runner.speculative import SpecDecoder, speculative_sample
+from hybrid_sgl.runner.speculative import SpecDecoder
+from hybrid_sgl.runner.verify_scoring import speculative_sample
 from hybrid_sgl.server_args import ServerArgs
 
 FAMILIES = ["qwen3_5", "qwen3_5_moe", "qwen3_next"]

@@ -47,54 +47,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from hybrid_sgl.batch import ForwardMode, StepPlan, device_index
-from hybrid_sgl.constrained.bitmask import mask_words
 from hybrid_sgl.layers.gdn import GatedDeltaNet
 from hybrid_sgl.runner.cuda_graph import StepGraphs
-from hybrid_sgl.runner.sampler import adjust_logits, apply_token_bitmask, filtered_probs, ids_logprobs, logprobs_of
-from hybrid_sgl.sampling_params import SamplingParams
+from hybrid_sgl.runner.verify_scoring import accepted_tokens, add_logprobs, fit_grammars, scored_logits
 
 if TYPE_CHECKING:
     from hybrid_sgl.runner.model_runner import BatchItem, ItemResult, ModelRunner
     from hybrid_sgl.scheduler.request import Req
-
-
-def adjusts(req: Req) -> bool:
-    """Whether req's logits are adjusted before sampling: logit bias, penalties or min_new_tokens."""
-    p = req.params
-    return bool(p.logit_bias) or p.uses_penalties or p.min_new_tokens > 0
-
-
-@dataclass
-class AfterDrafts:
-    """What the logit adjustments (sampler.adjust_logits) read of a request, as it would stand after its
-    first drafts were kept: the distribution at a verify position is the one plain decoding would see there."""
-
-    params: SamplingParams
-    output_ids: list[int]
-    prompt_ids: list[int]
-
-    @property
-    def fill_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
-
-
-def speculative_sample(probs: torch.Tensor, draft: list[int], generator: torch.Generator | None) -> list[int]:
-    """The tokens a sampled verify row gains: probs [k + 1, V], the model's (filtered) distribution after
-    the row's token and each draft; draft [k]. Draft i is kept with probability probs[i, d_i]; the first
-    one rejected is replaced by a draw from probs[i] without d_i; all kept: one more draw from probs[k]."""
-    k = len(draft)
-    dev = probs.device
-    ids = torch.tensor(draft, device=dev, dtype=torch.long)
-    keep_p = probs[torch.arange(k, device=dev), ids]
-    uniform = torch.rand(k, device=dev, generator=generator)
-    residual = probs.clone()
-    residual[torch.arange(k, device=dev), ids] = 0.0
-    residual = residual / residual.sum(-1, keepdim=True).clamp_min(1e-30)
-    noise = torch.empty_like(residual).exponential_(generator=generator)
-    drawn = (residual / noise).argmax(-1)  # row k: probs[k] itself (nothing removed)
-    kept, drawn = (uniform < keep_p).tolist(), drawn.tolist()
-    j = kept.index(False) if False in kept else k
-    return draft[:j] + [drawn[j]]
 
 
 @dataclass
@@ -200,8 +159,7 @@ class SpecDecoder:
         from hybrid_sgl.runner.model_runner import ItemResult
 
         r = self.runner
-        masks = _fit_grammars(items, drafts, r.config.vocab_size)
-        adjusted = {i for i, (it, d) in enumerate(zip(items, drafts)) if d and adjusts(it.req)}
+        masks = fit_grammars(items, drafts, r.config.vocab_size)
         tokens, cuts, rows, draft_rows, plain_rows = [], [], [], [], []
         offset = 0
         for i, (it, d) in enumerate(zip(items, drafts)):
@@ -226,41 +184,13 @@ class SpecDecoder:
         results = [ItemResult() for _ in items]
         if plain_rows:
             r._sample(logits, items, results, plain_rows)
-        candidates = [[res.next_token] for res in results]
-        masked = logits
-        if masks:  # the constrained rows' positions under their masks (one copy of the masks to the device)
-            at = [f + j for i, f in draft_rows if i in masks for j in range(len(drafts[i]) + 1)]
-            index = device_index(at, logits.device)
-            on_device = torch.cat(list(masks.values())).to(logits.device)
-            masked = logits.index_copy(0, index, apply_token_bitmask(logits[index], on_device))
-            starts = itertools.accumulate((len(m) for m in masks.values()), initial=0)
-            masks = {i: on_device[s:s + len(m)] for (i, m), s in zip(masks.items(), starts)}
-        if adjusted:  # bias, penalties, min_new_tokens at each position, over the drafts before it
-            at = [(i, f + j, j) for i, f in draft_rows if i in adjusted for j in range(len(drafts[i]) + 1)]
-            index = device_index([row for _, row, _ in at], logits.device)
-            views = [AfterDrafts(items[i].req.params, items[i].req.output_ids + drafts[i][:j], items[i].req.prompt_ids)
-                     for i, _, j in at]
-            masked = masked.index_copy(0, index, adjust_logits(masked[index], views, r.config.eos_token_ids))
-        greedy_rows = [(i, f) for i, f in draft_rows if items[i].req.params.greedy]
-        if greedy_rows:
-            greedy = masked.argmax(dim=-1).tolist()  # every logit row: one read of the step's tokens
-            for i, f in greedy_rows:
-                d = drafts[i]
-                own = greedy[f:f + len(d) + 1]
-                j = 0
-                while j < len(d) and d[j] == own[j]:
-                    j += 1
-                candidates[i] = d[:j] + [own[j]]
+        scored, masks = scored_logits(logits, items, drafts, draft_rows, masks, r.config.eos_token_ids)
+        kept = accepted_tokens(scored, items, drafts, draft_rows)
         out = [[result] for result in results]
-        for i, f in draft_rows:
-            req = items[i].req
-            if not req.params.greedy:
-                n = len(drafts[i]) + 1
-                probs = filtered_probs(masked[f:f + n], [req] * n)
-                candidates[i] = speculative_sample(probs, drafts[i], req.generator)
-            out[i] = [ItemResult(next_token=t) for t in candidates[i]]
-        _add_logprobs(logits, [(f, items[i].req, out[i], masks.get(i)) for i, f in draft_rows
-                               if items[i].req.return_logprob])
+        for i, tokens in kept.items():
+            out[i] = [ItemResult(next_token=t) for t in tokens]
+        add_logprobs(logits, [(f, items[i].req, out[i], masks.get(i)) for i, f in draft_rows
+                              if items[i].req.return_logprob])
         self.verified_rows += len(draft_rows)
         return out
 
@@ -356,58 +286,6 @@ class SpecDecoder:
                 proposed[i].append(flat[at])
                 at += 1
         return [p[:e.want] for p, e in zip(proposed, entries)]
-
-
-def _fit_grammars(items: list[BatchItem], drafts: list[list[int]], vocab: int) -> dict[int, torch.Tensor]:
-    """Cut each constrained row's drafts (in place) before the first one its grammar rejects or that would
-    end the grammar, and fill its masks. Returns {item index: [kept drafts + 1, words] int32 host bitmask of
-    the row's verify positions}, for rows that keep a draft; every matcher is left where it was."""
-    masks = {}
-    for i, (it, draft) in enumerate(zip(items, drafts)):
-        matcher = it.req.grammar
-        if not draft or matcher is None:
-            continue
-        rows = torch.full((len(draft) + 1, mask_words(vocab)), -1, dtype=torch.int32)
-        matcher.fill_mask(rows, 0)
-        n = 0
-        while n < len(draft) and matcher.accept(draft[n]):
-            if matcher.is_terminated():  # the draft would end the grammar: verified as the model's own token
-                matcher.rollback(1)
-                break
-            n += 1
-            matcher.fill_mask(rows, n)
-        if n:
-            matcher.rollback(n)
-            masks[i] = rows[:n + 1]
-        drafts[i] = draft[:n]
-    return masks
-
-
-def _add_logprobs(logits: torch.Tensor, rows: list[tuple[int, Req, list[ItemResult], torch.Tensor | None]]) -> None:
-    """Fill the logprobs of verify rows' kept tokens, all rows at once, as a decode step computes them (the raw
-    distribution, under the grammar's mask): each token's, its top ones and those of token_ids_logprob.
-    rows: (the row's first logit row, its request, the results of its kept tokens, its masks [>= kept, words]
-    or None)."""
-    if not rows:
-        return
-    dev = logits.device
-    index = device_index([f + j for f, _, results, _ in rows for j in range(len(results))], dev)
-    tokens = device_index([res.next_token for _, _, results, _ in rows for res in results], dev)
-    mask = None
-    if any(m is not None for *_, m in rows):
-        words = next(m for *_, m in rows if m is not None).shape[1]
-        mask = torch.cat([m[:len(results)] if m is not None else torch.full((len(results), words), -1,
-                          dtype=torch.int32, device=dev) for _, _, results, m in rows])
-    chosen = logits[index]
-    lps, tops = logprobs_of(chosen, tokens, max(req.top_logprobs_num for _, req, _, _ in rows), mask)
-    ids = ids_logprobs(chosen, [req.token_ids_logprob for _, req, results, _ in rows for _ in results], mask)
-    at = 0
-    for _, req, results, _ in rows:
-        for res in results:
-            res.token_logprob, res.top_logprobs = lps[at], tops[at][:req.top_logprobs_num]
-            if req.token_ids_logprob:
-                res.token_ids_logprobs = ids[at]
-            at += 1
 
 
 def _last_rows(entries: list[DraftEntries]):
