@@ -79,7 +79,7 @@ class SpecPipeline(OverlapPipeline):
             req = it.req
             drafts.append(req.spec_drafts[:spec.budget(req)] if req.spec_base == it.start else [])
             req.spec_drafts, req.spec_base = [], -1
-        rows = spec.verify(items, drafts)
+        rows = spec.verify(items, drafts)  # (cuts a constrained row's drafts in `drafts` where its grammar stops them)
         changed, entries, offset = [], [], 0
         for it, draft, row in zip(items, drafts, rows):
             req, start = it.req, it.start
