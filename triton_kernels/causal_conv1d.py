@@ -434,6 +434,51 @@ def causal_conv1d_prefill_ref(
     return y
 
 
+def causal_conv1d_rows_ref(
+    *,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_states: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    state_slots: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    pad_slot: int = -1,
+    activation: str | None = "silu",
+    snap_pos: torch.Tensor | None = None,
+    snap_slots: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """causal_conv1d_rows in torch (the same arguments and result): every row at once, its tokens padded to the
+    longest row's, for rows of a few tokens (verify steps), where causal_conv1d_prefill_ref loops over rows.
+    Rows in pad_slot are skipped: zero outputs, no state written."""
+    width = weight.shape[1]
+    y = torch.zeros_like(x)
+    bounds, slots = cu_seqlens.tolist(), state_slots.tolist()
+    live = [i for i, slot in enumerate(slots) if slot != pad_slot and bounds[i + 1] > bounds[i]]
+    if not live:
+        return y
+    dev = x.device
+    live_t = torch.tensor(live, device=dev)
+    lens = torch.tensor([bounds[i + 1] - bounds[i] for i in live], device=dev)
+    j = torch.arange(int(lens.max()), device=dev)
+    tokens = (torch.tensor([bounds[i] for i in live], device=dev)[:, None] + j).clamp(max=x.shape[0] - 1)
+    real = j < lens[:, None]  # [b, M]
+    live_slots = state_slots.long()[live_t]
+    init = torch.where(has_initial_state[live_t].bool()[:, None, None], conv_states[live_slots].float(), 0.0)
+    full = torch.cat([init, x[tokens].float() * real[..., None]], dim=1)  # [b, W-1+M, D]
+    out = torch.einsum("bldw,wd->bld", full.unfold(1, width, 1), weight.float().t())
+    if bias is not None:
+        out = out + bias.float()
+    y[tokens[real]] = _activate(out, activation)[real].to(x.dtype)
+    cuts = snapshot_cuts(snap_pos, snap_slots, bounds)
+    for b, i in enumerate(live):
+        for p, snap_slot in cuts[i].items():
+            conv_states[snap_slot] = full[b, p : p + width - 1].to(conv_states.dtype)  # the W-1 inputs before p
+    last = lens[:, None] + torch.arange(width - 1, device=dev)  # the W-1 inputs before each row's end
+    conv_states[live_slots] = full[torch.arange(len(live), device=dev)[:, None], last].to(conv_states.dtype)
+    return y
+
+
 def causal_conv1d_update_ref(
     *,
     x: torch.Tensor,

@@ -180,11 +180,9 @@ def _torch_linear_attn(dense: DenseOps) -> LinearAttnOps:
     from triton_kernels import gdn_chunk, gdn_recurrent
     from triton_kernels.gdn_short_rows import gdn_rows_ref
 
-    def conv_rows_ref(*, pad_slot: int = -1, **kwargs):
-        return conv.causal_conv1d_prefill_ref(**kwargs)
-
     return LinearAttnOps("torch", conv.causal_conv1d_prefill_ref, conv.causal_conv1d_update_ref,
-                         gdn_chunk.gdn_prefill_ref, gdn_recurrent.gdn_decode_ref, gdn_rows_ref, conv_rows_ref, dense)
+                         gdn_chunk.gdn_prefill_ref, gdn_recurrent.gdn_decode_ref, gdn_rows_ref,
+                         conv.causal_conv1d_rows_ref, dense)
 
 
 def _triton_linear_attn(dense: DenseOps) -> LinearAttnOps:
