@@ -434,20 +434,9 @@ def causal_conv1d_prefill_ref(
     return y
 
 
-def causal_conv1d_rows_ref(
-    *,
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    conv_states: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    state_slots: torch.Tensor,
-    has_initial_state: torch.Tensor,
-    pad_slot: int = -1,
-    activation: str | None = "silu",
-    snap_pos: torch.Tensor | None = None,
-    snap_slots: torch.Tensor | None = None,
-) -> torch.Tensor:
+def causal_conv1d_rows_ref(*, x, weight, bias, conv_states, cu_seqlens, state_slots, has_initial_state,
+                           pad_slot: int = -1, activation: str | None = "silu", snap_pos=None,
+                           snap_slots=None) -> torch.Tensor:
     """causal_conv1d_rows in torch (the same arguments and result): every row at once, its tokens padded to the
     longest row's, for rows of a few tokens (verify steps), where causal_conv1d_prefill_ref loops over rows.
     Rows in pad_slot are skipped: zero outputs, no state written."""
