@@ -57,6 +57,11 @@ class SamplingParams:
     def uses_penalties(self) -> bool:
         return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
 
+    @property
+    def adjusts_logits(self) -> bool:
+        """Logit bias, penalties or min_new_tokens change the logits before sampling (sampler.adjust_logits)."""
+        return bool(self.logit_bias) or self.uses_penalties or self.min_new_tokens > 0
+
     @staticmethod
     def from_dict(d: dict | None) -> SamplingParams:
         """Build from a JSON-style dict; nulls become defaults; unknown keys raise ValueError."""

@@ -100,7 +100,7 @@ class BatchParams:
             max_top_k=max((k for k, on in zip(top_k, has_k) if on), default=0),
             any_top_p_only=any(q and not k for k, q in zip(has_k, has_p)), any_top_p=any(has_p),
             any_min_p=any(p.min_p > 0 for p in ps),
-            adjusts=any(r.params.logit_bias or r.params.uses_penalties or r.params.min_new_tokens > 0 for r in reqs),
+            adjusts=any(r.params.adjusts_logits for r in reqs),
             unseeded=torch.tensor(unseeded, dtype=torch.int64, device=device) if seeded and unseeded else None,
             all_unseeded=not seeded, seeded=seeded)
 

@@ -28,12 +28,6 @@ if TYPE_CHECKING:
     from hybrid_sgl.scheduler.request import Req
 
 
-def adjusts(req: Req) -> bool:
-    """Whether req's logits are adjusted before sampling: logit bias, penalties or min_new_tokens."""
-    p = req.params
-    return bool(p.logit_bias) or p.uses_penalties or p.min_new_tokens > 0
-
-
 @dataclass
 class AfterDrafts:
     """What the logit adjustments (sampler.adjust_logits) read of a request, as it would stand after its
@@ -81,7 +75,7 @@ def scored_logits(logits: torch.Tensor, items: list[BatchItem], drafts: list[lis
         scored = logits.index_copy(0, index, apply_token_bitmask(logits[index], on_device))
         starts = itertools.accumulate((len(m) for m in masks.values()), initial=0)
         masks = {i: on_device[s:s + len(m)] for (i, m), s in zip(masks.items(), starts)}
-    at = [(i, f + j, j) for i, f in draft_rows if adjusts(items[i].req) for j in range(len(drafts[i]) + 1)]
+    at = [(i, f + j, j) for i, f in draft_rows if items[i].req.params.adjusts_logits for j in range(len(drafts[i]) + 1)]
     if at:
         index = device_index([row for _, row, _ in at], logits.device)
         views = [AfterDrafts(items[i].req.params, items[i].req.output_ids + drafts[i][:j], items[i].req.prompt_ids)
