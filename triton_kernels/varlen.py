@@ -9,6 +9,8 @@ which is unique and below T // BT + N for a batch of N sequences and T tokens (a
 sequence start leaves no hole, every other start at most one). A kernel launched over
 `num_virtual_chunks(T, N)` programs finds its (sequence, chunk) with `locate_chunk` and exits
 when its index is a hole; per-chunk buffers are indexed by the virtual index directly.
+
+`snapshot_cuts` reads the per-sequence snapshot cuts of such a batch on the host, for the torch references.
 """
 
 import torch
