@@ -69,6 +69,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "default (the engine's), or N (0: speculate at every batch size)")
     p.add_argument("--rollbacks", default="snapshots",
                    help="--speculative-rollback of the spec runs, comma-separated (snapshots, replay): one run each")
+    p.add_argument("--chain", action="store_true",
+                   help="--enable-speculative-overlap for the spec runs (chained iterations, runner/spec_chain.py)")
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=None)
     p.add_argument("--profile", default=None, help="write a profile of each case's timed run here (appended): "
@@ -132,6 +134,7 @@ def run_case(a: argparse.Namespace) -> dict:
     """One (batch, spec on / off) case in this process."""
     from hybrid_sgl import Engine
     from hybrid_sgl.config import ModelConfig
+    from hybrid_sgl.runner.model_runner import ItemResult
     from hybrid_sgl.runner.speculative import SpecDecoder
 
     batch, mode = a.run.split(":", 1)
@@ -155,18 +158,23 @@ def run_case(a: argparse.Namespace) -> dict:
             p, rng, original = float(a.accept), random.Random(0), SpecDecoder.verify
 
             def forced_verify(self, items, drafts):  # TEST-ONLY: timing, not the model's tokens
-                candidates, results = original(self, items, drafts)
+                out = original(self, items, drafts)
                 for i, d in enumerate(drafts):
                     if d:
                         j = 0
                         while j < len(d) and rng.random() < p:
                             j += 1
-                        candidates[i] = d[:j] + [d[j] if j < len(d) else d[-1]]
-                return candidates, results
+                        out[i] = [ItemResult(next_token=t) for t in d[:j] + [d[j] if j < len(d) else d[-1]]]
+                return out
 
             SpecDecoder.verify = forced_verify
     params = {"max_new_tokens": a.output, "temperature": 0, "ignore_eos": True}
+    if spec and a.chain:
+        kw["enable_speculative_overlap"] = True
     with Engine(**kw) as engine:
+        chain = getattr(engine.scheduler.pipeline, "chain", None)
+        if chain is not None and a.accept != "none":
+            chain.forced_acceptance = float(a.accept)  # TEST-ONLY, as forced_verify
         engine.generate(input_ids=ids, sampling_params={**params, "max_new_tokens": 8})  # warm-up: every shape
         rids = [f"r{i}" for i in range(batch)]
         # decode time = the whole run's wall time - that of the same prompts with two new tokens (the cache is
@@ -209,6 +217,8 @@ def main() -> None:
                 cmd += ["--token-map", a.token_map]
             if a.dummy:
                 cmd.append("--dummy")
+            if a.chain:
+                cmd.append("--chain")
             proc = subprocess.run(cmd, capture_output=True, text=True)
             line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
             if proc.returncode or not line:

@@ -34,6 +34,8 @@ class StepPlan:
     """tokens[i]: the new tokens of row i, which start at position prefix_lens[i] of the request in
     state slot slots[i]. prev_rows[i] = j >= 0: row i's first token is the one the previous step
     sampled in its row j, still on the device (overlapped decode); tokens[i][0] is then a placeholder.
+    ids_on_device: every token comes from the device, the k-th of the packed plan being prev_ids[k] (a
+    chained speculative iteration, runner/spec_chain.py); tokens are then placeholders.
     snapshots[i]: (p, snapshot index) pairs with prefix_lens[i] < p <= prefix_lens[i] + len(tokens[i]):
     the recurrent state after the request's first p tokens is copied into that snapshot during the
     step (at most MAX_CUTS a row). logit_rows: packed token rows that get logits (None: every row)."""
@@ -43,6 +45,7 @@ class StepPlan:
     prefix_lens: list[int]
     slots: list[int]
     prev_rows: list[int] | None = None
+    ids_on_device: bool = False
     snapshots: list[list[tuple[int, int]]] | None = None
     logit_rows: list[int] | None = None
     # a verify step whose gated-delta-rule layers keep their slots as checkpoints and their inputs, for a

@@ -45,7 +45,7 @@ class StepInputs:
         self.host_view = self.host.numpy()
         self.turn = 0
         self.dev = torch.zeros(size, dtype=torch.int64, device=device)
-        self.prev_ids = torch.zeros(max(max_rows, 1), dtype=torch.int64, device=device)
+        self.prev_ids = torch.zeros(max(max_rows, max_tokens, 1), dtype=torch.int64, device=device)
         self.rows_host = torch.zeros((2, max_tokens), dtype=torch.int64, pin_memory=device.type == "cuda")
         self.rows_dev = torch.zeros((2, max_tokens), dtype=torch.int64, device=device)
         self.rows_turn = 0
@@ -61,7 +61,8 @@ class StepInputs:
     def fill(self, plan: StepPlan, num_tokens: int | None = None, num_rows: int | None = None,
              prev_ids: torch.Tensor | None = None) -> None:
         """Write `plan` padded to (num_tokens, num_rows) (default: its own shape) and queue the copy.
-        prev_ids [>= max prev row + 1]: the previous step's sampled ids on the device."""
+        prev_ids [>= max prev row + 1]: the previous step's sampled ids on the device (with
+        plan.ids_on_device: [>= plan.num_tokens], the plan's ids)."""
         NUM_BUILDS[0] += 1
         b, t = plan.num_rows, plan.num_tokens
         T, B = num_tokens or t, num_rows or b
@@ -86,7 +87,9 @@ class StepInputs:
         ids[:t] = np.fromiter((x for r in plan.tokens for x in r), dtype=np.int64, count=t)
         ids[t:] = 0
         prev[:] = -1
-        if plan.prev_rows is not None:
+        if plan.ids_on_device:
+            prev[:t] = np.arange(t, dtype=np.int64)
+        elif plan.prev_rows is not None:
             firsts = cu[:b][np.asarray(plan.prev_rows) >= 0]
             prev[firsts] = [j for j in plan.prev_rows if j >= 0]
         snap_pos[:] = -1
@@ -122,21 +125,27 @@ class StepInputs:
 
     # ---- device: the ForwardBatch of the last fill (capturable) --------------------------------------
     def batch(self, mode: ForwardMode, num_tokens: int, num_rows: int, *, max_pages: int | None = None,
-              with_prev: bool = False, short_rows: bool = False, replay_recurrent: bool = False) -> ForwardBatch:
+              with_prev: bool = False, short_rows: bool = False, replay_recurrent: bool = False,
+              slot_lens: torch.Tensor | None = None, shift: int = 0) -> ForwardBatch:
         """ForwardBatch of the shape (num_tokens, num_rows) from the device buffer; device ops only.
         max_pages: block-table width (None: the page table's, as graphs need). short_rows: every row
         that is not a pad row holds at most SHORT_ROW_TOKENS tokens (StepPlan.short_rows); replay_recurrent:
-        ForwardBatch.replay_recurrent."""
+        ForwardBatch.replay_recurrent. slot_lens [slots + 1] int64 on the device: the plan's prefix_lens are
+        offsets over each slot's length there, plus `shift` (pad rows keep prefix 0)."""
         assert short_rows or not replay_recurrent, "a replayed verify step has short rows"
         T, B, d = num_tokens, num_rows, self.dev
         ids, positions, prev, row = d[:T], d[T:2 * T], d[2 * T:3 * T], d[3 * T:4 * T]
         slots, prefix, cu, snap_pos, snap_slots = _split_rows(d, T, B)
+        real_rows = slots != self.pad_slot
+        if slot_lens is not None:
+            add = torch.where(real_rows, slot_lens[slots] + shift, 0)
+            prefix, positions = prefix + add, positions + add[row]
         if with_prev:
             ids = torch.where(prev >= 0, self.prev_ids[prev.clamp(min=0)], ids)
         table = self.page_table if max_pages is None else self.page_table[:, :max_pages]
         block_table = table.index_select(0, slots)
         page = block_table[row, positions // self.page_size].long()
-        real = (slots != self.pad_slot)[row]
+        real = real_rows[row]
         slot_mapping = torch.where(real, page * self.page_size + positions % self.page_size, -1)
         lens = cu[1:] - cu[:-1]
         cuts = {}
@@ -151,7 +160,8 @@ class StepInputs:
     def eager_batch(self, plan: StepPlan, prev_ids: torch.Tensor | None = None) -> ForwardBatch:
         """fill + batch at the plan's own shape."""
         self.fill(plan, prev_ids=prev_ids)
-        return self.batch(plan.mode, plan.num_tokens, plan.num_rows, with_prev=plan.prev_rows is not None,
+        return self.batch(plan.mode, plan.num_tokens, plan.num_rows,
+                          with_prev=plan.prev_rows is not None or plan.ids_on_device,
                           max_pages=-(-plan.max_seq_len // self.page_size), short_rows=plan.short_rows,
                           replay_recurrent=plan.replay_recurrent)
 

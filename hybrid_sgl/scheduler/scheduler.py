@@ -45,8 +45,10 @@ class AdmissionError(ValueError):
 class Scheduler:
     def __init__(self, runner: ModelRunner, *, allocator: Allocator, chunked_prefill_size: int,
                  stop_string_checker: Callable[[Req], str | None] | None = None, overlap: bool = False,
-                 grammars: GrammarCache | None = None, sharing: BasePrefixSharing | None = None):
-        """allocator: the pools' (memory/pools.py); sharing: the prefix cache's use (NoPrefixSharing if not given)."""
+                 grammars: GrammarCache | None = None, sharing: BasePrefixSharing | None = None,
+                 spec_chain: bool = False):
+        """allocator: the pools' (memory/pools.py); sharing: the prefix cache's use (NoPrefixSharing if not given);
+        spec_chain: speculative verify steps may run as chained iterations (scheduler/speculative.py)."""
         self.runner = runner
         self.allocator = allocator
         self.context_length = runner.context_length
@@ -61,7 +63,7 @@ class Scheduler:
         self._arrivals = itertools.count()
         self.grammars = grammars
         self.sharing = sharing if sharing is not None else NoPrefixSharing(allocator)
-        self.pipeline: StepPipeline = (SpecPipeline(runner, self, overlap=overlap)
+        self.pipeline: StepPipeline = (SpecPipeline(runner, self, overlap=overlap, chain=spec_chain)
                                        if getattr(runner, "speculative", None) is not None
                                        else OverlapPipeline(runner, self) if overlap else PlainPipeline(runner, self))
         self.compiling = CompilingQueue(grammars)
@@ -164,16 +166,18 @@ class Scheduler:
         if self.waiting or any(r.status is ReqStatus.RUNNING and not r.is_decoding for r in self.running):
             return None
         items, rows, pages = [], [], 0
+        gain, write = self.pipeline.follow_extent()
         for j, it in enumerate(in_flight):
             req = it.req
             if req.status is not ReqStatus.RUNNING:
                 continue  # aborted while in flight
-            n_out = len(req.output_ids) + 1  # once the token in flight is in
-            if n_out >= req.params.max_new_tokens or req.seq_len + 1 >= self.context_length:
+            start = req.num_computed + gain  # where the row may start: at most `gain` tokens past the one in flight
+            # (a row the step in flight may end by length waits for its tokens)
+            if len(req.output_ids) + gain >= req.params.max_new_tokens or start + write >= self.context_length:
                 continue
-            items.append(BatchItem(req=req, start=it.end, end=it.end + 1, sample=True))
+            items.append(BatchItem(req=req, start=start, end=start + write, sample=True))
             rows.append(j)
-            pages += self.allocator.extra_pages_needed(req.slot, it.end + 1)
+            pages += self.allocator.extra_pages_needed(req.slot, start + write)
         stepping = {id(it.req) for it in in_flight}
         if (not items or any(r.is_decoding and id(r) not in stepping for r in self.running)
                 or not self.pipeline.takes_follow_up(items)):

@@ -11,12 +11,23 @@ A verify row's tokens are applied one at a time through the scheduler's result r
 tokens, stop strings and max_new_tokens end it exactly where plain decoding would; the slot's state
 then goes back to the state after the tokens kept. Pages for the next verify (the token and its
 drafts) are taken when the drafts are made, evicting cached prefixes if needed, else no drafts.
+
+Chained iterations (--enable-speculative-overlap, runner/spec_chain.py): a decode batch whose rows
+all chain (greedy, no grammar, logprobs or logit adjustments) and carry k drafts runs verify, accept,
+rollback and drafting on the device as one iteration, and the scheduler launches the next iteration
+behind it (Scheduler._follow_up, each row up to k + 1 tokens further, pages for that) before the host
+reads and applies this one, as overlapped decode steps do. A request that finishes inside an iteration
+(a stop, EOS) keeps fewer tokens than the device did: if the next iteration holds it, its slot is freed
+after that one without caching its state; else its state goes back to its last kept token first (rows
+that may reach max_new_tokens in the iteration in flight sit out the next one, so they cache theirs).
+A row that leaves the run of iterations takes its drafts back to the host for its next verify step.
 """
 
 from __future__ import annotations
 
 from hybrid_sgl.batch import ForwardMode
-from hybrid_sgl.runner.model_runner import BatchItem, ModelRunner
+from hybrid_sgl.runner.model_runner import BatchItem, ItemResult, ModelRunner
+from hybrid_sgl.runner.spec_chain import PendingChain, SpecChain, chains
 from hybrid_sgl.runner.speculative import DraftEntries, SpecDecoder
 from hybrid_sgl.scheduler.overlap import OverlapPipeline
 from hybrid_sgl.scheduler.pipeline import StepHost
@@ -24,11 +35,13 @@ from hybrid_sgl.scheduler.request import Req, ReqStatus
 
 
 class SpecPipeline(OverlapPipeline):
-    def __init__(self, runner: ModelRunner, host: StepHost, overlap: bool = True):
+    def __init__(self, runner: ModelRunner, host: StepHost, overlap: bool = True, chain: bool = False):
         super().__init__(runner, host)
         self.spec: SpecDecoder = runner.speculative
         self.overlap = overlap
         self.plain_decode_steps = 0  # decode steps without drafts, run as the batch reached disable_batch_size
+        self.chain = SpecChain(self.spec) if chain else None
+        self._chain: PendingChain | None = None  # the chained iteration in flight
 
     @property
     def accept_length(self) -> float:
@@ -51,6 +64,11 @@ class SpecPipeline(OverlapPipeline):
             self._draft(entries)
             return changed
         if self._speculating():
+            if self._starts_chain(items):
+                for it in items:
+                    it.req.spec_base = -1
+                self._chain = self.chain.launch(items)
+                return []
             return self._verify(items)
         self.plain_decode_steps += 1
         for it in items:  # drafts made for this step go unused
@@ -64,13 +82,99 @@ class SpecPipeline(OverlapPipeline):
         host = self.host
         return self.spec.speculates(min(len(host.running) + len(host.waiting), self.runner.plan.max_running_requests))
 
+    def _starts_chain(self, items: list[BatchItem]) -> bool:
+        """Whether a verify step may run as chained iterations: every row chains and carries its k drafts."""
+        k = self.spec.k
+        return (self.chain is not None and chains(items)
+                and all(it.req.spec_base == it.start and len(it.req.spec_drafts) >= k and self.spec.budget(it.req) == k
+                        for it in items))
+
+    @property
+    def in_flight(self) -> list[BatchItem] | None:
+        return self._chain.items if self._chain is not None else super().in_flight
+
+    def holders(self) -> list[Req]:
+        return list(self._chain.deferred) if self._chain is not None else super().holders()
+
+    def follow_extent(self) -> tuple[int, int]:
+        return (self.spec.k + 1,) * 2 if self._chain is not None else (1, 1)
+
     def takes_follow_up(self, items: list[BatchItem]) -> bool:
-        """A follow-up of the plain decode step in flight goes behind it while it is as large as the limit."""
+        """Behind a chained iteration: another while the batch still chains and speculates. Behind a plain
+        decode step: another while the batch is as large as the limit."""
+        if self._chain is not None:
+            return chains(items) and self.spec.speculates(len(items))
         return not self.spec.speculates(len(items))
 
     def advance(self, follow: tuple[list[BatchItem], list[int]] | None) -> list[Req]:
-        self.plain_decode_steps += follow is not None
-        return super().advance(follow)
+        if self._chain is None:
+            self.plain_decode_steps += follow is not None
+            return super().advance(follow)
+        pending, self._chain = self._chain, None
+        if follow is not None:
+            items, rows = follow
+            self._chain = self.chain.launch(items, pending, rows)
+            self.num_overlapped_steps += 1
+        return self._resolve_chain(pending)
+
+    def drop_in_flight(self) -> None:
+        if self._chain is not None:
+            for req in self._chain.deferred:
+                self.host.free_slot(req, None)
+            self._chain = None
+        super().drop_in_flight()
+
+    def _resolve_chain(self, pending: PendingChain) -> list[Req]:
+        """Wait for a chained iteration and apply each row's tokens (as _verify does). A request that finished
+        while the iteration now in flight holds it frees its slot after that one, caching nothing; one that
+        does not goes back to the state after its last applied token. When no iteration follows, each
+        running row's drafts go to the host for the next verify step."""
+        host, spec = self.host, self.spec
+        try:
+            results = pending.results()
+        except BaseException:
+            for req in pending.deferred:
+                host.free_slot(req, None)
+            raise
+        for req in pending.deferred:  # the iteration that held their slots is over
+            host.free_slot(req, None)
+        held = {id(it.req) for it in self._chain.items} if self._chain is not None else set()
+        changed, copies, ending = [], [], []
+        for it, (tokens, drafts) in zip(pending.items, results):
+            req = it.req
+            if req.status is not ReqStatus.RUNNING:
+                continue  # aborted while in flight
+            start, applied = req.num_computed, 0
+            for token in tokens:
+                host.results.apply(BatchItem(req=req, start=start + applied, end=start + applied + 1, sample=True),
+                                   ItemResult(next_token=token))
+                applied += 1
+                if req.finished:
+                    break
+            req.spec_verify_ct += 1
+            spec.verified_rows += 1
+            spec.verified_tokens += applied
+            changed.append(req)
+            if req.finished:
+                if id(req) in held:
+                    host.release(req, free_slot=False)
+                    self._chain.deferred.append(req)
+                    continue
+                if applied < len(tokens):  # the device kept more: back to the state after the applied ones
+                    copies.append((self.runner.allocator.draft_rows(req.slot)[applied - 1], req.slot))
+                ending.append(req)
+            elif id(req) not in held:  # not in the next iteration: its drafts go to the host
+                ending.append(req)
+                req.spec_drafts, req.spec_base = drafts, req.num_computed
+        if copies:
+            src, dst = zip(*copies)
+            self.runner.state_pool.copy_slots(list(src), list(dst))
+        for req in ending:
+            if req.finished:
+                host.release(req)
+            elif not self._pages_for_drafts(req, spec.budget(req)):
+                req.spec_drafts, req.spec_base = [], -1
+        return changed
 
     def _verify(self, items: list[BatchItem]) -> list[Req]:
         host, spec = self.host, self.spec
@@ -111,14 +215,17 @@ class SpecPipeline(OverlapPipeline):
 
     def _draft(self, entries: list[DraftEntries]) -> None:
         """Propose the entries' drafts, each with pages up to its verify row's last token."""
-        a = self.runner.allocator
         for e in entries:
-            if e.want:
-                need = e.req.num_computed + e.want + 1
-                if self.host.sharing.ensure_free_pages(a.extra_pages_needed(e.req.slot, need)):
-                    a.grow(e.req.slot, need)
-                else:
-                    e.want = 0
+            if e.want and not self._pages_for_drafts(e.req, e.want):
+                e.want = 0
         for e, draft in zip(entries, self.spec.draft(entries)):
             if e.want:
                 e.req.spec_drafts, e.req.spec_base = draft, e.req.num_computed
+
+    def _pages_for_drafts(self, req: Req, want: int) -> bool:
+        """Pages for req's next verify row (its token and `want` drafts), evicting cached prefixes if needed."""
+        a, need = self.runner.allocator, req.num_computed + want + 1
+        if not self.host.sharing.ensure_free_pages(a.extra_pages_needed(req.slot, need)):
+            return False
+        a.grow(req.slot, need)
+        return True

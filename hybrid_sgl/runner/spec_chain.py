@@ -1,0 +1,160 @@
+"""Chained speculative iterations: verify, accept, roll back and draft on the device, with no host read
+between them, so the host may launch iteration N + 1 before it reads iteration N (scheduler/speculative.py,
+--enable-speculative-overlap).
+
+An iteration over B greedy rows of k + 1 tokens [x, d1..dk] (runner/speculative.py explains the method):
+1. verify: the model over the rows, each starting at its slot's length in `slot_lens` (on the device);
+   the recurrent kernels write the state after each of the first k tokens into the slot's draft rows;
+2. accept: own = argmax of each position; a row keeps acc = the leading drafts equal to own, then
+   own[acc]: out[j] = d[j + 1] for j < acc, own[j] after (kept = acc + 1 tokens);
+3. roll back: a row that keeps fewer than k + 1 tokens copies its draft row kept - 1 into its slot;
+4. draft: the MTP layer over all k + 1 entries of each row (entry j: out[j] and the final hidden state at
+   j; entries past the kept ones write MTP KV that the next iteration overwrites before anything reads
+   it), d1 from the last kept entry; slot_lens += kept; k - 1 chained one-entry passes at lens - 1 + s;
+5. the next iteration's rows [out[kept - 1], d1..dk] stay on the device; out, kept and the drafts are
+   copied to the host, which reads them later (PendingChain.results).
+Tokens a request keeps past a stop, EOS or max_new_tokens are dropped by the host as it applies them;
+its slot's state is then ahead of its tokens (scheduler/speculative.py takes care of that).
+Only greedy rows without grammar, logprobs or logit adjustments chain; other batches verify as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from hybrid_sgl.batch import ForwardMode, StepPlan, device_index
+from hybrid_sgl.runner import step_inputs
+
+if TYPE_CHECKING:
+    from hybrid_sgl.runner.model_runner import BatchItem
+    from hybrid_sgl.runner.speculative import SpecDecoder
+    from hybrid_sgl.scheduler.request import Req
+
+
+@dataclass
+class PendingChain:
+    """An iteration launched on the device whose tokens the host has not read yet."""
+
+    items: list[BatchItem]
+    next_ids: torch.Tensor  # [B, k + 1] int64: the rows of the next iteration (device)
+    host: torch.Tensor  # [B, 2k + 2] int64 (pinned on CUDA): out [k + 1] | kept | drafts [k], by an async copy
+    done: torch.cuda.Event | None
+    deferred: list[Req] = field(default_factory=list)  # finished earlier; their slots free after this iteration
+
+    def results(self) -> list[tuple[list[int], list[int]]]:
+        """Waits for the iteration; per row (the tokens it keeps, the next drafts)."""
+        if self.done is not None:
+            self.done.synchronize()
+        k1 = (self.host.shape[1]) // 2
+        return [(row[:row[k1]], row[k1 + 1:]) for row in self.host.tolist()]
+
+
+def chains(items: list[BatchItem]) -> bool:
+    """Whether a decode batch may run chained iterations: every row greedy, with no grammar, logprobs or
+    logit adjustments (their scoring needs the host between iterations)."""
+    return all(it.sample and it.req.params.greedy and it.req.grammar is None and not it.req.return_logprob
+               and not it.req.params.adjusts_logits for it in items)
+
+
+class SpecChain:
+    def __init__(self, spec: SpecDecoder):
+        r, k = spec.runner, spec.k
+        self.spec, self.runner, self.k = spec, r, k
+        rows = spec.max_verify_rows
+        a = r.allocator
+        self.verify_inputs = step_inputs.for_runner(r, rows * (k + 1), rows)
+        self.chain_inputs = step_inputs.for_runner(r, rows, rows)
+        self.slot_lens = torch.zeros(a.num_slots + 1, dtype=torch.int64, device=r.device)
+        table = [a.draft_rows(s) for s in range(a.num_slots)] + [[a.pad_slot] * k]
+        self.draft_table = torch.tensor(table, dtype=torch.int64).to(r.device)  # [slots + 1, k] state-pool rows
+        on_gpu = r.device.type == "cuda"
+        self._host = torch.zeros((2, rows, 2 * k + 2), dtype=torch.int64, pin_memory=on_gpu)
+        self._turn = 0
+        # TEST-ONLY (bench/spec_decode.py --accept): each draft is kept with this probability, whatever the model
+        # says, so that the pipeline can be timed on dummy weights; the tokens are then not the model's
+        self.forced_acceptance: float | None = None
+
+    @torch.inference_mode()
+    def launch(self, items: list[BatchItem], prev: PendingChain | None = None,
+               prev_rows: list[int] | None = None) -> PendingChain:
+        """Launch one iteration over `items` without waiting. Without `prev`, each row is the request's token
+        at item.start and its k drafts (req.spec_drafts), from the host; else row i is the next row that
+        `prev` (in flight) made in its row prev_rows[i]."""
+        r, k, B = self.runner, self.k, len(items)
+        slots = [it.req.slot for it in items]
+        slots_t = device_index(slots, r.device)
+        if prev is None:
+            ids = device_index([x for it in items for x in it.req.token_slice(it.start, it.end)
+                                + it.req.spec_drafts[:k]], r.device)
+            self.slot_lens.index_copy_(0, slots_t, device_index([it.start for it in items], r.device))
+        else:
+            ids = prev.next_ids.index_select(0, device_index(prev_rows, r.device)).view(-1)
+        draft_rows = self.draft_table.index_select(0, slots_t)  # [B, k]
+        a = r.allocator  # (prefix_lens: offsets over slot_lens; the cuts: run positions 1..k -> the draft rows)
+        plan = StepPlan(mode=ForwardMode.EXTEND, tokens=[[0] * (k + 1)] * B, prefix_lens=[0] * B, slots=slots,
+                        snapshots=[list(zip(range(1, k + 1), a.draft_rows(s))) for s in slots], ids_on_device=True)
+        self.verify_inputs.fill(plan, prev_ids=ids)
+        fb = self.verify_inputs.batch(ForwardMode.EXTEND, B * (k + 1), B, with_prev=True,
+                                      short_rows=plan.short_rows, slot_lens=self.slot_lens)
+        hidden = r.model(fb)
+        own = r.model.compute_logits(hidden).argmax(dim=-1).view(B, k + 1)
+        rows_in = ids.view(B, k + 1)
+        acc = self._accepted(rows_in[:, 1:], own[:, :k])  # [B]
+        kept = acc + 1
+        j = torch.arange(k + 1, device=r.device)
+        drafts_then_own = torch.cat([rows_in[:, 1:], own[:, k:]], dim=1)
+        out = torch.where(j < acc[:, None], drafts_then_own, own)  # [B, k + 1]: the first `kept` are kept
+        self._roll_back(slots_t, draft_rows, kept)
+        # the MTP layer: entry j of a row takes out[j] and the final hidden state at j
+        h_all = r.model.draft_hidden(out.view(-1), hidden, dataclasses.replace(fb, input_ids=out.view(-1)))
+        h = h_all.index_select(0, torch.arange(B, device=r.device) * (k + 1) + acc)
+        self.slot_lens.index_add_(0, slots_t, kept)
+        drafts = [self._propose(h, slots_t, 1)]
+        if k > 1:
+            self.chain_inputs.fill(StepPlan(mode=ForwardMode.DECODE, tokens=[[0]] * B, prefix_lens=[0] * B,
+                                            slots=slots, ids_on_device=True))
+            for s in range(1, k):
+                self.chain_inputs.prev_ids[:B].copy_(drafts[-1])
+                fb_s = self.chain_inputs.batch(ForwardMode.DECODE, B, B, with_prev=True, slot_lens=self.slot_lens,
+                                               shift=s - 1)
+                h = r.model.draft_hidden(fb_s.input_ids, h, fb_s)
+                drafts.append(self._propose(h, slots_t, s + 1))
+        new_drafts = torch.stack(drafts, dim=1)  # [B, k]
+        last = out.gather(1, acc[:, None])  # [B, 1]: the row's last kept token, the next row's first
+        next_ids = torch.cat([last, new_drafts], dim=1)
+        return self._pending(items, next_ids, torch.cat([out, kept[:, None], new_drafts], dim=1))
+
+    def _propose(self, h: torch.Tensor, slots: torch.Tensor, m: int) -> torch.Tensor:
+        """The drafts d_m [B] from the MTP layer's outputs h [B, H]; d_m lies at position slot_lens[slots] + m
+        (after this iteration's lengths), which only the tests' scripted drafts read."""
+        return self.spec._draft_ids(h)
+
+    def _accepted(self, drafts: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+        """drafts, own [B, k] -> the leading drafts each row keeps [B] int64."""
+        if self.forced_acceptance is not None:  # TEST-ONLY, see __init__
+            match = torch.rand(drafts.shape, device=drafts.device) < self.forced_acceptance
+        else:
+            match = drafts == own
+        return match.long().cumprod(dim=1).sum(dim=1)
+
+    def _roll_back(self, slots: torch.Tensor, draft_rows: torch.Tensor, kept: torch.Tensor) -> None:
+        """Each row's slot takes its draft row kept - 1 (the state after its kept tokens); a row that keeps
+        all k + 1 copies its slot onto itself. One gather and one scatter per state tensor."""
+        k = self.k
+        src = torch.where(kept <= k, draft_rows.gather(1, (kept - 1).clamp(max=k - 1)[:, None])[:, 0], slots)
+        self.runner.state_pool.copy_rows(src, slots)
+
+    def _pending(self, items: list[BatchItem], next_ids: torch.Tensor, packed: torch.Tensor) -> PendingChain:
+        on_gpu = self.runner.device.type == "cuda"
+        self._turn ^= 1  # two host buffers in turn: at most two iterations are alive (one launched, one read)
+        host = self._host[self._turn, :len(items)]
+        host.copy_(packed, non_blocking=on_gpu)
+        done = None
+        if on_gpu:
+            done = torch.cuda.Event()
+            done.record()
+        return PendingChain(items=items, next_ids=next_ids, host=host, done=done)

@@ -1,0 +1,182 @@
+"""Chained speculative iterations (--enable-speculative-overlap) on CPU, float32: greedy output equals plain
+decoding, with the MTP layer's drafts and with scripted ones accepted at a set rate, alone, batched, with
+mixed lengths, stop tokens and max_new_tokens ending rows inside an iteration, and beside requests that do not
+chain; iterations really run behind each other; the pools stay whole.
+
+The scripted drafts (test-only) replace the device's proposals by the true continuation with probability p per
+token (a wrong token otherwise), looked up by slot and position from a plain run."""
+
+import random
+
+import pytest
+import torch
+
+from hybrid_sgl.engine import Engine
+from hybrid_sgl.runner.spec_chain import SpecChain
+from tests.test_speculative import BASE, GREEDY, PROMPTS, SPEC
+
+CHAIN = {**SPEC, "enable_speculative_overlap": True}
+
+
+def _run(path: str, prompts, params, **kw):
+    with Engine(model_path=path, **{**BASE, **kw}) as engine:
+        outs = engine.generate(input_ids=prompts, sampling_params=params)
+        engine.check_integrity()
+        stats = {**engine.stats(), "overlapped": engine.scheduler.num_overlapped_steps}
+    return outs, stats
+
+
+class ScriptedChainDrafts:
+    """Test-only SpecChain._propose: the token at each draft's position in the plain run's sequence of the
+    request in that slot, kept with probability p, else a wrong one."""
+
+    def __init__(self, truth: dict[tuple, list[int]], p: float, seed: int):
+        self.truth, self.p, self.rng = truth, p, random.Random(seed)
+        self.by_slot: dict[int, list[int]] = {}
+
+    def launch(self, original):
+        def launch(chain, items, *args, **kw):
+            for it in items:
+                prompt = tuple(it.req.prompt_ids)
+                self.by_slot[it.req.slot] = list(prompt) + self.truth[prompt] + [5] * 16
+            return original(chain, items, *args, **kw)
+        return launch
+
+    def propose(self, chain, h, slots, m):
+        positions = (chain.slot_lens[slots] + m).tolist()
+        out = []
+        for slot, q in zip(slots.tolist(), positions):
+            t = self.by_slot[slot][q]
+            out.append(t if self.rng.random() < self.p else (t + 1) % 300 + 3)
+        return torch.tensor(out, dtype=torch.int64, device=h.device)
+
+
+def _script(monkeypatch, truth, p, seed=0):
+    scripted = ScriptedChainDrafts(truth, p, seed)
+    monkeypatch.setattr(SpecChain, "launch", scripted.launch(SpecChain.launch))
+    monkeypatch.setattr(SpecChain, "_propose", lambda self, h, slots, m: scripted.propose(self, h, slots, m))
+
+
+@pytest.fixture(params=["qwen3_5", "qwen3_5_moe"])
+def mtp_checkpoint(request, tiny_checkpoint):
+    return tiny_checkpoint(request.param, mtp=True)
+
+
+def test_chained_greedy_output_equals_plain_decoding_with_the_mtp_drafts(mtp_checkpoint):
+    plain, _ = _run(mtp_checkpoint, PROMPTS, GREEDY)
+    chained, stats = _run(mtp_checkpoint, PROMPTS, GREEDY, **CHAIN)
+    assert [o["output_ids"] for o in chained] == [o["output_ids"] for o in plain]
+    assert stats["overlapped"] > 0  # iterations were launched behind others
+    assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in chained)
+
+
+@pytest.mark.parametrize("p", [0.5, 0.9, 1.0])
+def test_accepted_drafts_and_rollback_keep_chained_output_exact(tiny_checkpoint, monkeypatch, p):
+    path = tiny_checkpoint("qwen3_5", mtp=True)
+    params = [{**GREEDY, "max_new_tokens": n} for n in (23, 9, 31, 17)]  # rows end inside iterations
+    plain, _ = _run(path, PROMPTS, params)
+    _script(monkeypatch, {tuple(q): o["output_ids"] for q, o in zip(PROMPTS, plain)}, p, seed=int(p * 10))
+    chained, stats = _run(path, PROMPTS, params, **CHAIN)
+    assert [o["output_ids"] for o in chained] == [o["output_ids"] for o in plain]
+    assert [len(o["output_ids"]) for o in chained] == [23, 9, 31, 17]  # max_new_tokens is never overshot
+    assert sum(o["meta_info"]["spec_verify_ct"] for o in chained) < sum(len(o["output_ids"]) for o in chained)
+    assert stats["avg_spec_accept_length"] > (2.0 if p >= 0.9 else 1.2)
+    assert stats["overlapped"] > 0
+
+
+def test_a_stop_token_ends_a_chained_row_where_plain_decoding_ends(tiny_checkpoint, monkeypatch):
+    path = tiny_checkpoint("qwen3_5", mtp=True)
+    plain, _ = _run(path, PROMPTS, GREEDY)
+    stop = plain[1]["output_ids"][6]
+    params = {**GREEDY, "stop_token_ids": [stop]}
+    plain, _ = _run(path, PROMPTS, params)
+    _script(monkeypatch, {tuple(q): o["output_ids"] + [7] * 20 for q, o in zip(PROMPTS, plain)}, 1.0)
+    chained, _ = _run(path, PROMPTS, params, **CHAIN)
+    assert [o["output_ids"] for o in chained] == [o["output_ids"] for o in plain]
+    assert [o["meta_info"]["finish_reason"] for o in chained] == [o["meta_info"]["finish_reason"] for o in plain]
+
+
+def test_requests_that_do_not_chain_verify_beside_chained_ones(tiny_checkpoint, monkeypatch):
+    """A logprob request in the batch keeps every verify step on the host path; once it ends, the rest chain."""
+    path = tiny_checkpoint("qwen3_5", mtp=True)
+    params = [{**GREEDY, "max_new_tokens": n} for n in (30, 6, 30, 30)]
+    plain, _ = _run(path, PROMPTS, params)
+    _script(monkeypatch, {tuple(q): o["output_ids"] for q, o in zip(PROMPTS, plain)}, 0.8)
+    with Engine(model_path=path, **BASE, **CHAIN) as engine:
+        outs = [engine.async_generate(input_ids=q, sampling_params=s, return_logprob=(i == 1))
+                for i, (q, s) in enumerate(zip(PROMPTS, params))]
+        import asyncio
+
+        async def gather():
+            return await asyncio.gather(*outs)
+        chained = asyncio.run(gather())
+        engine.check_integrity()
+        overlapped = engine.scheduler.num_overlapped_steps
+    assert [o["output_ids"] for o in chained] == [o["output_ids"] for o in plain]
+    assert overlapped > 0
+
+
+def test_chained_drafts_equal_the_host_paths_drafts(tiny_checkpoint, monkeypatch):
+    """The device's drafting (the MTP layer over every verify position, then the chained passes at positions
+    from slot_lens) proposes what the host path's drafting proposes from the same request state."""
+    from hybrid_sgl.runner.spec_chain import PendingChain
+    from hybrid_sgl.runner.speculative import SpecDecoder
+    from hybrid_sgl.scheduler.speculative import SpecPipeline
+
+    path = tiny_checkpoint("qwen3_5", mtp=True)
+    host_drafts, chain_drafts = {}, {}
+    draft = SpecDecoder.draft
+
+    def recording_draft(self, entries):
+        out = draft(self, entries)
+        host_drafts.update({(tuple(e.req.prompt_ids), e.req.num_computed): d for e, d in zip(entries, out) if e.want})
+        return out
+
+    monkeypatch.setattr(SpecDecoder, "draft", recording_draft)
+    _run(path, PROMPTS, GREEDY, **SPEC)
+    results, resolve = PendingChain.results, SpecPipeline._resolve_chain
+
+    def keeping_results(self):
+        self.kept_results = results(self)
+        return self.kept_results
+
+    def recording_resolve(self, pending):
+        changed = resolve(self, pending)
+        chain_drafts.update({(tuple(it.req.prompt_ids), it.req.num_computed): d for it, (_, d) in zip(pending.items,
+                             pending.kept_results) if not it.req.finished})
+        return changed
+
+    monkeypatch.setattr(PendingChain, "results", keeping_results)
+    monkeypatch.setattr(SpecPipeline, "_resolve_chain", recording_resolve)
+    _run(path, PROMPTS, GREEDY, **CHAIN)
+    common = host_drafts.keys() & chain_drafts.keys()
+    assert len(common) > 20
+    # (the host path proposes fewer near max_new_tokens; the device always proposes k)
+    assert {key: chain_drafts[key][:len(host_drafts[key])] for key in common} == {key: host_drafts[key]
+                                                                                  for key in common}
+
+
+def _two_turns(path: str, params, **kw):
+    """PROMPTS, then each prompt + its output + two tokens (from the prefix cache), in one engine."""
+    with Engine(model_path=path, **{**BASE, **kw}) as engine:
+        first = engine.generate(input_ids=PROMPTS, sampling_params=params)
+        second = engine.generate(input_ids=[q + o["output_ids"] + [9, 10] for q, o in zip(PROMPTS, first)],
+                                 sampling_params=GREEDY)
+        engine.check_integrity()
+    return first, second
+
+
+def test_a_row_that_ends_inside_an_iteration_caches_the_state_of_its_own_tokens(tiny_checkpoint, monkeypatch):
+    """The device keeps all k + 1 tokens of a row whose request ends at the first of them (max_new_tokens); the
+    state that goes into the prefix cache is the one after the request's own tokens, so the next turn, which
+    starts from it, decodes as it does without drafts."""
+    path = tiny_checkpoint("qwen3_5", mtp=True)
+    params = [{**GREEDY, "max_new_tokens": n} for n in (10, 7, 13, 8)]
+    plain = _two_turns(path, params)
+    truth = {tuple(q): o["output_ids"] for q, o in zip(PROMPTS, plain[0])}
+    truth.update({tuple(q + o["output_ids"] + [9, 10]): o2["output_ids"] for q, o, o2 in zip(PROMPTS, *plain)})
+    _script(monkeypatch, truth, 1.0)
+    chained = _two_turns(path, params, **CHAIN)
+    assert [o["output_ids"] for o in chained[0]] == [o["output_ids"] for o in plain[0]]
+    assert [o["output_ids"] for o in chained[1]] == [o["output_ids"] for o in plain[1]]
+    assert all(o["meta_info"]["cached_tokens"] > len(q) for q, o in zip(PROMPTS, chained[1]))  # (all end by length)
