@@ -9,7 +9,8 @@
 #   with the engine loop's cProfile and the kernels of each timed run in spec_profile.txt; SPEC_TOKEN_MAP=top:32768:
 #   the drafts choose among 32k token ids, --speculative-token-map; SPEC_LIMITS=0,default: one spec run per
 #   --speculative-disable-by-batch-size, 0 timing the speculative pipeline at every batch size; SPEC_ROLLBACKS=
-#   snapshots,replay: one spec run per --speculative-rollback).
+#   snapshots,replay: one spec run per --speculative-rollback; SPEC_CHAIN=1: the spec runs chain their iterations,
+#   --enable-speculative-overlap).
 # `mamba`: the step profile of the Nemotron-H-8B and Falcon-H1-7B shapes (MAMBA_CONFIGS: others; TOP_KERNELS=N: each case's N kernels with
 #   the most device time, with their calls a step). `profile` and `mamba`: HOST_OPS=N lists each eager case's N host ops
 #   (aten ops, CUDA runtime and driver calls) of most own CPU time.
@@ -58,7 +59,7 @@ for part in ${*:-tests profile}; do
       timeout ${SPEC_TIMEOUT:-560} python3 bench/spec_decode.py --config configs/qwen3_5-9b-text --batch ${SPEC_BATCH:-1,64} \
         --prompt 512 --output 128 --accept 0.81 --limits "${SPEC_LIMITS:-default}" --rollbacks "${SPEC_ROLLBACKS:-snapshots}" \
         --out "/tmp/spec_decode_9b.json" ${SPEC_PROFILE:+--profile "$OUT/spec_profile.txt"} \
-        ${SPEC_TOKEN_MAP:+--token-map "$SPEC_TOKEN_MAP"} 2>&1 | quiet \
+        ${SPEC_TOKEN_MAP:+--token-map "$SPEC_TOKEN_MAP"} ${SPEC_CHAIN:+--chain} 2>&1 | quiet \
         | tee "$OUT/spec_decode_9b.log" | tail -12; cp /tmp/spec_decode_9b.json "$OUT/" ;;
     prefix)  # the shared-prefix and unrelated-prompts workloads, cache on and off
       timeout 330 python3 bench/prefix_cache.py offline --config configs/qwen3_5-9b-text --cases shared,random \

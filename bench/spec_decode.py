@@ -175,6 +175,8 @@ def run_case(a: argparse.Namespace) -> dict:
         chain = getattr(engine.scheduler.pipeline, "chain", None)
         if chain is not None and a.accept != "none":
             chain.forced_acceptance = float(a.accept)  # TEST-ONLY, as forced_verify
+            if chain.graphs:  # captured before: again, with the forced acceptance inside
+                chain.capture_graphs(list(chain.graphs))
         engine.generate(input_ids=ids, sampling_params={**params, "max_new_tokens": 8})  # warm-up: every shape
         rids = [f"r{i}" for i in range(batch)]
         # decode time = the whole run's wall time - that of the same prompts with two new tokens (the cache is

@@ -79,7 +79,6 @@ class Engine:
                                    chunked_prefill_size=args.chunked_prefill_size,
                                    stop_string_checker=StopStringChecker(self.tokenizer) if self.tokenizer else None,
                                    overlap=not args.disable_overlap_schedule,
-                                   spec_chain=args.enable_speculative_overlap,
                                    grammars=grammar_cache(args.grammar_backend, self.tokenizer,
                                                           self.model_config.vocab_size,
                                                           tuple(self.model_config.eos_token_ids)),

@@ -46,6 +46,9 @@ class ScriptedChainDrafts:
         positions = (chain.slot_lens[slots] + m).tolist()
         out = []
         for slot, q in zip(slots.tolist(), positions):
+            if slot not in self.by_slot:  # a pad row
+                out.append(0)
+                continue
             t = self.by_slot[slot][q]
             out.append(t if self.rng.random() < self.p else (t + 1) % 300 + 3)
         return torch.tensor(out, dtype=torch.int64, device=h.device)
@@ -180,3 +183,15 @@ def test_a_row_that_ends_inside_an_iteration_caches_the_state_of_its_own_tokens(
     assert [o["output_ids"] for o in chained[0]] == [o["output_ids"] for o in plain[0]]
     assert [o["output_ids"] for o in chained[1]] == [o["output_ids"] for o in plain[1]]
     assert all(o["meta_info"]["cached_tokens"] > len(q) for q, o in zip(PROMPTS, chained[1]))  # (all end by length)
+
+
+def test_iterations_padded_to_a_larger_row_count_are_exact(tiny_checkpoint, monkeypatch):
+    """As a captured graph runs them: the rows padded with pad rows (pad slot, no KV, no state, no length)."""
+    path = tiny_checkpoint("qwen3_5", mtp=True)
+    params = [{**GREEDY, "max_new_tokens": n} for n in (23, 9, 31, 17)]
+    plain, _ = _run(path, PROMPTS, params)
+    _script(monkeypatch, {tuple(q): o["output_ids"] for q, o in zip(PROMPTS, plain)}, 0.7)
+    monkeypatch.setattr(SpecChain, "_rows_for", lambda self, b: b + 3)
+    chained, stats = _run(path, PROMPTS, params, **CHAIN)
+    assert [o["output_ids"] for o in chained] == [o["output_ids"] for o in plain]
+    assert stats["overlapped"] > 0

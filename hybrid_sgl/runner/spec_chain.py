@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from hybrid_sgl.batch import ForwardMode, StepPlan, device_index
+from hybrid_sgl.batch import SHORT_ROW_TOKENS, ForwardMode, StepPlan, device_index
 from hybrid_sgl.runner import step_inputs
 
 if TYPE_CHECKING:
@@ -74,6 +74,7 @@ class SpecChain:
         on_gpu = r.device.type == "cuda"
         self._host = torch.zeros((2, rows, 2 * k + 2), dtype=torch.int64, pin_memory=on_gpu)
         self._turn = 0
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}  # rows -> graph, outputs
         # TEST-ONLY (bench/spec_decode.py --accept): each draft is kept with this probability, whatever the model
         # says, so that the pipeline can be timed on dummy weights; the tokens are then not the model's
         self.forced_acceptance: float | None = None
@@ -83,50 +84,90 @@ class SpecChain:
                prev_rows: list[int] | None = None) -> PendingChain:
         """Launch one iteration over `items` without waiting. Without `prev`, each row is the request's token
         at item.start and its k drafts (req.spec_drafts), from the host; else row i is the next row that
-        `prev` (in flight) made in its row prev_rows[i]."""
-        r, k, B = self.runner, self.k, len(items)
+        `prev` (in flight) made in its row prev_rows[i]. Replays the graph of the smallest captured row count
+        that holds the rows (pad rows touch nothing), else runs eagerly."""
+        r, k, b = self.runner, self.k, len(items)
         slots = [it.req.slot for it in items]
-        slots_t = device_index(slots, r.device)
         if prev is None:
             ids = device_index([x for it in items for x in it.req.token_slice(it.start, it.end)
                                 + it.req.spec_drafts[:k]], r.device)
-            self.slot_lens.index_copy_(0, slots_t, device_index([it.start for it in items], r.device))
+            self.slot_lens.index_copy_(0, device_index(slots, r.device), device_index([it.start for it in items],
+                                                                                       r.device))
         else:
             ids = prev.next_ids.index_select(0, device_index(prev_rows, r.device)).view(-1)
-        draft_rows = self.draft_table.index_select(0, slots_t)  # [B, k]
+        rows = self._rows_for(b)
         a = r.allocator  # (prefix_lens: offsets over slot_lens; the cuts: run positions 1..k -> the draft rows)
-        plan = StepPlan(mode=ForwardMode.EXTEND, tokens=[[0] * (k + 1)] * B, prefix_lens=[0] * B, slots=slots,
-                        snapshots=[list(zip(range(1, k + 1), a.draft_rows(s))) for s in slots], ids_on_device=True)
-        self.verify_inputs.fill(plan, prev_ids=ids)
+        self.verify_inputs.fill(StepPlan(mode=ForwardMode.EXTEND, tokens=[[0] * (k + 1)] * b, prefix_lens=[0] * b,
+                                         slots=slots, ids_on_device=True,
+                                         snapshots=[list(zip(range(1, k + 1), a.draft_rows(s))) for s in slots]),
+                                rows * (k + 1), rows, prev_ids=ids)
+        self.chain_inputs.fill(StepPlan(mode=ForwardMode.DECODE, tokens=[[0]] * b, prefix_lens=[0] * b, slots=slots,
+                                        ids_on_device=True), rows, rows)
+        if rows in self.graphs:
+            graph, next_ids, packed = self.graphs[rows]
+            graph.replay()
+        else:
+            next_ids, packed = self._iterate(rows)
+        return self._pending(items, next_ids[:b], packed[:b])
+
+    def _rows_for(self, b: int) -> int:
+        """The row count an iteration of b rows runs at: the smallest captured one that holds them, else b."""
+        return min((n for n in self.graphs if n >= b), default=b)
+
+    def _iterate(self, B: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The iteration over the B rows the step buffers hold (pad rows included); device work only, so that
+        it can be captured. Returns the next rows [B, k + 1] and out | kept | drafts [B, 2k + 2]."""
+        r, k = self.runner, self.k
         fb = self.verify_inputs.batch(ForwardMode.EXTEND, B * (k + 1), B, with_prev=True,
-                                      short_rows=plan.short_rows, slot_lens=self.slot_lens)
+                                      short_rows=k + 1 <= SHORT_ROW_TOKENS, slot_lens=self.slot_lens)
+        slots = fb.state_slots.long()
+        real = (slots != self.runner.allocator.pad_slot).long()
         hidden = r.model(fb)
         own = r.model.compute_logits(hidden).argmax(dim=-1).view(B, k + 1)
-        rows_in = ids.view(B, k + 1)
+        rows_in = fb.input_ids.view(B, k + 1)
         acc = self._accepted(rows_in[:, 1:], own[:, :k])  # [B]
-        kept = acc + 1
+        kept = (acc + 1) * real  # (pad rows: 0)
         j = torch.arange(k + 1, device=r.device)
         drafts_then_own = torch.cat([rows_in[:, 1:], own[:, k:]], dim=1)
         out = torch.where(j < acc[:, None], drafts_then_own, own)  # [B, k + 1]: the first `kept` are kept
-        self._roll_back(slots_t, draft_rows, kept)
+        self._roll_back(slots, kept)
         # the MTP layer: entry j of a row takes out[j] and the final hidden state at j
         h_all = r.model.draft_hidden(out.view(-1), hidden, dataclasses.replace(fb, input_ids=out.view(-1)))
         h = h_all.index_select(0, torch.arange(B, device=r.device) * (k + 1) + acc)
-        self.slot_lens.index_add_(0, slots_t, kept)
-        drafts = [self._propose(h, slots_t, 1)]
-        if k > 1:
-            self.chain_inputs.fill(StepPlan(mode=ForwardMode.DECODE, tokens=[[0]] * B, prefix_lens=[0] * B,
-                                            slots=slots, ids_on_device=True))
-            for s in range(1, k):
-                self.chain_inputs.prev_ids[:B].copy_(drafts[-1])
-                fb_s = self.chain_inputs.batch(ForwardMode.DECODE, B, B, with_prev=True, slot_lens=self.slot_lens,
-                                               shift=s - 1)
-                h = r.model.draft_hidden(fb_s.input_ids, h, fb_s)
-                drafts.append(self._propose(h, slots_t, s + 1))
+        self.slot_lens.index_add_(0, slots, kept)
+        drafts = [self._propose(h, slots, 1)]
+        for s in range(1, k):
+            self.chain_inputs.prev_ids[:B].copy_(drafts[-1])
+            fb_s = self.chain_inputs.batch(ForwardMode.DECODE, B, B, with_prev=True, slot_lens=self.slot_lens,
+                                           shift=s - 1)
+            h = r.model.draft_hidden(fb_s.input_ids, h, fb_s)
+            drafts.append(self._propose(h, slots, s + 1))
         new_drafts = torch.stack(drafts, dim=1)  # [B, k]
         last = out.gather(1, acc[:, None])  # [B, 1]: the row's last kept token, the next row's first
-        next_ids = torch.cat([last, new_drafts], dim=1)
-        return self._pending(items, next_ids, torch.cat([out, kept[:, None], new_drafts], dim=1))
+        return torch.cat([last, new_drafts], dim=1), torch.cat([out, kept[:, None], new_drafts], dim=1)
+
+    @torch.inference_mode()
+    def capture_graphs(self, batch_sizes: list[int]) -> None:
+        """Capture the whole iteration at each row count (largest first, one memory pool), on pad rows only."""
+        k, pool, stream = self.k, torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        empty = {mode: StepPlan(mode=mode, tokens=[], prefix_lens=[], slots=[]) for mode in ForwardMode}
+        for rows in sorted(batch_sizes, reverse=True):
+            self.verify_inputs.fill(empty[ForwardMode.EXTEND], rows * (k + 1), rows)
+            self.chain_inputs.fill(empty[ForwardMode.DECODE], rows, rows)
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # compile / autotune outside the capture
+                    self._iterate(rows)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                outputs = self._iterate(rows)
+            self.graphs[rows] = (graph, *outputs)
+        torch.cuda.synchronize()
+
+    def release(self) -> None:
+        self.graphs = {}
 
     def _propose(self, h: torch.Tensor, slots: torch.Tensor, m: int) -> torch.Tensor:
         """The drafts d_m [B] from the MTP layer's outputs h [B, H]; d_m lies at position slot_lens[slots] + m
@@ -141,11 +182,13 @@ class SpecChain:
             match = drafts == own
         return match.long().cumprod(dim=1).sum(dim=1)
 
-    def _roll_back(self, slots: torch.Tensor, draft_rows: torch.Tensor, kept: torch.Tensor) -> None:
-        """Each row's slot takes its draft row kept - 1 (the state after its kept tokens); a row that keeps
-        all k + 1 copies its slot onto itself. One gather and one scatter per state tensor."""
+    def _roll_back(self, slots: torch.Tensor, kept: torch.Tensor) -> None:
+        """Each row's slot [B] takes its draft row kept - 1 (the state after its kept tokens); a row that keeps
+        all k + 1 (or a pad row) copies its slot onto itself. One gather and one scatter per state tensor."""
         k = self.k
-        src = torch.where(kept <= k, draft_rows.gather(1, (kept - 1).clamp(max=k - 1)[:, None])[:, 0], slots)
+        draft_rows = self.draft_table.index_select(0, slots)  # [B, k]
+        row = draft_rows.gather(1, (kept - 1).clamp(min=0, max=k - 1)[:, None])[:, 0]
+        src = torch.where((kept >= 1) & (kept <= k), row, slots)
         self.runner.state_pool.copy_rows(src, slots)
 
     def _pending(self, items: list[BatchItem], next_ids: torch.Tensor, packed: torch.Tensor) -> PendingChain:

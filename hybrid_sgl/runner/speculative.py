@@ -49,6 +49,7 @@ import torch
 from hybrid_sgl.batch import ForwardMode, StepPlan, device_index
 from hybrid_sgl.layers.gdn import GatedDeltaNet
 from hybrid_sgl.runner.cuda_graph import StepGraphs
+from hybrid_sgl.runner.spec_chain import SpecChain
 from hybrid_sgl.runner.verify_scoring import accepted_tokens, add_logprobs, fit_grammars, scored_logits
 
 if TYPE_CHECKING:
@@ -69,7 +70,9 @@ class DraftEntries:
 
 
 class SpecDecoder:
-    def __init__(self, runner: ModelRunner, num_steps: int, disable_batch_size: int = 0, replay: bool = False):
+    def __init__(self, runner: ModelRunner, num_steps: int, disable_batch_size: int = 0, replay: bool = False,
+                 chain: bool = False):
+        """chain: greedy verify steps may run as chained iterations (runner/spec_chain.py, self.chain)."""
         self.runner, self.k = runner, num_steps
         self.disable_batch_size = disable_batch_size  # decode steps of this many rows or more take no drafts (0: never)
         self.verified_rows = 0  # rows verified with drafts, over all steps
@@ -91,6 +94,7 @@ class SpecDecoder:
         self.first_graphs: StepGraphs | None = None
         self.chain_graphs: StepGraphs | None = None
         self.draft_in: torch.Tensor | None = None
+        self.chain = SpecChain(self) if chain else None
 
     def capture_graphs(self, short_shapes: list[tuple[int, int]], batch_sizes: list[int]) -> None:
         """Capture the MTP passes: the first passes at the verify steps' short-row shapes (a verify row keeps
@@ -107,9 +111,13 @@ class SpecDecoder:
                                        shapes=[(bs, bs) for bs in batch_sizes], with_prev=True, forward=forward)
         self.first_graphs.capture()
         self.chain_graphs.capture()
+        if self.chain is not None:
+            self.chain.capture_graphs(batch_sizes)
 
     def release(self) -> None:
         self.first_graphs = self.chain_graphs = self.draft_in = None
+        if self.chain is not None:
+            self.chain.release()
 
     def _mtp_pass(self, plan: StepPlan, hidden: torch.Tensor, graphs: StepGraphs | None,
                   prev_ids: torch.Tensor | None = None) -> torch.Tensor:

@@ -45,10 +45,8 @@ class AdmissionError(ValueError):
 class Scheduler:
     def __init__(self, runner: ModelRunner, *, allocator: Allocator, chunked_prefill_size: int,
                  stop_string_checker: Callable[[Req], str | None] | None = None, overlap: bool = False,
-                 grammars: GrammarCache | None = None, sharing: BasePrefixSharing | None = None,
-                 spec_chain: bool = False):
-        """allocator: the pools' (memory/pools.py); sharing: the prefix cache's use (NoPrefixSharing if not given);
-        spec_chain: speculative verify steps may run as chained iterations (scheduler/speculative.py)."""
+                 grammars: GrammarCache | None = None, sharing: BasePrefixSharing | None = None):
+        """allocator: the pools' (memory/pools.py); sharing: the prefix cache's use (NoPrefixSharing if not given)."""
         self.runner = runner
         self.allocator = allocator
         self.context_length = runner.context_length
@@ -63,7 +61,7 @@ class Scheduler:
         self._arrivals = itertools.count()
         self.grammars = grammars
         self.sharing = sharing if sharing is not None else NoPrefixSharing(allocator)
-        self.pipeline: StepPipeline = (SpecPipeline(runner, self, overlap=overlap, chain=spec_chain)
+        self.pipeline: StepPipeline = (SpecPipeline(runner, self, overlap=overlap)
                                        if getattr(runner, "speculative", None) is not None
                                        else OverlapPipeline(runner, self) if overlap else PlainPipeline(runner, self))
         self.compiling = CompilingQueue(grammars)

@@ -35,12 +35,12 @@ from hybrid_sgl.scheduler.request import Req, ReqStatus
 
 
 class SpecPipeline(OverlapPipeline):
-    def __init__(self, runner: ModelRunner, host: StepHost, overlap: bool = True, chain: bool = False):
+    def __init__(self, runner: ModelRunner, host: StepHost, overlap: bool = True):
         super().__init__(runner, host)
         self.spec: SpecDecoder = runner.speculative
         self.overlap = overlap
         self.plain_decode_steps = 0  # decode steps without drafts, run as the batch reached disable_batch_size
-        self.chain = SpecChain(self.spec) if chain else None
+        self.chain: SpecChain | None = self.spec.chain  # (--enable-speculative-overlap)
         self._chain: PendingChain | None = None  # the chained iteration in flight
 
     @property

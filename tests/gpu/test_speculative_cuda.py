@@ -5,11 +5,12 @@ replay too (the verify graphs keep their inputs and write no GDN state, the kept
 each verify step, by a kernel variant compiled in the warm-up), graphed and eager. Skipped without CUDA."""
 
 import pytest
+import torch
 
 from hybrid_sgl.engine import Engine
 from hybrid_sgl.runner.speculative import SpecDecoder
 from tests.gpu.test_model_cuda import BACKENDS
-from tests.test_speculative import GREEDY, PROMPTS, SPEC, ScriptedDrafts, _generate, generate_each
+from tests.test_speculative import BASE, GREEDY, PROMPTS, SPEC, ScriptedDrafts, _generate, generate_each
 from tests.test_speculative_replay import REPLAY
 
 pytestmark = pytest.mark.gpu
@@ -100,3 +101,35 @@ def test_constrained_and_logprob_requests_take_drafts_on_cuda(tiny_checkpoint, m
     assert all(0 < o["meta_info"]["spec_verify_ct"] < len(o["output_ids"]) for o in spec)
     got, want = (o["meta_info"]["output_token_logprobs"] for o in (spec[1], plain[1]))
     assert [v for v, *_ in got] == pytest.approx([v for v, *_ in want], abs=1e-4)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+def test_chained_iterations_replay_their_graphs_and_equal_plain_decoding(tiny_checkpoint, family):
+    """--enable-speculative-overlap on CUDA: every iteration of up to the captured row counts replays its graph
+    (verify, accept, rollback, MTP passes) and greedy output equals plain decoding."""
+    from hybrid_sgl.runner.spec_chain import SpecChain
+
+    path = tiny_checkpoint(family, mtp=True)
+    plain, _ = _generate(path, PROMPTS, GREEDY, **CUDA)
+    replays, eager = [0], [0]
+    iterate = SpecChain._iterate
+
+    def counting_iterate(self, rows):
+        eager[0] += not torch.cuda.is_current_stream_capturing() and rows not in self.graphs
+        return iterate(self, rows)
+
+    with Engine(model_path=path, **{**BASE, **CUDA, **SPEC}, enable_speculative_overlap=True) as engine:
+        chain = engine.runner.speculative.chain
+        assert chain.graphs
+        for graph, *_ in chain.graphs.values():
+            real = graph.replay
+            graph.replay = lambda _r=real: (replays.__setitem__(0, replays[0] + 1), _r())[1]
+        SpecChain._iterate = counting_iterate
+        try:
+            outs = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+        finally:
+            SpecChain._iterate = iterate
+        engine.check_integrity()
+        overlapped = engine.scheduler.num_overlapped_steps
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in plain]
+    assert replays[0] > 0 and eager[0] == 0 and overlapped > 0
