@@ -28,6 +28,7 @@ import torch
 
 from hybrid_sgl.batch import SHORT_ROW_TOKENS, ForwardMode, StepPlan, device_index
 from hybrid_sgl.runner import step_inputs
+from triton_kernels.state_rows import copy_state_rows, copy_state_rows_ref
 
 if TYPE_CHECKING:
     from hybrid_sgl.runner.model_runner import BatchItem
@@ -183,13 +184,16 @@ class SpecChain:
         return match.long().cumprod(dim=1).sum(dim=1)
 
     def _roll_back(self, slots: torch.Tensor, kept: torch.Tensor) -> None:
-        """Each row's slot [B] takes its draft row kept - 1 (the state after its kept tokens); a row that keeps
-        all k + 1 (or a pad row) copies its slot onto itself. One gather and one scatter per state tensor."""
+        """Each row's slot [B] that keeps fewer than k + 1 tokens takes its draft row kept - 1 (the state after
+        its kept tokens); the others (pad rows too) copy nothing. One masked copy per state tensor (on CUDA a
+        kernel whose unflagged programs return at once; a row's state is tens of MiB on real shapes)."""
         k = self.k
-        draft_rows = self.draft_table.index_select(0, slots)  # [B, k]
-        row = draft_rows.gather(1, (kept - 1).clamp(min=0, max=k - 1)[:, None])[:, 0]
-        src = torch.where((kept >= 1) & (kept <= k), row, slots)
-        self.runner.state_pool.copy_rows(src, slots)
+        src = self.draft_table.index_select(0, slots).gather(1, (kept - 1).clamp(min=0, max=k - 1)[:, None])[:, 0]
+        flags = ((kept >= 1) & (kept <= k)).long()
+        pool = self.runner.state_pool
+        copy = copy_state_rows if pool.ssm.is_cuda else copy_state_rows_ref
+        for state in (pool.conv, pool.ssm):
+            copy(state=state, src=src, dst=slots, flags=flags)
 
     def _pending(self, items: list[BatchItem], next_ids: torch.Tensor, packed: torch.Tensor) -> PendingChain:
         on_gpu = self.runner.device.type == "cuda"
