@@ -195,3 +195,73 @@ def test_iterations_padded_to_a_larger_row_count_are_exact(tiny_checkpoint, monk
     chained, stats = _run(path, PROMPTS, params, **CHAIN)
     assert [o["output_ids"] for o in chained] == [o["output_ids"] for o in plain]
     assert stats["overlapped"] > 0
+
+
+def test_prefix_cache_hits_and_preemption_keep_chained_output_exact(tiny_checkpoint, monkeypatch):
+    """Pages for the iteration behind the one in flight come from the free pool or evicted prefixes; when they
+    cannot, the run of iterations ends and the scheduler preempts as usual."""
+    from tests.test_speculative import _ids
+
+    path = tiny_checkpoint("qwen3_5", mtp=True)
+    system = _ids(9, 50)
+    prompts = [system + _ids(10 + i, 8 + 3 * i) for i in range(4)]
+    tight = dict(page_size=16, max_running_requests=4, max_total_tokens=160, chunked_prefill_size=32)
+    plain, _ = _run(path, prompts, GREEDY, **tight)
+    truth = {tuple(q): o["output_ids"] for q, o in zip(prompts, plain)}
+    truth[tuple(prompts[0][:60])] = _run(path, [prompts[0][:60]], GREEDY)[0][0]["output_ids"]
+    _script(monkeypatch, truth, 0.7, seed=2)
+    with Engine(model_path=path, **BASE, **tight, **CHAIN) as engine:
+        first = engine.generate(input_ids=prompts, sampling_params=GREEDY)
+        again = engine.generate(input_ids=prompts[0][:60], sampling_params=GREEDY)
+        preemptions = engine.run_on_engine(lambda s: s.num_preemptions)
+        overlapped = engine.scheduler.num_overlapped_steps
+        engine.check_integrity()
+    assert [o["output_ids"] for o in first] == [o["output_ids"] for o in plain]
+    assert preemptions > 0 and overlapped > 0
+    assert again["meta_info"]["cached_tokens"] >= 48
+    assert again["output_ids"] == truth[tuple(prompts[0][:60])]
+
+
+def test_chained_iterations_resume_below_the_batch_limit(tiny_checkpoint, monkeypatch):
+    """--speculative-disable-by-batch-size 3: plain overlapped decode steps while 3 or 4 requests decode, chained
+    iterations once two have finished; greedy output equals plain decoding throughout."""
+    path = tiny_checkpoint("qwen3_5", mtp=True)
+    params = [{**GREEDY, "max_new_tokens": n} for n in (6, 9, 24, 30)]
+    plain, _ = _run(path, PROMPTS, params)
+    _script(monkeypatch, {tuple(q): o["output_ids"] for q, o in zip(PROMPTS, plain)}, 0.9, seed=3)
+    launches = []
+    launch = SpecChain.launch
+    monkeypatch.setattr(SpecChain, "launch", lambda self, items, *a, **k: (launches.append(len(items)),
+                                                                          launch(self, items, *a, **k))[1])
+    with Engine(model_path=path, **BASE, **CHAIN, speculative_disable_by_batch_size=3) as engine:
+        chained = engine.generate(input_ids=PROMPTS, sampling_params=params)
+        engine.check_integrity()
+        plain_steps = engine.scheduler.pipeline.plain_decode_steps
+    assert [o["output_ids"] for o in chained] == [o["output_ids"] for o in plain]
+    assert plain_steps == 8 and launches and max(launches) <= 2
+
+
+def test_abort_while_a_chained_iteration_is_in_flight(tiny_checkpoint, monkeypatch):
+    from hybrid_sgl.sampling_params import SamplingParams
+    from hybrid_sgl.scheduler.request import Req
+    from tests.test_hf_parity import make_scheduler
+
+    path = tiny_checkpoint("qwen3_5", mtp=True)
+    s = make_scheduler(path, **SPEC, enable_speculative_overlap=True)
+    reqs = [Req(rid=f"r{i}", prompt_ids=q, params=SamplingParams(max_new_tokens=30, temperature=0, ignore_eos=True))
+            for i, q in enumerate(PROMPTS)]
+    for req in reqs:
+        s.add(req)
+    steps, aborted = 0, False
+    while s.has_work:
+        if not aborted and s.pipeline.in_flight is not None and s.num_overlapped_steps >= 2:
+            s.abort("r1")
+            aborted = True
+        s.step()
+        s.allocator.check_integrity()
+        s.check_integrity()
+        steps += 1
+        assert steps < 300
+    assert aborted and reqs[1].finish_reason["type"] == "abort"
+    assert all(len(r.output_ids) == 30 for i, r in enumerate(reqs) if i != 1)
+    assert s.allocator.num_free_slots == s.allocator.num_slots
