@@ -130,8 +130,8 @@ class ServerArgs:
     enable_speculative_overlap: bool = _f(False, "Run greedy verify steps (no grammar, logprobs or logit "
                                           "adjustments) as chained iterations: verify, accept, rollback and the "
                                           "drafts on the device, the next iteration launched before the host reads "
-                                          "this one (runner/spec_chain.py). Exact on CPU; not yet run on a GPU, "
-                                          "where its steps run eagerly (no CUDA graphs).")
+                                          "this one (runner/spec_chain.py; one CUDA graph per row count). Exact "
+                                          "on CPU; not yet run on a GPU.")
     speculative_disable_by_batch_size: int = _f(SPEC_DISABLE_BY_BATCH_SIZE, "While this many requests or more "
                                                 "run or wait (up to --max-running-requests), decode steps run "
                                                 "without drafts (plain decode steps, overlapped unless "
