@@ -13,7 +13,7 @@ import torch
 
 from hybrid_sgl.engine import Engine
 from hybrid_sgl.runner.spec_chain import SpecChain
-from tests.test_speculative import BASE, GREEDY, PROMPTS, SPEC
+from tests.test_speculative import BASE, FAMILIES, GREEDY, PROMPTS, SHARED_PREFIX_PROMPTS, SPEC, TIGHT
 
 CHAIN = {**SPEC, "enable_speculative_overlap": True}
 
@@ -60,14 +60,11 @@ def _script(monkeypatch, truth, p, seed=0):
     monkeypatch.setattr(SpecChain, "_propose", lambda self, h, slots, m: scripted.propose(self, h, slots, m))
 
 
-@pytest.fixture(params=["qwen3_5", "qwen3_5_moe"])
-def mtp_checkpoint(request, tiny_checkpoint):
-    return tiny_checkpoint(request.param, mtp=True)
-
-
-def test_chained_greedy_output_equals_plain_decoding_with_the_mtp_drafts(mtp_checkpoint):
-    plain, _ = _run(mtp_checkpoint, PROMPTS, GREEDY)
-    chained, stats = _run(mtp_checkpoint, PROMPTS, GREEDY, **CHAIN)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_chained_greedy_output_equals_plain_decoding_with_the_mtp_drafts(tiny_checkpoint, family):
+    path = tiny_checkpoint(family, mtp=True)
+    plain, _ = _run(path, PROMPTS, GREEDY)
+    chained, stats = _run(path, PROMPTS, GREEDY, **CHAIN)
     assert [o["output_ids"] for o in chained] == [o["output_ids"] for o in plain]
     assert stats["overlapped"] > 0  # iterations were launched behind others
     assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in chained)
@@ -200,12 +197,8 @@ def test_iterations_padded_to_a_larger_row_count_are_exact(tiny_checkpoint, monk
 def test_prefix_cache_hits_and_preemption_keep_chained_output_exact(tiny_checkpoint, monkeypatch):
     """Pages for the iteration behind the one in flight come from the free pool or evicted prefixes; when they
     cannot, the run of iterations ends and the scheduler preempts as usual."""
-    from tests.test_speculative import _ids
-
     path = tiny_checkpoint("qwen3_5", mtp=True)
-    system = _ids(9, 50)
-    prompts = [system + _ids(10 + i, 8 + 3 * i) for i in range(4)]
-    tight = dict(page_size=16, max_running_requests=4, max_total_tokens=160, chunked_prefill_size=32)
+    prompts, tight = SHARED_PREFIX_PROMPTS, TIGHT
     plain, _ = _run(path, prompts, GREEDY, **tight)
     truth = {tuple(q): o["output_ids"] for q, o in zip(prompts, plain)}
     truth[tuple(prompts[0][:60])] = _run(path, [prompts[0][:60]], GREEDY)[0][0]["output_ids"]

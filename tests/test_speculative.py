@@ -28,6 +28,8 @@ def _ids(seed: int, n: int) -> list[int]:
 
 
 PROMPTS = [_ids(1, 21), _ids(2, 40), _ids(3, 6), _ids(4, 70)]
+SHARED_PREFIX_PROMPTS = [_ids(9, 50) + _ids(10 + i, 8 + 3 * i) for i in range(4)]  # one system prompt
+TIGHT = dict(page_size=16, max_running_requests=4, max_total_tokens=160, chunked_prefill_size=32)  # preempts
 
 
 def _generate(path: str, prompts, params, **kw) -> list[dict]:
@@ -248,9 +250,7 @@ def test_constrained_requests_take_drafts_their_grammar_allows(tiny_checkpoint, 
 @pytest.mark.parametrize("rollback", ["snapshots", "replay"])
 def test_prefix_cache_hits_and_preemption_keep_greedy_output_exact(tiny_checkpoint, monkeypatch, rollback):
     path = tiny_checkpoint("qwen3_5", mtp=True)
-    system = _ids(9, 50)
-    prompts = [system + _ids(10 + i, 8 + 3 * i) for i in range(4)]
-    tight = dict(page_size=16, max_running_requests=4, max_total_tokens=160, chunked_prefill_size=32)
+    prompts, tight = SHARED_PREFIX_PROMPTS, TIGHT
     plain, _ = _generate(path, prompts, GREEDY, **tight)
     truth = {tuple(prompt): o["output_ids"] for prompt, o in zip(prompts, plain)}
     scripted = ScriptedDrafts(truth, 0.7, seed=2)

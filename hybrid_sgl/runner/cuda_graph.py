@@ -19,7 +19,8 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -97,38 +98,12 @@ class StepGraphs:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Capture every shape. Python's cycle collector stays off meanwhile: collecting what an earlier
-        engine left (its graphs, events, pinned buffers) frees CUDA objects, which is illegal while a
-        stream captures and invalidates the capture (torch no longer collects before capturing)."""
-        gc.collect()
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            self._capture_all()
-        finally:
-            if collecting:
-                gc.enable()
-
-    def _capture_all(self) -> None:
+        """Capture every shape (largest first, so smaller graphs reuse its memory)."""
         start = time.perf_counter()
-        pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream()
-        # the warm-ups run on `stream`, which must first wait for the caller's queued work (buffer fills, the
-        # pools' initialization): a new stream does not wait for the caller's by itself
-        stream.wait_stream(torch.cuda.current_stream())
         empty = StepPlan(mode=self.mode, tokens=[], prefix_lens=[], slots=[])
-        for shape in reversed(self.shapes):  # largest first, so smaller graphs reuse its memory
-            self.inputs.fill(empty, *shape)  # pad rows only: the warm-ups touch no slot
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # compile / autotune outside the capture
-                    self._forward(shape)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=stream):
-                self.outputs[shape] = self._forward(shape)
-            self.graphs[shape] = graph
-        torch.cuda.synchronize()
+        captured = capture_each(reversed(self.shapes), lambda shape: self.inputs.fill(empty, *shape), self._forward)
+        for shape, (graph, output) in captured.items():
+            self.graphs[shape], self.outputs[shape] = graph, output
         logger.info("captured %s%s CUDA graphs for %d shapes (tokens, rows) %s in %.1f s", self.mode.value,
                     " (short rows)" if self.short_rows else "", len(self.shapes), _short(self.shapes),
                     time.perf_counter() - start)
@@ -140,6 +115,39 @@ class StepGraphs:
         self.graphs[shape].replay()
         n = plan.num_rows if self.mode is ForwardMode.DECODE else plan.num_tokens
         return self.outputs[shape][:n]
+
+
+def capture_each(keys: Iterable, prepare: Callable[[Any], None], forward: Callable[[Any], Any]) -> dict:
+    """Capture forward(key) for each key, in the order given, into one memory pool. prepare(key) first fills
+    the static inputs (pad rows only: the two warm-up runs before each capture, which compile and autotune
+    outside it, touch no slot). Returns {key: (graph, forward's output, read after each replay)}.
+    Python's cycle collector stays off meanwhile: collecting what an earlier engine left (its graphs, events,
+    pinned buffers) frees CUDA objects, which is illegal while a stream captures and invalidates the capture
+    (torch no longer collects before capturing)."""
+    gc.collect()
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+        captured = {}
+        for key in keys:
+            prepare(key)
+            # the warm-ups run on `stream`, which must first wait for the caller's queued work (buffer fills, the
+            # pools' initialization): a new stream does not wait for the caller's by itself
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    forward(key)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                output = forward(key)
+            captured[key] = (graph, output)
+        torch.cuda.synchronize()
+        return captured
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _short(shapes: list[tuple[int, int]]) -> str:

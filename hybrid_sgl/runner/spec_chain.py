@@ -28,6 +28,7 @@ import torch
 
 from hybrid_sgl.batch import SHORT_ROW_TOKENS, ForwardMode, StepPlan, device_index
 from hybrid_sgl.runner import step_inputs
+from hybrid_sgl.runner.cuda_graph import capture_each
 from triton_kernels.state_rows import copy_state_rows, copy_state_rows_ref
 
 if TYPE_CHECKING:
@@ -75,7 +76,8 @@ class SpecChain:
         on_gpu = r.device.type == "cuda"
         self._host = torch.zeros((2, rows, 2 * k + 2), dtype=torch.int64, pin_memory=on_gpu)
         self._turn = 0
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}  # rows -> graph, outputs
+        # rows -> (graph, (next rows, out | kept | drafts)) of the captured iterations
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
         # TEST-ONLY (bench/spec_decode.py --accept): each draft is kept with this probability, whatever the model
         # says, so that the pipeline can be timed on dummy weights; the tokens are then not the model's
         self.forced_acceptance: float | None = None
@@ -105,7 +107,7 @@ class SpecChain:
         self.chain_inputs.fill(StepPlan(mode=ForwardMode.DECODE, tokens=[[0]] * b, prefix_lens=[0] * b, slots=slots,
                                         ids_on_device=True), rows, rows)
         if rows in self.graphs:
-            graph, next_ids, packed = self.graphs[rows]
+            graph, (next_ids, packed) = self.graphs[rows]
             graph.replay()
         else:
             next_ids, packed = self._iterate(rows)
@@ -150,22 +152,14 @@ class SpecChain:
     @torch.inference_mode()
     def capture_graphs(self, batch_sizes: list[int]) -> None:
         """Capture the whole iteration at each row count (largest first, one memory pool), on pad rows only."""
-        k, pool, stream = self.k, torch.cuda.graph_pool_handle(), torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
+        k = self.k
         empty = {mode: StepPlan(mode=mode, tokens=[], prefix_lens=[], slots=[]) for mode in ForwardMode}
-        for rows in sorted(batch_sizes, reverse=True):
+
+        def prepare(rows: int) -> None:
             self.verify_inputs.fill(empty[ForwardMode.EXTEND], rows * (k + 1), rows)
             self.chain_inputs.fill(empty[ForwardMode.DECODE], rows, rows)
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # compile / autotune outside the capture
-                    self._iterate(rows)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=stream):
-                outputs = self._iterate(rows)
-            self.graphs[rows] = (graph, *outputs)
-        torch.cuda.synchronize()
+
+        self.graphs = capture_each(sorted(batch_sizes, reverse=True), prepare, self._iterate)
 
     def release(self) -> None:
         self.graphs = {}

@@ -121,7 +121,7 @@ def test_chained_iterations_replay_their_graphs_and_equal_plain_decoding(tiny_ch
     with Engine(model_path=path, **{**BASE, **CUDA, **SPEC}, enable_speculative_overlap=True) as engine:
         chain = engine.runner.speculative.chain
         assert chain.graphs
-        for graph, *_ in chain.graphs.values():
+        for graph, _ in chain.graphs.values():
             real = graph.replay
             graph.replay = lambda _r=real: (replays.__setitem__(0, replays[0] + 1), _r())[1]
         SpecChain._iterate = counting_iterate
