@@ -258,3 +258,61 @@ def test_abort_while_a_chained_iteration_is_in_flight(tiny_checkpoint, monkeypat
     assert aborted and reqs[1].finish_reason["type"] == "abort"
     assert all(len(r.output_ids) == 30 for i, r in enumerate(reqs) if i != 1)
     assert s.allocator.num_free_slots == s.allocator.num_slots
+
+
+def test_batched_speculative_sampling_keeps_the_models_distribution():
+    """speculative_sample_rows over 40,000 rows in one call: a row's first token has p0 whatever its draft, and
+    its second, given that the first draft was kept, has p1 (chi-square)."""
+    from hybrid_sgl.runner.verify_scoring import speculative_sample_rows
+    from tests.test_sampler_exact import chi_square_p
+
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(3, 6, generator=gen) * 1.5, dim=-1)
+    probs[1, 4] = 0.0  # a token top-k / top-p removed
+    probs[1] /= probs[1].sum()
+    n = 40_000
+    for draft in ([2, 4], [5, 1]):
+        acc, last = speculative_sample_rows(probs.expand(n, 3, 6), torch.tensor([draft]).expand(n, 2), gen)
+        first = torch.where(acc > 0, draft[0], last)
+        second = torch.where(acc > 1, draft[1], last)[acc > 0]
+        assert chi_square_p(torch.bincount(first, minlength=6).float(), probs[0]) > 1e-3, draft
+        assert chi_square_p(torch.bincount(second, minlength=6).float(), probs[1]) > 1e-3, draft
+
+
+def test_sampled_rows_chain_and_a_near_zero_temperature_decodes_as_greedy(tiny_checkpoint, monkeypatch):
+    """Rows with temperature 1e-4 are sampled rows (speculative sampling on the device, the graphs' sampled
+    variant), whose distributions are all but one-hot: the output equals greedy plain decoding, beside greedy
+    rows in the same iterations."""
+    path = tiny_checkpoint("qwen3_5", mtp=True)
+    plain, _ = _run(path, PROMPTS, GREEDY)
+    _script(monkeypatch, {tuple(q): o["output_ids"] for q, o in zip(PROMPTS, plain)}, 0.7, seed=4)
+    sampled_launches = []
+    iterate = SpecChain._iterate
+    monkeypatch.setattr(SpecChain, "_iterate", lambda self, rows, sampled=False: (sampled_launches.append(sampled),
+                                                                                  iterate(self, rows, sampled))[1])
+    params = [{**GREEDY, "temperature": 1e-4} if i % 2 else GREEDY for i in range(len(PROMPTS))]
+    chained, stats = _run(path, PROMPTS, params, **CHAIN)
+    assert [o["output_ids"] for o in chained] == [o["output_ids"] for o in plain]
+    assert any(sampled_launches) and stats["overlapped"] > 0
+    assert stats["avg_spec_accept_length"] > 1.5
+
+
+def test_a_sampled_rows_tokens_come_from_speculative_sampling(tiny_checkpoint, monkeypatch):
+    """Wiring: with speculative_sample_rows stubbed to reject every draft and draw token 7, a sampled row's output
+    is all 7s and the greedy rows beside it still decode as plain greedy decoding."""
+    import hybrid_sgl.runner.spec_chain as spec_chain
+
+    path = tiny_checkpoint("qwen3_5", mtp=True)
+    plain, _ = _run(path, PROMPTS, GREEDY)
+    monkeypatch.setattr(spec_chain, "speculative_sample_rows", lambda probs, drafts: (
+        torch.zeros(probs.shape[0], dtype=torch.int64), torch.full((probs.shape[0],), 7)))
+    params = [{**GREEDY, "temperature": 0.8} if i == 1 else GREEDY for i in range(len(PROMPTS))]
+    with Engine(model_path=path, **BASE, **CHAIN) as engine:
+        chained = engine.generate(input_ids=PROMPTS, sampling_params=params)
+        overlapped = engine.scheduler.num_overlapped_steps
+    assert overlapped > 0
+    assert [o["output_ids"] for i, o in enumerate(chained) if i != 1] == [o["output_ids"] for i, o in
+                                                                           enumerate(plain) if i != 1]
+    # the chained iterations' tokens (the first come from the prefill and a host-path verify step, the last from
+    # host-path steps as the request nears max_new_tokens, which sample as usual)
+    assert chained[1]["output_ids"].count(7) >= 8 > plain[1]["output_ids"].count(7)

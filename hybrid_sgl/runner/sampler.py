@@ -369,20 +369,30 @@ def _penalize(row: torch.Tensor, r: Req) -> None:
 
 def filtered_probs(logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
     """[n, V] probabilities after temperature, top-k, top-p and min-p (renormalized)."""
-    dev = logits.device
-    temp = torch.tensor([r.params.temperature for r in reqs], device=dev)[:, None]
-    probs = (logits / temp).softmax(dim=-1)
+    temperature, top_k, top_p, min_p = row_filters(reqs, logits.shape[-1], logits.device).unbind(1)
+    return filtered_probs_rows(logits, temperature, top_k, top_p, min_p)
+
+
+def row_filters(reqs: list[Req], vocab: int, device: torch.device) -> torch.Tensor:
+    """[n, 4] float32: each request's temperature (1 for greedy ones), top-k (the vocabulary when off), top-p
+    (inf when off: top_p = 1 keeps every token, the rounding of a cumsum against the sum must not drop the tail)
+    and min-p, as filtered_probs_rows takes them."""
+    rows = [(r.params.temperature if not r.params.greedy else 1.0,
+             min(r.params.top_k, vocab) if r.params.top_k > 0 else vocab,
+             r.params.top_p if r.params.top_p < 1.0 else float("inf"), r.params.min_p) for r in reqs]
+    return torch.tensor(rows, dtype=torch.float32).to(device, non_blocking=True)
+
+
+def filtered_probs_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                        min_p: torch.Tensor) -> torch.Tensor:
+    """logits [n, V] and each row's filters [n] (row_filters) -> [n, V] probabilities; device work only."""
+    probs = (logits / temperature[:, None]).softmax(dim=-1)
     sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)  # ties: lower id first
-    vocab = probs.shape[-1]
-    top_k = torch.tensor([min(r.params.top_k, vocab) if r.params.top_k > 0 else vocab for r in reqs], device=dev)
-    rank = torch.arange(vocab, device=dev)[None, :]
+    rank = torch.arange(probs.shape[-1], device=logits.device)[None, :]
     sorted_p = sorted_p.masked_fill(rank >= top_k[:, None], 0.0)
-    # top_p = 1 keeps every token: the rounding of cumsum against sum must not drop the tail
-    top_p = torch.tensor([r.params.top_p if r.params.top_p < 1.0 else float("inf") for r in reqs], device=dev)[:, None]
     before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly before each token
-    sorted_p = sorted_p.masked_fill(before > top_p * sorted_p.sum(-1, keepdim=True), 0.0)
-    min_p = torch.tensor([r.params.min_p for r in reqs], device=dev)[:, None]
-    sorted_p = sorted_p.masked_fill(sorted_p < min_p * sorted_p[:, :1], 0.0)
+    sorted_p = sorted_p.masked_fill(before > top_p[:, None] * sorted_p.sum(-1, keepdim=True), 0.0)
+    sorted_p = sorted_p.masked_fill(sorted_p < min_p[:, None] * sorted_p[:, :1], 0.0)
     return torch.zeros_like(probs).scatter_(1, order, sorted_p / sorted_p.sum(-1, keepdim=True))
 
 

@@ -2,11 +2,13 @@
 between them, so the host may launch iteration N + 1 before it reads iteration N (scheduler/speculative.py,
 --enable-speculative-overlap).
 
-An iteration over B greedy rows of k + 1 tokens [x, d1..dk] (runner/speculative.py explains the method):
+An iteration over B rows of k + 1 tokens [x, d1..dk] (runner/speculative.py explains the method):
 1. verify: the model over the rows, each starting at its slot's length in `slot_lens` (on the device);
    the recurrent kernels write the state after each of the first k tokens into the slot's draft rows;
-2. accept: own = argmax of each position; a row keeps acc = the leading drafts equal to own, then
-   own[acc]: out[j] = d[j + 1] for j < acc, own[j] after (kept = acc + 1 tokens);
+2. accept: a greedy row keeps acc = the leading drafts equal to the argmax at their positions, then the
+   argmax at acc; a sampled row keeps what speculative sampling over its filtered distributions keeps
+   (verify_scoring.speculative_sample_rows): out[j] = d[j + 1] for j < acc, then the row's token (kept =
+   acc + 1 tokens);
 3. roll back: a row that keeps fewer than k + 1 tokens copies its draft row kept - 1 into its slot;
 4. draft: the MTP layer over all k + 1 entries of each row (entry j: out[j] and the final hidden state at
    j; entries past the kept ones write MTP KV that the next iteration overwrites before anything reads
@@ -15,7 +17,8 @@ An iteration over B greedy rows of k + 1 tokens [x, d1..dk] (runner/speculative.
    copied to the host, which reads them later (PendingChain.results).
 Tokens a request keeps past a stop, EOS or max_new_tokens are dropped by the host as it applies them;
 its slot's state is then ahead of its tokens (scheduler/speculative.py takes care of that).
-Only greedy rows without grammar, logprobs or logit adjustments chain; other batches verify as before.
+Rows with a grammar, logprobs, logit adjustments or a seed of their own do not chain (chains()): a batch
+with one verifies as before. Each iteration is one CUDA graph per (rows, whether any row samples).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ import torch
 from hybrid_sgl.batch import SHORT_ROW_TOKENS, ForwardMode, StepPlan, device_index
 from hybrid_sgl.runner import step_inputs
 from hybrid_sgl.runner.cuda_graph import capture_each
+from hybrid_sgl.runner.sampler import filtered_probs_rows, row_filters
+from hybrid_sgl.runner.verify_scoring import speculative_sample_rows
 from triton_kernels.state_rows import copy_state_rows, copy_state_rows_ref
 
 if TYPE_CHECKING:
@@ -56,10 +61,11 @@ class PendingChain:
 
 
 def chains(items: list[BatchItem]) -> bool:
-    """Whether a decode batch may run chained iterations: every row greedy, with no grammar, logprobs or
-    logit adjustments (their scoring needs the host between iterations)."""
-    return all(it.sample and it.req.params.greedy and it.req.grammar is None and not it.req.return_logprob
-               and not it.req.params.adjusts_logits for it in items)
+    """Whether a decode batch may run chained iterations: no row with a grammar, logprobs or logit adjustments
+    (their scoring needs the host between iterations) or a seed of its own (its generator draws on the host's
+    order; the device draws a batch at once)."""
+    return all(it.sample and it.req.grammar is None and not it.req.return_logprob and not it.req.params.adjusts_logits
+               and (it.req.params.greedy or it.req.generator is None) for it in items)
 
 
 class SpecChain:
@@ -76,8 +82,10 @@ class SpecChain:
         on_gpu = r.device.type == "cuda"
         self._host = torch.zeros((2, rows, 2 * k + 2), dtype=torch.int64, pin_memory=on_gpu)
         self._turn = 0
-        # rows -> (graph, (next rows, out | kept | drafts)) of the captured iterations
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
+        # (rows, sampled) -> (graph, (next rows, out | kept | drafts)) of the captured iterations
+        self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
+        # each row's sampling filters (sampler.row_filters; temperature 0: a greedy row), read by the iteration
+        self.filters = torch.zeros(rows, 4, dtype=torch.float32, device=r.device)
         # TEST-ONLY (bench/spec_decode.py --accept): each draft is kept with this probability, whatever the model
         # says, so that the pipeline can be timed on dummy weights; the tokens are then not the model's
         self.forced_acceptance: float | None = None
@@ -99,6 +107,11 @@ class SpecChain:
         else:
             ids = prev.next_ids.index_select(0, device_index(prev_rows, r.device)).view(-1)
         rows = self._rows_for(b)
+        sampled = not all(it.req.params.greedy for it in items)
+        if sampled:  # each row's filters; pad rows greedy
+            self.filters[:rows, 0] = 0.0
+            self.filters[:b].copy_(row_filters([it.req for it in items], r.config.vocab_size, r.device))
+            self.filters[:b, 0].masked_fill_(self._greedy_rows(items, r.device), 0.0)
         a = r.allocator  # (prefix_lens: offsets over slot_lens; the cuts: run positions 1..k -> the draft rows)
         self.verify_inputs.fill(StepPlan(mode=ForwardMode.EXTEND, tokens=[[0] * (k + 1)] * b, prefix_lens=[0] * b,
                                          slots=slots, ids_on_device=True,
@@ -106,33 +119,49 @@ class SpecChain:
                                 rows * (k + 1), rows, prev_ids=ids)
         self.chain_inputs.fill(StepPlan(mode=ForwardMode.DECODE, tokens=[[0]] * b, prefix_lens=[0] * b, slots=slots,
                                         ids_on_device=True), rows, rows)
-        if rows in self.graphs:
-            graph, (next_ids, packed) = self.graphs[rows]
+        if (rows, sampled) in self.graphs:
+            graph, (next_ids, packed) = self.graphs[rows, sampled]
             graph.replay()
         else:
-            next_ids, packed = self._iterate(rows)
+            next_ids, packed = self._iterate(rows, sampled)
         return self._pending(items, next_ids[:b], packed[:b])
 
     def _rows_for(self, b: int) -> int:
         """The row count an iteration of b rows runs at: the smallest captured one that holds them, else b."""
-        return min((n for n in self.graphs if n >= b), default=b)
+        return min((n for n, _ in self.graphs if n >= b), default=b)
 
-    def _iterate(self, B: int) -> tuple[torch.Tensor, torch.Tensor]:
+    @staticmethod
+    def _greedy_rows(items: list[BatchItem], device: torch.device) -> torch.Tensor:
+        return torch.tensor([it.req.params.greedy for it in items]).to(device, non_blocking=True)
+
+    def _iterate(self, B: int, sampled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The iteration over the B rows the step buffers hold (pad rows included); device work only, so that
-        it can be captured. Returns the next rows [B, k + 1] and out | kept | drafts [B, 2k + 2]."""
+        it can be captured. sampled: some rows sample (their filters in self.filters, temperature 0 for the
+        greedy ones); else every row is greedy. Returns the next rows [B, k + 1] and out | kept | drafts
+        [B, 2k + 2]."""
         r, k = self.runner, self.k
         fb = self.verify_inputs.batch(ForwardMode.EXTEND, B * (k + 1), B, with_prev=True,
                                       short_rows=k + 1 <= SHORT_ROW_TOKENS, slot_lens=self.slot_lens)
         slots = fb.state_slots.long()
         real = (slots != self.runner.allocator.pad_slot).long()
         hidden = r.model(fb)
-        own = r.model.compute_logits(hidden).argmax(dim=-1).view(B, k + 1)
+        logits = r.model.compute_logits(hidden)
+        own = logits.argmax(dim=-1).view(B, k + 1)
         rows_in = fb.input_ids.view(B, k + 1)
         acc = self._accepted(rows_in[:, 1:], own[:, :k])  # [B]
-        kept = (acc + 1) * real  # (pad rows: 0)
         j = torch.arange(k + 1, device=r.device)
         drafts_then_own = torch.cat([rows_in[:, 1:], own[:, k:]], dim=1)
         out = torch.where(j < acc[:, None], drafts_then_own, own)  # [B, k + 1]: the first `kept` are kept
+        if sampled:  # the sampled rows' speculative sampling over their filtered distributions
+            f = self.filters[:B]
+            greedy = f[:, 0] == 0
+            filters = [x.repeat_interleave(k + 1) for x in (torch.where(greedy, 1.0, f[:, 0]), *f[:, 1:].unbind(1))]
+            probs = filtered_probs_rows(logits, *filters).view(B, k + 1, -1)
+            acc_s, token = speculative_sample_rows(probs, rows_in[:, 1:])
+            acc = torch.where(greedy, acc, acc_s)
+            out = torch.where(j < acc[:, None], drafts_then_own, own)
+            out = torch.where(greedy[:, None] | (j != acc[:, None]), out, token[:, None])
+        kept = (acc + 1) * real  # (pad rows: 0)
         self._roll_back(slots, kept)
         # the MTP layer: entry j of a row takes out[j] and the final hidden state at j
         h_all = r.model.draft_hidden(out.view(-1), hidden, dataclasses.replace(fb, input_ids=out.view(-1)))
@@ -151,15 +180,19 @@ class SpecChain:
 
     @torch.inference_mode()
     def capture_graphs(self, batch_sizes: list[int]) -> None:
-        """Capture the whole iteration at each row count (largest first, one memory pool), on pad rows only."""
+        """Capture the whole iteration at each row count (largest first), greedy and with sampled rows, in one
+        memory pool (one iteration runs at a time, and its outputs are read before the next replay), on pad rows."""
         k = self.k
         empty = {mode: StepPlan(mode=mode, tokens=[], prefix_lens=[], slots=[]) for mode in ForwardMode}
 
-        def prepare(rows: int) -> None:
+        def prepare(key: tuple[int, bool]) -> None:
+            rows, sampled = key
             self.verify_inputs.fill(empty[ForwardMode.EXTEND], rows * (k + 1), rows)
             self.chain_inputs.fill(empty[ForwardMode.DECODE], rows, rows)
+            self.filters[:rows, 0] = 0.0
 
-        self.graphs = capture_each(sorted(batch_sizes, reverse=True), prepare, self._iterate)
+        keys = [(rows, sampled) for rows in sorted(batch_sizes, reverse=True) for sampled in (True, False)]
+        self.graphs = capture_each(keys, prepare, lambda key: self._iterate(*key))
 
     def release(self) -> None:
         self.graphs = {}

@@ -42,23 +42,31 @@ class AfterDrafts:
         return self.prompt_ids + self.output_ids
 
 
-def speculative_sample(probs: torch.Tensor, draft: list[int], generator: torch.Generator | None) -> list[int]:
-    """The tokens a sampled verify row gains: probs [k + 1, V], the model's (filtered) distribution after
-    the row's token and each draft; draft [k]. Draft i is kept with probability probs[i, d_i]; the first
-    one rejected is replaced by a draw from probs[i] without d_i; all kept: one more draw from probs[k]."""
-    k = len(draft)
-    dev = probs.device
-    ids = torch.tensor(draft, device=dev, dtype=torch.long)
-    keep_p = probs[torch.arange(k, device=dev), ids]
-    uniform = torch.rand(k, device=dev, generator=generator)
-    residual = probs.clone()
-    residual[torch.arange(k, device=dev), ids] = 0.0
+def speculative_sample_rows(probs: torch.Tensor, drafts: torch.Tensor,
+                            generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative sampling of B verify rows at once, on the device: probs [B, k + 1, V], each row's model
+    (filtered) distribution after its token and each draft; drafts [B, k] int64. Draft i of a row is kept with
+    probability probs[i, d_i] while all before it were; the first one rejected is replaced by a draw from
+    probs[i] without d_i (renormalized); a row that keeps all k draws one more from probs[k].
+    Returns (the drafts each row keeps [B], the token after them [B])."""
+    B, k1, V = probs.shape
+    k = k1 - 1
+    keep_p = probs[:, :k].gather(2, drafts[:, :, None])[:, :, 0]  # [B, k]
+    uniform = torch.rand(B, k, device=probs.device, generator=generator)
+    acc = (uniform < keep_p).long().cumprod(dim=1).sum(dim=1)
+    at = probs.gather(1, acc[:, None, None].expand(B, 1, V))[:, 0]  # [B, V]: the distribution at position acc
+    rejected = drafts.gather(1, acc.clamp(max=k - 1)[:, None])  # [B, 1] (unused where acc == k)
+    residual = torch.where((acc < k)[:, None], at.scatter(1, rejected, 0.0), at)
     residual = residual / residual.sum(-1, keepdim=True).clamp_min(1e-30)
     noise = torch.empty_like(residual).exponential_(generator=generator)
-    drawn = (residual / noise).argmax(-1)  # row k: probs[k] itself (nothing removed)
-    kept, drawn = (uniform < keep_p).tolist(), drawn.tolist()
-    j = kept.index(False) if False in kept else k
-    return draft[:j] + [drawn[j]]
+    return acc, (residual / noise).argmax(dim=-1)
+
+
+def speculative_sample(probs: torch.Tensor, draft: list[int], generator: torch.Generator | None) -> list[int]:
+    """The tokens one sampled verify row gains (speculative_sample_rows of one row): probs [k + 1, V]; draft [k]."""
+    acc, last = speculative_sample_rows(probs[None], torch.tensor([draft], device=probs.device), generator)
+    j, token = torch.stack([acc[0], last[0]]).tolist()
+    return draft[:j] + [token]
 
 
 def scored_logits(logits: torch.Tensor, items: list[BatchItem], drafts: list[list[int]],

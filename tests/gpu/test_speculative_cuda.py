@@ -106,7 +106,8 @@ def test_constrained_and_logprob_requests_take_drafts_on_cuda(tiny_checkpoint, m
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
 def test_chained_iterations_replay_their_graphs_and_equal_plain_decoding(tiny_checkpoint, family):
     """--enable-speculative-overlap on CUDA: every iteration of up to the captured row counts replays its graph
-    (verify, accept, rollback, MTP passes) and greedy output equals plain decoding."""
+    (verify, accept, rollback, MTP passes) and greedy output equals plain decoding; so does a row sampled at a
+    near-zero temperature beside them (the sampled graphs)."""
     from hybrid_sgl.runner.spec_chain import SpecChain
 
     path = tiny_checkpoint(family, mtp=True)
@@ -114,9 +115,9 @@ def test_chained_iterations_replay_their_graphs_and_equal_plain_decoding(tiny_ch
     replays, eager = [0], [0]
     iterate = SpecChain._iterate
 
-    def counting_iterate(self, rows):
-        eager[0] += not torch.cuda.is_current_stream_capturing() and rows not in self.graphs
-        return iterate(self, rows)
+    def counting_iterate(self, rows, sampled=False):
+        eager[0] += not torch.cuda.is_current_stream_capturing() and (rows, sampled) not in self.graphs
+        return iterate(self, rows, sampled)
 
     with Engine(model_path=path, **{**BASE, **CUDA, **SPEC}, enable_speculative_overlap=True) as engine:
         chain = engine.runner.speculative.chain
@@ -127,9 +128,12 @@ def test_chained_iterations_replay_their_graphs_and_equal_plain_decoding(tiny_ch
         SpecChain._iterate = counting_iterate
         try:
             outs = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+            near_greedy = engine.generate(input_ids=PROMPTS, sampling_params=[
+                {**GREEDY, "temperature": 1e-4} if i % 2 else GREEDY for i in range(len(PROMPTS))])
         finally:
             SpecChain._iterate = iterate
         engine.check_integrity()
         overlapped = engine.scheduler.num_overlapped_steps
     assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in plain]
+    assert [o["output_ids"] for o in near_greedy] == [o["output_ids"] for o in plain]
     assert replays[0] > 0 and eager[0] == 0 and overlapped > 0
