@@ -127,8 +127,9 @@ class ServerArgs:
                                    "(less device time in its kernels from about 16 rows, yet slower end to end: "
                                    "1.08x plain decoding against 1.29x at 16 requests on one H100).",
                                    ["snapshots", "replay"])
-    enable_speculative_overlap: bool = _f(False, "Run greedy verify steps (no grammar, logprobs or logit "
-                                          "adjustments) as chained iterations: verify, accept, rollback and the "
+    enable_speculative_overlap: bool = _f(False, "Run verify steps (rows without a grammar, logprobs, logit "
+                                          "adjustments or their own seed) as chained iterations: verify, accept "
+                                          "(speculative sampling for sampled rows), rollback and the "
                                           "drafts on the device, the next iteration launched before the host reads "
                                           "this one (runner/spec_chain.py; one CUDA graph per row count). Exact "
                                           "on CPU; not yet run on a GPU.")
