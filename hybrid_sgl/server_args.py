@@ -371,9 +371,9 @@ def _check_speculative(args: ServerArgs) -> None:
                          f"verifies {args.speculative_num_steps + 1} tokens; use that or leave it unset")
     if args.tp_size > 1:
         raise ValueError("--speculative-algorithm with --tp-size > 1 is not supported yet: use --tp-size 1")
-    if args.enable_speculative_overlap and (args.speculative_rollback == "replay" or args.disable_overlap_schedule):
-        raise ValueError("--enable-speculative-overlap chains iterations beside the overlap schedule, with the "
-                         "'snapshots' rollback: drop --disable-overlap-schedule and --speculative-rollback replay")
+    if args.enable_speculative_overlap and args.disable_overlap_schedule:
+        raise ValueError("--enable-speculative-overlap chains iterations beside the overlap schedule: drop "
+                         "--disable-overlap-schedule")
     if args.speculative_rollback == "replay" and args.speculative_num_steps + 1 > _short_row_tokens():
         raise ValueError(f"--speculative-rollback replay runs verify steps of at most {_short_row_tokens()} tokens a "
                          f"request: use --speculative-num-steps {_short_row_tokens() - 1} or fewer")

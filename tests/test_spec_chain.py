@@ -316,3 +316,17 @@ def test_a_sampled_rows_tokens_come_from_speculative_sampling(tiny_checkpoint, m
     # the chained iterations' tokens (the first come from the prefill and a host-path verify step, the last from
     # host-path steps as the request nears max_new_tokens, which sample as usual)
     assert chained[1]["output_ids"].count(7) >= 8 > plain[1]["output_ids"].count(7)
+
+
+@pytest.mark.parametrize("family,p", [("qwen3_5", 0.6), ("qwen3_next", 0.9)])
+def test_chained_iterations_with_the_replayed_rollback_are_exact(tiny_checkpoint, monkeypatch, family, p):
+    """--speculative-rollback replay inside the iteration: the verify writes no gated-delta-rule state, the kept
+    tokens run again from the untouched slots, the conv states take their draft rows (GDN layers that remember,
+    so that a wrong state shows in the tokens); rows end inside iterations by length."""
+    path = tiny_checkpoint(family, mtp=True)
+    params = [{**GREEDY, "max_new_tokens": n} for n in (23, 9, 31, 17)]
+    plain, _ = _run(path, PROMPTS, params)
+    _script(monkeypatch, {tuple(q): o["output_ids"] for q, o in zip(PROMPTS, plain)}, p, seed=5)
+    chained, stats = _run(path, PROMPTS, params, **CHAIN, speculative_rollback="replay")
+    assert [o["output_ids"] for o in chained] == [o["output_ids"] for o in plain]
+    assert stats["overlapped"] > 0 and stats["avg_spec_accept_length"] > 1.5

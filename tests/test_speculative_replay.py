@@ -88,7 +88,7 @@ def test_replay_warm_up_writes_nothing(tiny_checkpoint):
         before = pool.ssm.clone(), pool.conv.clone()
         assert before[0].abs().sum() > 0
         replays = []
-        for i, layer in enumerate(spec._replay_layers):
+        for i, layer in enumerate(spec.replay_layers):
             real = layer.replay
 
             def watched(pool_, rows, row_lens, n, _real=real, _i=i):
@@ -99,7 +99,7 @@ def test_replay_warm_up_writes_nothing(tiny_checkpoint):
             layer.replay = watched
         spec.warm_up()
         assert spec.max_verify_rows >= 2
-        assert sorted(i for i, lens in replays if lens == [1]) == list(range(len(spec._replay_layers)))
+        assert sorted(i for i, lens in replays if lens == [1]) == list(range(len(spec.replay_layers)))
         assert sorted(len(lens) for i, lens in replays if i == 0) == list(range(1, spec.max_verify_rows + 1))
         assert torch.equal(pool.ssm, before[0]) and torch.equal(pool.conv, before[1])
         engine.check_integrity()

@@ -9,7 +9,8 @@ An iteration over B rows of k + 1 tokens [x, d1..dk] (runner/speculative.py expl
    argmax at acc; a sampled row keeps what speculative sampling over its filtered distributions keeps
    (verify_scoring.speculative_sample_rows): out[j] = d[j + 1] for j < acc, then the row's token (kept =
    acc + 1 tokens);
-3. roll back: a row that keeps fewer than k + 1 tokens copies its draft row kept - 1 into its slot;
+3. roll back: a row that keeps fewer than k + 1 tokens copies its draft row kept - 1 into its slot (with
+   --speculative-rollback replay: the conv states so, and the gated delta rule replays the kept tokens);
 4. draft: the MTP layer over all k + 1 entries of each row (entry j: out[j] and the final hidden state at
    j; entries past the kept ones write MTP KV that the next iteration overwrites before anything reads
    it), d1 from the last kept entry; slot_lens += kept; k - 1 chained one-entry passes at lens - 1 + s;
@@ -140,8 +141,10 @@ class SpecChain:
         greedy ones); else every row is greedy. Returns the next rows [B, k + 1] and out | kept | drafts
         [B, 2k + 2]."""
         r, k = self.runner, self.k
+        replay = self.spec.replay
         fb = self.verify_inputs.batch(ForwardMode.EXTEND, B * (k + 1), B, with_prev=True,
-                                      short_rows=k + 1 <= SHORT_ROW_TOKENS, slot_lens=self.slot_lens)
+                                      short_rows=k + 1 <= SHORT_ROW_TOKENS, replay_recurrent=replay,
+                                      slot_lens=self.slot_lens)
         slots = fb.state_slots.long()
         real = (slots != self.runner.allocator.pad_slot).long()
         hidden = r.model(fb)
@@ -162,7 +165,12 @@ class SpecChain:
             out = torch.where(j < acc[:, None], drafts_then_own, own)
             out = torch.where(greedy[:, None] | (j != acc[:, None]), out, token[:, None])
         kept = (acc + 1) * real  # (pad rows: 0)
-        self._roll_back(slots, kept)
+        self._roll_back(slots, kept, ssm=not replay)
+        if replay:  # the gated delta rule's slots are untouched: run each row's kept tokens again (pad rows: none)
+            rows = {"cu_seqlens": fb.cu_seqlens, "state_slots": fb.state_slots,
+                    "has_initial_state": fb.has_initial_state}
+            for layer in self.spec.replay_layers:
+                layer.replay(r.state_pool, rows, kept.int(), B * (k + 1))
         # the MTP layer: entry j of a row takes out[j] and the final hidden state at j
         h_all = r.model.draft_hidden(out.view(-1), hidden, dataclasses.replace(fb, input_ids=out.view(-1)))
         h = h_all.index_select(0, torch.arange(B, device=r.device) * (k + 1) + acc)
@@ -210,16 +218,17 @@ class SpecChain:
             match = drafts == own
         return match.long().cumprod(dim=1).sum(dim=1)
 
-    def _roll_back(self, slots: torch.Tensor, kept: torch.Tensor) -> None:
+    def _roll_back(self, slots: torch.Tensor, kept: torch.Tensor, ssm: bool = True) -> None:
         """Each row's slot [B] that keeps fewer than k + 1 tokens takes its draft row kept - 1 (the state after
         its kept tokens); the others (pad rows too) copy nothing. One masked copy per state tensor (on CUDA a
-        kernel whose unflagged programs return at once; a row's state is tens of MiB on real shapes)."""
+        kernel whose unflagged programs return at once; a row's state is tens of MiB on real shapes).
+        ssm=False: the conv states only (the replay rolls the gated delta rule back)."""
         k = self.k
         src = self.draft_table.index_select(0, slots).gather(1, (kept - 1).clamp(min=0, max=k - 1)[:, None])[:, 0]
         flags = ((kept >= 1) & (kept <= k)).long()
         pool = self.runner.state_pool
         copy = copy_state_rows if pool.ssm.is_cuda else copy_state_rows_ref
-        for state in (pool.conv, pool.ssm):
+        for state in (pool.conv, pool.ssm) if ssm else (pool.conv,):
             copy(state=state, src=src, dst=slots, flags=flags)
 
     def _pending(self, items: list[BatchItem], next_ids: torch.Tensor, packed: torch.Tensor) -> PendingChain:

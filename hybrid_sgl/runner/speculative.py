@@ -82,10 +82,10 @@ class SpecDecoder:
         running = runner.plan.max_running_requests
         # the most rows a verify step holds: below the batch limit, where decode steps take drafts
         self.max_verify_rows = min(running, disable_batch_size - 1) if disable_batch_size else running
-        self._replay_layers = []
+        self.replay_layers = []
         if replay:
-            self._replay_layers = [m for m in runner.model.modules() if isinstance(m, GatedDeltaNet)]
-            for layer in self._replay_layers:  # (on the 9B shape 16.5 KB a token and layer: ~0.1 GB at 55 rows)
+            self.replay_layers = [m for m in runner.model.modules() if isinstance(m, GatedDeltaNet)]
+            for layer in self.replay_layers:  # (on the 9B shape 16.5 KB a token and layer: ~0.1 GB at 55 rows)
                 layer.keep_inputs_for_replay(self.max_verify_rows * (num_steps + 1), runner.dtype, runner.device)
         self._verified: StepPlan | None = None  # the last verify step, until its rollback
         self._kept: dict[int, int] = {}  # its rows' kept tokens (by slot), keep() tells them
@@ -231,7 +231,7 @@ class SpecDecoder:
             pad = self.runner.state_pool.pad_slot
             for n in range(1, self.max_verify_rows + 1):
                 plan = StepPlan(mode=ForwardMode.EXTEND, tokens=[[0]] * n, prefix_lens=[1] * n, slots=[pad] * n)
-                self._replay(plan, self._replay_layers if n == 1 else self._replay_layers[:1])
+                self._replay(plan, self.replay_layers if n == 1 else self.replay_layers[:1])
 
     def _replay(self, plan: StepPlan, layers: list[GatedDeltaNet] | None = None) -> None:
         """Each row of `plan` (a replayed verify step) runs its kept tokens again in every GDN layer (or in
@@ -245,7 +245,7 @@ class SpecDecoder:
         packed = device_index(flat, self.runner.device)  # int64: one host-to-device copy
         cu_t, slots_t, init_t, lens_t = (packed[i:i + len(seg)] for i, seg in zip(starts, segments))
         rows = {"cu_seqlens": cu_t, "state_slots": slots_t, "has_initial_state": init_t}
-        for layer in self._replay_layers if layers is None else layers:
+        for layer in self.replay_layers if layers is None else layers:
             layer.replay(self.runner.state_pool, rows, lens_t, plan.num_tokens)
 
     # ---- draft -----------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ behind it (Scheduler._follow_up, each row up to k + 1 tokens further, pages for 
 reads and applies this one, as overlapped decode steps do. A request that finishes inside an iteration
 (a stop, EOS) keeps fewer tokens than the device did: if the next iteration holds it, its slot is freed
 after that one without caching its state; else its state goes back to its last kept token first (rows
-that may reach max_new_tokens in the iteration in flight sit out the next one, so they cache theirs).
+that may reach max_new_tokens in the iteration in flight sit out the next one, so they cache theirs; with
+--speculative-rollback replay the draft rows hold no gated-delta-rule state, and such a row caches nothing).
 A row that leaves the run of iterations takes its drafts back to the host for its next verify step.
 """
 
@@ -161,6 +162,9 @@ class SpecPipeline(OverlapPipeline):
                     self._chain.deferred.append(req)
                     continue
                 if applied < len(tokens):  # the device kept more: back to the state after the applied ones
+                    if spec.replay:  # (the draft rows hold no gated-delta-rule state: cache none)
+                        host.release(req, cache=False)
+                        continue
                     copies.append((self.runner.allocator.draft_rows(req.slot)[applied - 1], req.slot))
                 ending.append(req)
             elif id(req) not in held:  # not in the next iteration: its drafts go to the host
