@@ -116,14 +116,22 @@ def test_requests_that_do_not_chain_verify_beside_chained_ones(tiny_checkpoint, 
     assert overlapped > 0
 
 
-def test_chained_drafts_equal_the_host_paths_drafts(tiny_checkpoint, monkeypatch):
+@pytest.mark.parametrize("token_map", [False, True])
+def test_chained_drafts_equal_the_host_paths_drafts(tiny_checkpoint, monkeypatch, tmp_path, token_map):
     """The device's drafting (the MTP layer over every verify position, then the chained passes at positions
-    from slot_lens) proposes what the host path's drafting proposes from the same request state."""
+    from slot_lens) proposes what the host path's drafting proposes from the same request state; also with
+    --speculative-token-map (the drafts among every other id)."""
+    import json
+
     from hybrid_sgl.runner.spec_chain import PendingChain
     from hybrid_sgl.runner.speculative import SpecDecoder
     from hybrid_sgl.scheduler.speculative import SpecPipeline
 
     path = tiny_checkpoint("qwen3_5", mtp=True)
+    kw = {}
+    if token_map:
+        (tmp_path / "map.json").write_text(json.dumps(list(range(0, 300, 2))))
+        kw["speculative_token_map"] = str(tmp_path / "map.json")
     host_drafts, chain_drafts = {}, {}
     draft = SpecDecoder.draft
 
@@ -133,7 +141,7 @@ def test_chained_drafts_equal_the_host_paths_drafts(tiny_checkpoint, monkeypatch
         return out
 
     monkeypatch.setattr(SpecDecoder, "draft", recording_draft)
-    _run(path, PROMPTS, GREEDY, **SPEC)
+    _run(path, PROMPTS, GREEDY, **SPEC, **kw)
     results, resolve = PendingChain.results, SpecPipeline._resolve_chain
 
     def keeping_results(self):
@@ -148,9 +156,10 @@ def test_chained_drafts_equal_the_host_paths_drafts(tiny_checkpoint, monkeypatch
 
     monkeypatch.setattr(PendingChain, "results", keeping_results)
     monkeypatch.setattr(SpecPipeline, "_resolve_chain", recording_resolve)
-    _run(path, PROMPTS, GREEDY, **CHAIN)
+    _run(path, PROMPTS, GREEDY, **CHAIN, **kw)
     common = host_drafts.keys() & chain_drafts.keys()
     assert len(common) > 20
+    assert not token_map or all(d % 2 == 0 for key in common for d in chain_drafts[key])
     # (the host path proposes fewer near max_new_tokens; the device always proposes k)
     assert {key: chain_drafts[key][:len(host_drafts[key])] for key in common} == {key: host_drafts[key]
                                                                                   for key in common}
