@@ -165,6 +165,24 @@ def test_chained_drafts_equal_the_host_paths_drafts(tiny_checkpoint, monkeypatch
                                                                                   for key in common}
 
 
+def test_rows_ending_by_a_stop_token_inside_an_iteration_cache_their_own_state(tiny_checkpoint, monkeypatch):
+    """A stop token ends a row on the device: the iteration behind (launched before the host saw the stop) runs
+    it as a pad row, so the state the prefix cache gets after it is the one after the request's own tokens."""
+    path = tiny_checkpoint("qwen3_5", mtp=True)
+    first, _ = _run(path, PROMPTS, GREEDY)
+    stops = [o["output_ids"][n] for o, n in zip(first, (7, 4, 10, 5))]  # each prompt's own stop, mid-way
+    params = [{**GREEDY, "stop_token_ids": [t]} for t in stops]
+    plain = _two_turns(path, params)
+    assert all(o["meta_info"]["finish_reason"]["type"] == "stop" for o in plain[0])
+    truth = {tuple(q): o["output_ids"] + [7] * 20 for q, o in zip(PROMPTS, plain[0])}
+    truth.update({tuple(q + o["output_ids"] + [9, 10]): o2["output_ids"] for q, o, o2 in zip(PROMPTS, *plain)})
+    _script(monkeypatch, truth, 1.0)
+    chained = _two_turns(path, params, **CHAIN)
+    assert [o["output_ids"] for o in chained[0]] == [o["output_ids"] for o in plain[0]]
+    assert [o["output_ids"] for o in chained[1]] == [o["output_ids"] for o in plain[1]]
+    assert all(o["meta_info"]["cached_tokens"] > len(q) for q, o in zip(PROMPTS, chained[1]))
+
+
 def _two_turns(path: str, params, **kw):
     """PROMPTS, then each prompt + its output + two tokens (from the prefix cache), in one engine."""
     with Engine(model_path=path, **{**BASE, **kw}) as engine:

@@ -16,9 +16,10 @@ An iteration over B rows of k + 1 tokens [x, d1..dk] (runner/speculative.py expl
    it), d1 from the last kept entry; slot_lens += kept; k - 1 chained one-entry passes at lens - 1 + s;
 5. the next iteration's rows [out[kept - 1], d1..dk] stay on the device; out, kept and the drafts are
    copied to the host, which reads them later (PendingChain.results).
-Tokens a request keeps past a stop, EOS or max_new_tokens are dropped by the host as it applies them;
-its slot's state is then ahead of its tokens (scheduler/speculative.py takes care of that).
-Rows with a grammar, logprobs, logit adjustments or a seed of their own do not chain (chains()): a batch
+A row ends on the device where the host's result rules end its request by a stop token (EOS included) or
+by length (_end_rows): it keeps the tokens up to there, and later iterations run it as a pad row, leaving
+its state after its own tokens. A stop string the device cannot see; scheduler/speculative.py handles that.
+Rows with a grammar, logprobs, logit adjustments or a seed of their own do not chain (SpecChain.takes): a batch
 with one verifies as before. Each iteration is one CUDA graph per (rows, whether any row samples).
 """
 
@@ -51,7 +52,9 @@ class PendingChain:
     next_ids: torch.Tensor  # [B, k + 1] int64: the rows of the next iteration (device)
     host: torch.Tensor  # [B, 2k + 2] int64 (pinned on CUDA): out [k + 1] | kept | drafts [k], by an async copy
     done: torch.cuda.Event | None
-    deferred: list[Req] = field(default_factory=list)  # finished earlier; their slots free after this iteration
+    # finished earlier, their slots free after this iteration: (request, the prefix its slot's state is after, or
+    # None when the iteration changed it)
+    deferred: list[tuple[Req, int | None]] = field(default_factory=list)
 
     def results(self) -> list[tuple[list[int], list[int]]]:
         """Waits for the iteration; per row (the tokens it keeps, the next drafts)."""
@@ -61,12 +64,7 @@ class PendingChain:
         return [(row[:row[k1]], row[k1 + 1:]) for row in self.host.tolist()]
 
 
-def chains(items: list[BatchItem]) -> bool:
-    """Whether a decode batch may run chained iterations: no row with a grammar, logprobs or logit adjustments
-    (their scoring needs the host between iterations) or a seed of its own (its generator draws on the host's
-    order; the device draws a batch at once)."""
-    return all(it.sample and it.req.grammar is None and not it.req.return_logprob and not it.req.params.adjusts_logits
-               and (it.req.params.greedy or it.req.generator is None) for it in items)
+MAX_STOPS = 8  # stop token ids (EOS ones included) a chained row may carry
 
 
 class SpecChain:
@@ -87,9 +85,26 @@ class SpecChain:
         self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
         # each row's sampling filters (sampler.row_filters; temperature 0: a greedy row), read by the iteration
         self.filters = torch.zeros(rows, 4, dtype=torch.float32, device=r.device)
+        # per slot, what ends a row on the device (so that the iterations behind leave its state alone): its stop
+        # token ids (-1: none), the tokens it may still gain (max_new_tokens, the context), whether it goes on
+        self.stops = torch.full((a.num_slots + 1, MAX_STOPS), -1, dtype=torch.int64, device=r.device)
+        self.budget = torch.zeros(a.num_slots + 1, dtype=torch.int64, device=r.device)
+        self.alive = torch.zeros(a.num_slots + 1, dtype=torch.bool, device=r.device)
         # TEST-ONLY (bench/spec_decode.py --accept): each draft is kept with this probability, whatever the model
         # says, so that the pipeline can be timed on dummy weights; the tokens are then not the model's
         self.forced_acceptance: float | None = None
+
+    def _stop_ids(self, req: Req) -> list[int]:
+        eos = [] if req.params.ignore_eos else list(self.runner.config.eos_token_ids)
+        return eos + list(req.params.stop_token_ids or [])
+
+    def takes(self, items: list[BatchItem]) -> bool:
+        """Whether a decode batch may run chained iterations: no row with a grammar, logprobs or logit adjustments
+        (their scoring needs the host between iterations), a seed of its own (its generator draws in the host's
+        order; the device draws a batch at once) or more than MAX_STOPS stop token ids."""
+        return all(it.sample and it.req.grammar is None and not it.req.return_logprob
+                   and not it.req.params.adjusts_logits and (it.req.params.greedy or it.req.generator is None)
+                   and len(self._stop_ids(it.req)) <= MAX_STOPS for it in items)
 
     @torch.inference_mode()
     def launch(self, items: list[BatchItem], prev: PendingChain | None = None,
@@ -103,8 +118,15 @@ class SpecChain:
         if prev is None:
             ids = device_index([x for it in items for x in it.req.token_slice(it.start, it.end)
                                 + it.req.spec_drafts[:k]], r.device)
-            self.slot_lens.index_copy_(0, device_index(slots, r.device), device_index([it.start for it in items],
-                                                                                       r.device))
+            slots_t = device_index(slots, r.device)
+            self.slot_lens.index_copy_(0, slots_t, device_index([it.start for it in items], r.device))
+            self.stops.index_copy_(0, slots_t, device_index([x for it in items for x in self._stop_ids(it.req)
+                                                             + [-1] * (MAX_STOPS - len(self._stop_ids(it.req)))],
+                                                            r.device).view(b, MAX_STOPS))
+            self.budget.index_copy_(0, slots_t, device_index([min(it.req.params.max_new_tokens - len(it.req.output_ids),
+                                                                  r.context_length - it.start - 1) for it in items],
+                                                             r.device))
+            self.alive.index_fill_(0, slots_t, True)
         else:
             ids = prev.next_ids.index_select(0, device_index(prev_rows, r.device)).view(-1)
         rows = self._rows_for(b)
@@ -144,7 +166,7 @@ class SpecChain:
         replay = self.spec.replay
         fb = self.verify_inputs.batch(ForwardMode.EXTEND, B * (k + 1), B, with_prev=True,
                                       short_rows=k + 1 <= SHORT_ROW_TOKENS, replay_recurrent=replay,
-                                      slot_lens=self.slot_lens)
+                                      slot_lens=self.slot_lens, slot_alive=self.alive)
         slots = fb.state_slots.long()
         real = (slots != self.runner.allocator.pad_slot).long()
         hidden = r.model(fb)
@@ -164,7 +186,7 @@ class SpecChain:
             acc = torch.where(greedy, acc, acc_s)
             out = torch.where(j < acc[:, None], drafts_then_own, own)
             out = torch.where(greedy[:, None] | (j != acc[:, None]), out, token[:, None])
-        kept = (acc + 1) * real  # (pad rows: 0)
+        kept, acc = self._end_rows(slots, out, acc, real)
         self._roll_back(slots, kept, ssm=not replay)
         if replay:  # the gated delta rule's slots are untouched: run each row's kept tokens again (pad rows: none)
             rows = {"cu_seqlens": fb.cu_seqlens, "state_slots": fb.state_slots,
@@ -179,7 +201,7 @@ class SpecChain:
         for s in range(1, k):
             self.chain_inputs.prev_ids[:B].copy_(drafts[-1])
             fb_s = self.chain_inputs.batch(ForwardMode.DECODE, B, B, with_prev=True, slot_lens=self.slot_lens,
-                                           shift=s - 1)
+                                           shift=s - 1, slot_alive=self.alive)
             h = r.model.draft_hidden(fb_s.input_ids, h, fb_s)
             drafts.append(self._propose(h, slots, s + 1))
         new_drafts = torch.stack(drafts, dim=1)  # [B, k]
@@ -204,6 +226,23 @@ class SpecChain:
 
     def release(self) -> None:
         self.graphs = {}
+
+    def _end_rows(self, slots: torch.Tensor, out: torch.Tensor, acc: torch.Tensor,
+                  real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What ends a row on the device, as the host's result rules end its request: a stop token among its
+        kept tokens (the first one), or its budget (max_new_tokens, the context). slots [B]; out [B, k + 1];
+        acc [B] the drafts kept; real [B] 1 for a live row (0: a pad row, or one that ended before). Marks the
+        rows that end (their slots then run as pad rows) and returns (kept tokens [B], the drafts kept [B])."""
+        k = self.k
+        j = torch.arange(k + 1, device=out.device)
+        stop = (out[:, :, None] == self.stops.index_select(0, slots)[:, None, :]).any(-1) & (j <= acc[:, None])
+        first = torch.where(stop.any(1), stop.long().argmax(1), k + 1)  # [B]: the first stop token's place
+        left = self.budget.index_select(0, slots)
+        kept = torch.minimum(torch.minimum(acc + 1, first + 1), left) * real
+        ended = (real > 0) & ((first <= acc) | (kept >= left))
+        self.budget.index_add_(0, slots, -kept)
+        self.alive.index_put_((slots,), self.alive.index_select(0, slots) & ~ended)
+        return kept, (kept - 1).clamp(min=0)
 
     def _propose(self, h: torch.Tensor, slots: torch.Tensor, m: int) -> torch.Tensor:
         """The drafts d_m [B] from the MTP layer's outputs h [B, H]; d_m lies at position slot_lens[slots] + m

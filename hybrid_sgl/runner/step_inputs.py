@@ -126,17 +126,22 @@ class StepInputs:
     # ---- device: the ForwardBatch of the last fill (capturable) --------------------------------------
     def batch(self, mode: ForwardMode, num_tokens: int, num_rows: int, *, max_pages: int | None = None,
               with_prev: bool = False, short_rows: bool = False, replay_recurrent: bool = False,
-              slot_lens: torch.Tensor | None = None, shift: int = 0) -> ForwardBatch:
+              slot_lens: torch.Tensor | None = None, shift: int = 0,
+              slot_alive: torch.Tensor | None = None) -> ForwardBatch:
         """ForwardBatch of the shape (num_tokens, num_rows) from the device buffer; device ops only.
         max_pages: block-table width (None: the page table's, as graphs need). short_rows: every row
         that is not a pad row holds at most SHORT_ROW_TOKENS tokens (StepPlan.short_rows); replay_recurrent:
         ForwardBatch.replay_recurrent. slot_lens [slots + 1] int64 on the device: the plan's prefix_lens are
-        offsets over each slot's length there, plus `shift` (pad rows keep prefix 0)."""
+        offsets over each slot's length there, plus `shift` (pad rows keep prefix 0). slot_alive [slots + 1] bool
+        on the device: the rows of slots marked False run as pad rows (no state, no KV)."""
         assert short_rows or not replay_recurrent, "a replayed verify step has short rows"
         T, B, d = num_tokens, num_rows, self.dev
         ids, positions, prev, row = d[:T], d[T:2 * T], d[2 * T:3 * T], d[3 * T:4 * T]
         slots, prefix, cu, snap_pos, snap_slots = _split_rows(d, T, B)
         real_rows = slots != self.pad_slot
+        if slot_alive is not None:
+            real_rows = real_rows & slot_alive[slots]
+            slots = torch.where(real_rows, slots, self.pad_slot)
         if slot_lens is not None:
             add = torch.where(real_rows, slot_lens[slots] + shift, 0)
             prefix, positions = prefix + add, positions + add[row]
@@ -150,7 +155,10 @@ class StepInputs:
         lens = cu[1:] - cu[:-1]
         cuts = {}
         if mode is ForwardMode.EXTEND and self.state_pool is not None:
-            cuts = dict(snap_pos=snap_pos.view(B, MAX_CUTS).int(), snap_slots=snap_slots.view(B, MAX_CUTS).int())
+            snap_slots = snap_slots.view(B, MAX_CUTS)
+            if slot_alive is not None:
+                snap_slots = torch.where(real_rows[:, None], snap_slots, -1)
+            cuts = dict(snap_pos=snap_pos.view(B, MAX_CUTS).int(), snap_slots=snap_slots.int())
         return ForwardBatch(mode=mode, input_ids=ids, positions=positions, seq_lens=(prefix + lens).int(),
                             state_slots=slots.int(), block_table=block_table, slot_mapping=slot_mapping,
                             cu_seqlens=cu.int(), has_initial_state=prefix > 0, kv_pool=self.kv_pool,

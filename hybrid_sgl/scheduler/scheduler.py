@@ -170,8 +170,8 @@ class Scheduler:
             if req.status is not ReqStatus.RUNNING:
                 continue  # aborted while in flight
             start = req.num_computed + gain  # where the row may start: at most `gain` tokens past the one in flight
-            # (a row the step in flight may end by length waits for its tokens)
-            if len(req.output_ids) + gain >= req.params.max_new_tokens or start + write >= self.context_length:
+            # (a row the step in flight ends by length for sure stops here)
+            if len(req.output_ids) + 1 >= req.params.max_new_tokens or start + write >= self.context_length:
                 continue
             items.append(BatchItem(req=req, start=start, end=start + write, sample=True))
             rows.append(j)

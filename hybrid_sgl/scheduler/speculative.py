@@ -13,22 +13,23 @@ then goes back to the state after the tokens kept. Pages for the next verify (th
 drafts) are taken when the drafts are made, evicting cached prefixes if needed, else no drafts.
 
 Chained iterations (--enable-speculative-overlap, runner/spec_chain.py): a decode batch whose rows
-all chain (greedy, no grammar, logprobs or logit adjustments) and carry k drafts runs verify, accept,
-rollback and drafting on the device as one iteration, and the scheduler launches the next iteration
-behind it (Scheduler._follow_up, each row up to k + 1 tokens further, pages for that) before the host
-reads and applies this one, as overlapped decode steps do. A request that finishes inside an iteration
-(a stop, EOS) keeps fewer tokens than the device did: if the next iteration holds it, its slot is freed
-after that one without caching its state; else its state goes back to its last kept token first (rows
-that may reach max_new_tokens in the iteration in flight sit out the next one, so they cache theirs; with
---speculative-rollback replay the draft rows hold no gated-delta-rule state, and such a row caches nothing).
-A row that leaves the run of iterations takes its drafts back to the host for its next verify step.
+all chain (SpecChain.takes) and carry k drafts runs verify, accept, rollback and drafting on the device
+as one iteration, and the scheduler launches the next iteration behind it (Scheduler._follow_up, each
+row up to k + 1 tokens further, pages for that) before the host reads and applies this one, as
+overlapped decode steps do. The device ends a row where the result rules end its request by a stop
+token or by length, so the iterations behind leave its state alone (it runs there as a pad row) and it
+goes into the prefix cache as after any step. A request that ends by a stop string keeps fewer tokens
+than the device did: if the next iteration holds it, its slot is freed after that one without caching
+its state; else its state goes back to its last kept token first (with --speculative-rollback replay
+the draft rows hold no gated-delta-rule state, and it caches nothing). A row that leaves the run of
+iterations takes its drafts back to the host for its next verify step.
 """
 
 from __future__ import annotations
 
 from hybrid_sgl.batch import ForwardMode
 from hybrid_sgl.runner.model_runner import BatchItem, ItemResult, ModelRunner
-from hybrid_sgl.runner.spec_chain import PendingChain, SpecChain, chains
+from hybrid_sgl.runner.spec_chain import PendingChain, SpecChain
 from hybrid_sgl.runner.speculative import DraftEntries, SpecDecoder
 from hybrid_sgl.scheduler.overlap import OverlapPipeline
 from hybrid_sgl.scheduler.pipeline import StepHost
@@ -86,7 +87,7 @@ class SpecPipeline(OverlapPipeline):
     def _starts_chain(self, items: list[BatchItem]) -> bool:
         """Whether a verify step may run as chained iterations: every row chains and carries its k drafts."""
         k = self.spec.k
-        return (self.chain is not None and chains(items)
+        return (self.chain is not None and self.chain.takes(items)
                 and all(it.req.spec_base == it.start and len(it.req.spec_drafts) >= k and self.spec.budget(it.req) == k
                         for it in items))
 
@@ -95,7 +96,7 @@ class SpecPipeline(OverlapPipeline):
         return self._chain.items if self._chain is not None else super().in_flight
 
     def holders(self) -> list[Req]:
-        return list(self._chain.deferred) if self._chain is not None else super().holders()
+        return [req for req, _ in self._chain.deferred] if self._chain is not None else super().holders()
 
     def follow_extent(self) -> tuple[int, int]:
         return (self.spec.k + 1,) * 2 if self._chain is not None else (1, 1)
@@ -104,7 +105,7 @@ class SpecPipeline(OverlapPipeline):
         """Behind a chained iteration: another while the batch still chains and speculates. Behind a plain
         decode step: another while the batch is as large as the limit."""
         if self._chain is not None:
-            return chains(items) and self.spec.speculates(len(items))
+            return self.chain.takes(items) and self.spec.speculates(len(items))
         return not self.spec.speculates(len(items))
 
     def advance(self, follow: tuple[list[BatchItem], list[int]] | None) -> list[Req]:
@@ -120,31 +121,34 @@ class SpecPipeline(OverlapPipeline):
 
     def drop_in_flight(self) -> None:
         if self._chain is not None:
-            for req in self._chain.deferred:
+            for req, _ in self._chain.deferred:
                 self.host.free_slot(req, None)
             self._chain = None
         super().drop_in_flight()
 
     def _resolve_chain(self, pending: PendingChain) -> list[Req]:
         """Wait for a chained iteration and apply each row's tokens (as _verify does). A request that finished
-        while the iteration now in flight holds it frees its slot after that one, caching nothing; one that
-        does not goes back to the state after its last applied token. When no iteration follows, each
-        running row's drafts go to the host for the next verify step."""
+        where the device ended its row too (a stop token, max_new_tokens, the context) has its slot's state after
+        its own tokens: if the iteration now in flight holds it (as a pad row), its slot is freed and cached after
+        that one. One that finished where the device did not (a stop string) goes back to the state after its
+        last applied token, or caches nothing if the iteration in flight holds it. A running row that leaves the
+        run of iterations takes its drafts to the host for its next verify step."""
         host, spec = self.host, self.spec
         try:
             results = pending.results()
         except BaseException:
-            for req in pending.deferred:
+            for req, _ in pending.deferred:
                 host.free_slot(req, None)
             raise
-        for req in pending.deferred:  # the iteration that held their slots is over
-            host.free_slot(req, None)
+        for req, cached in pending.deferred:  # the iteration that held their slots is over
+            host.free_slot(req, cached)
         held = {id(it.req) for it in self._chain.items} if self._chain is not None else set()
         changed, copies, ending = [], [], []
         for it, (tokens, drafts) in zip(pending.items, results):
             req = it.req
             if req.status is not ReqStatus.RUNNING:
                 continue  # aborted while in flight
+            assert tokens, f"the device ended {req.rid}'s row where the host's result rules did not end it"
             start, applied = req.num_computed, 0
             for token in tokens:
                 host.results.apply(BatchItem(req=req, start=start + applied, end=start + applied + 1, sample=True),
@@ -159,7 +163,8 @@ class SpecPipeline(OverlapPipeline):
             if req.finished:
                 if id(req) in held:
                     host.release(req, free_slot=False)
-                    self._chain.deferred.append(req)
+                    self._chain.deferred.append((req, req.num_computed if applied == len(tokens) and _ended_on_device(
+                        req) else None))
                     continue
                 if applied < len(tokens):  # the device kept more: back to the state after the applied ones
                     if spec.replay:  # (the draft rows hold no gated-delta-rule state: cache none)
@@ -233,3 +238,10 @@ class SpecPipeline(OverlapPipeline):
             return False
         a.grow(req.slot, need)
         return True
+
+
+def _ended_on_device(req: Req) -> bool:
+    """Whether the device ended req's row where the host finished it (SpecChain._end_rows): by a stop token or
+    by length, not by a stop string or regex."""
+    reason = req.finish_reason or {}
+    return reason.get("type") == "length" or (reason.get("type") == "stop" and isinstance(reason.get("matched"), int))
