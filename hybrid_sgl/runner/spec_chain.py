@@ -107,17 +107,18 @@ class SpecChain:
                    and len(self._stop_ids(it.req)) <= MAX_STOPS for it in items)
 
     @torch.inference_mode()
-    def launch(self, items: list[BatchItem], prev: PendingChain | None = None,
-               prev_rows: list[int] | None = None) -> PendingChain:
+    def launch(self, items: list[BatchItem], prev: PendingChain | None = None, prev_rows: list[int] | None = None,
+               drafts: list[list[int]] | None = None) -> PendingChain:
         """Launch one iteration over `items` without waiting. Without `prev`, each row is the request's token
-        at item.start and its k drafts (req.spec_drafts), from the host; else row i is the next row that
-        `prev` (in flight) made in its row prev_rows[i]. Replays the graph of the smallest captured row count
-        that holds the rows (pad rows touch nothing), else runs eagerly."""
+        at item.start and its k drafts (drafts[i]), from the host; else row i is the next row that `prev` (in
+        flight) made in its row prev_rows[i]. Replays the graph of the smallest captured row count that holds
+        the rows (pad rows touch nothing), else runs eagerly."""
         r, k, b = self.runner, self.k, len(items)
         slots = [it.req.slot for it in items]
         if prev is None:
-            ids = device_index([x for it in items for x in it.req.token_slice(it.start, it.end)
-                                + it.req.spec_drafts[:k]], r.device)
+            assert all(len(d) == k for d in drafts), "a chain starts from k drafts a row"
+            ids = device_index([x for it, d in zip(items, drafts) for x in it.req.token_slice(it.start, it.end) + d],
+                               r.device)
             slots_t = device_index(slots, r.device)
             self.slot_lens.index_copy_(0, slots_t, device_index([it.start for it in items], r.device))
             self.stops.index_copy_(0, slots_t, device_index([x for it in items for x in self._stop_ids(it.req)

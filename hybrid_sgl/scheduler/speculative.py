@@ -67,9 +67,10 @@ class SpecPipeline(OverlapPipeline):
             return changed
         if self._speculating():
             if self._starts_chain(items):
+                drafts = [self._chain_drafts(it) for it in items]
                 for it in items:
-                    it.req.spec_base = -1
-                self._chain = self.chain.launch(items)
+                    it.req.spec_drafts, it.req.spec_base = [], -1
+                self._chain = self.chain.launch(items, drafts=drafts)
                 return []
             return self._verify(items)
         self.plain_decode_steps += 1
@@ -85,11 +86,20 @@ class SpecPipeline(OverlapPipeline):
         return self.spec.speculates(min(len(host.running) + len(host.waiting), self.runner.plan.max_running_requests))
 
     def _starts_chain(self, items: list[BatchItem]) -> bool:
-        """Whether a verify step may run as chained iterations: every row chains and carries its k drafts."""
+        """Whether a verify step may run as chained iterations: every row chains, its k + 1 tokens fit the
+        context, and the pages for them are there (evicting cached prefixes if needed). The device ends each row
+        at max_new_tokens, so a row near it chains as well."""
         k = self.spec.k
         return (self.chain is not None and self.chain.takes(items)
-                and all(it.req.spec_base == it.start and len(it.req.spec_drafts) >= k and self.spec.budget(it.req) == k
-                        for it in items))
+                and all(it.start + k + 1 <= self.runner.context_length for it in items)
+                and all(self._pages_for_drafts(it.req, k) for it in items))
+
+    def _chain_drafts(self, it: BatchItem) -> list[int]:
+        """The k drafts of a row that starts a chain: those made for it, filled up with its own token (a filler
+        is verified like any draft: kept only where it is the model's token)."""
+        req, k = it.req, self.spec.k
+        drafts = req.spec_drafts[:k] if req.spec_base == it.start else []
+        return drafts + req.token_slice(it.start, it.end) * (k - len(drafts))
 
     @property
     def in_flight(self) -> list[BatchItem] | None:
