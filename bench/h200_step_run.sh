@@ -10,7 +10,8 @@
 #   the drafts choose among 32k token ids, --speculative-token-map; SPEC_LIMITS=0,default: one spec run per
 #   --speculative-disable-by-batch-size, 0 timing the speculative pipeline at every batch size; SPEC_ROLLBACKS=
 #   snapshots,replay: one spec run per --speculative-rollback; SPEC_CHAIN=1: the spec runs chain their iterations,
-#   --enable-speculative-overlap).
+#   --enable-speculative-overlap). `chain`: the chained iterations' CUDA tests, then specbench on the host path and
+#   chained (SPEC_BATCH default 1,16,64, SPEC_LIMITS default 0: drafts at every batch size).
 # `mamba`: the step profile of the Nemotron-H-8B and Falcon-H1-7B shapes (MAMBA_CONFIGS: others; TOP_KERNELS=N: each case's N kernels with
 #   the most device time, with their calls a step). `profile` and `mamba`: HOST_OPS=N lists each eager case's N host ops
 #   (aten ops, CUDA runtime and driver calls) of most own CPU time.
@@ -22,7 +23,7 @@
 # `moe_prefill`: the step profile of Qwen3.5-35B-A3B's first 20 layers (MOE_CASES, default: prefill 8k and 2k, decode b32).
 # `prefix_cache_only`: the shared-prefix workload (SHARED_REQUESTS, default 2000) with the cache on, per config in
 #   PREFIX_CONFIGS (default: the 9B and Nemotron-H-8B shapes): hit rate, tok/s, mean TTFT.
-#   bash bench/h200_step_run.sh [tests|profile|mamba|launch|ttft|multiturn|suite|model_cuda|spec|specbench|prefix|prefix_cache_only|moe_prefill|tests_fp8_spec|mtp_default|rollback|unrelated ...]   (default: tests profile)
+#   bash bench/h200_step_run.sh [tests|profile|mamba|launch|ttft|multiturn|suite|model_cuda|spec|specbench|chain|prefix|prefix_cache_only|moe_prefill|tests_fp8_spec|mtp_default|rollback|unrelated ...]   (default: tests profile)
 . "$(dirname "$0")/device_env.sh"
 git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || true  # the tree that travels may carry an older .git: results record the commit by hand too
 
@@ -58,9 +59,18 @@ for part in ${*:-tests profile}; do
     specbench)
       timeout ${SPEC_TIMEOUT:-560} python3 bench/spec_decode.py --config configs/qwen3_5-9b-text --batch ${SPEC_BATCH:-1,64} \
         --prompt 512 --output 128 --accept 0.81 --limits "${SPEC_LIMITS:-default}" --rollbacks "${SPEC_ROLLBACKS:-snapshots}" \
-        --out "/tmp/spec_decode_9b.json" ${SPEC_PROFILE:+--profile "$OUT/spec_profile.txt"} \
+        --out "/tmp/spec_decode_9b${SPEC_CHAIN:+_chain}.json" ${SPEC_PROFILE:+--profile "$OUT/spec_profile.txt"} \
         ${SPEC_TOKEN_MAP:+--token-map "$SPEC_TOKEN_MAP"} ${SPEC_CHAIN:+--chain} 2>&1 | quiet \
-        | tee "$OUT/spec_decode_9b.log" | tail -12; cp /tmp/spec_decode_9b.json "$OUT/" ;;
+        | tee "$OUT/spec_decode_9b${SPEC_CHAIN:+_chain}.log" | tail -12; cp /tmp/spec_decode_9b${SPEC_CHAIN:+_chain}.json "$OUT/" ;;
+    chain)  # chained speculative iterations: their CUDA tests, then tok/s chained against the host path, one call
+      timeout 240 python3 -m pytest -q -rf -p no:cacheprovider -n 3 tests/gpu/test_speculative_cuda.py \
+        tests/kernels/test_state_rows.py 2>&1 | tee "$OUT/tests_chain.log" | tail -6
+      for mode in host chain; do
+        timeout ${SPEC_TIMEOUT:-270} python3 bench/spec_decode.py --config configs/qwen3_5-9b-text --batch ${SPEC_BATCH:-1,16,64} \
+          --prompt 512 --output 128 --accept 0.81 --limits "${SPEC_LIMITS:-0}" --out "/tmp/spec_decode_9b_$mode.json" \
+          $([ $mode = chain ] && echo --chain) 2>&1 | quiet | tee "$OUT/spec_decode_9b_$mode.log" | tail -8
+        cp "/tmp/spec_decode_9b_$mode.json" "$OUT/"
+      done ;;
     prefix)  # the shared-prefix and unrelated-prompts workloads, cache on and off
       timeout 330 python3 bench/prefix_cache.py offline --config configs/qwen3_5-9b-text --cases shared,random \
         --shared-requests "${SHARED_REQUESTS:-1000}" --out "$OUT/prefix_9b.json" 2>&1 | quiet | tee "$OUT/prefix_9b.log" \
