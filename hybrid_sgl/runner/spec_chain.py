@@ -119,23 +119,16 @@ class SpecChain:
             assert all(len(d) == k for d in drafts), "a chain starts from k drafts a row"
             ids = device_index([x for it, d in zip(items, drafts) for x in it.req.token_slice(it.start, it.end) + d],
                                r.device)
-            slots_t = device_index(slots, r.device)
-            self.slot_lens.index_copy_(0, slots_t, device_index([it.start for it in items], r.device))
-            self.stops.index_copy_(0, slots_t, device_index([x for it in items for x in self._stop_ids(it.req)
-                                                             + [-1] * (MAX_STOPS - len(self._stop_ids(it.req)))],
-                                                            r.device).view(b, MAX_STOPS))
-            self.budget.index_copy_(0, slots_t, device_index([min(it.req.params.max_new_tokens - len(it.req.output_ids),
-                                                                  r.context_length - it.start - 1) for it in items],
-                                                             r.device))
-            self.alive.index_fill_(0, slots_t, True)
+            self._start_rows(items)
         else:
             ids = prev.next_ids.index_select(0, device_index(prev_rows, r.device)).view(-1)
         rows = self._rows_for(b)
         sampled = not all(it.req.params.greedy for it in items)
         if sampled:  # each row's filters; pad rows greedy
+            greedy = torch.tensor([it.req.params.greedy for it in items]).to(r.device, non_blocking=True)
             self.filters[:rows, 0] = 0.0
             self.filters[:b].copy_(row_filters([it.req for it in items], r.config.vocab_size, r.device))
-            self.filters[:b, 0].masked_fill_(self._greedy_rows(items, r.device), 0.0)
+            self.filters[:b, 0].masked_fill_(greedy, 0.0)
         a = r.allocator  # (prefix_lens: offsets over slot_lens; the cuts: run positions 1..k -> the draft rows)
         self.verify_inputs.fill(StepPlan(mode=ForwardMode.EXTEND, tokens=[[0] * (k + 1)] * b, prefix_lens=[0] * b,
                                          slots=slots, ids_on_device=True,
@@ -154,9 +147,19 @@ class SpecChain:
         """The row count an iteration of b rows runs at: the smallest captured one that holds them, else b."""
         return min((n for n, _ in self.graphs if n >= b), default=b)
 
-    @staticmethod
-    def _greedy_rows(items: list[BatchItem], device: torch.device) -> torch.Tensor:
-        return torch.tensor([it.req.params.greedy for it in items]).to(device, non_blocking=True)
+    def _start_rows(self, items: list[BatchItem]) -> None:
+        """The per-slot tables of rows that start a chain: length, stop ids, budget (the tokens the request may
+        still gain: max_new_tokens, and the context as the result rules count it), alive."""
+        r, n = self.runner, len(items)
+        slots = device_index([it.req.slot for it in items], r.device)
+        stops = [self._stop_ids(it.req) for it in items]
+        budget = [min(it.req.params.max_new_tokens - len(it.req.output_ids), r.context_length - it.start - 1)
+                  for it in items]
+        self.slot_lens.index_copy_(0, slots, device_index([it.start for it in items], r.device))
+        self.stops.index_copy_(0, slots, device_index([x for ids in stops for x in ids + [-1] * (MAX_STOPS - len(ids))],
+                                                      r.device).view(n, MAX_STOPS))
+        self.budget.index_copy_(0, slots, device_index(budget, r.device))
+        self.alive.index_fill_(0, slots, True)
 
     def _iterate(self, B: int, sampled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The iteration over the B rows the step buffers hold (pad rows included); device work only, so that
