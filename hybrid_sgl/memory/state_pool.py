@@ -53,13 +53,10 @@ class StatePool:
         one scatter a tensor, queued on the stream (no host wait). ssm=False: the conv states only."""
         if not src:
             return
-        self.copy_rows(device_index(src, self.conv.device), device_index(dst, self.conv.device), ssm)
-
-    def copy_rows(self, src: torch.Tensor, dst: torch.Tensor, ssm: bool = True) -> None:
-        """copy_slots with [n] int64 device indices; a row may be its own source (gathered first)."""
-        self.conv.index_copy_(1, dst, self.conv.index_select(1, src))
+        src_t, dst_t = device_index(src, self.conv.device), device_index(dst, self.conv.device)
+        self.conv.index_copy_(1, dst_t, self.conv.index_select(1, src_t))
         if ssm:
-            self.ssm.index_copy_(1, dst, self.ssm.index_select(1, src))
+            self.ssm.index_copy_(1, dst_t, self.ssm.index_select(1, src_t))
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(conv [S+1, W-1, D], ssm [S+1, ...]) of state layer `index`, as views into the pool."""

@@ -178,18 +178,18 @@ class SpecChain:
         own = logits.argmax(dim=-1).view(B, k + 1)
         rows_in = fb.input_ids.view(B, k + 1)
         acc = self._accepted(rows_in[:, 1:], own[:, :k])  # [B]
-        j = torch.arange(k + 1, device=r.device)
-        drafts_then_own = torch.cat([rows_in[:, 1:], own[:, k:]], dim=1)
-        out = torch.where(j < acc[:, None], drafts_then_own, own)  # [B, k + 1]: the first `kept` are kept
+        token = own.gather(1, acc[:, None])[:, 0]  # [B]: the row's token after the drafts it keeps
         if sampled:  # the sampled rows' speculative sampling over their filtered distributions
             f = self.filters[:B]
             greedy = f[:, 0] == 0
             filters = [x.repeat_interleave(k + 1) for x in (torch.where(greedy, 1.0, f[:, 0]), *f[:, 1:].unbind(1))]
             probs = filtered_probs_rows(logits, *filters).view(B, k + 1, -1)
-            acc_s, token = speculative_sample_rows(probs, rows_in[:, 1:])
-            acc = torch.where(greedy, acc, acc_s)
-            out = torch.where(j < acc[:, None], drafts_then_own, own)
-            out = torch.where(greedy[:, None] | (j != acc[:, None]), out, token[:, None])
+            acc_s, token_s = speculative_sample_rows(probs, rows_in[:, 1:])
+            acc, token = torch.where(greedy, acc, acc_s), torch.where(greedy, token, token_s)
+        j = torch.arange(k + 1, device=r.device)
+        # [B, k + 1]: the kept drafts, the row's token, then what the device ignores
+        out = torch.where(j < acc[:, None], torch.cat([rows_in[:, 1:], own[:, k:]], dim=1), own)
+        out = out.scatter(1, acc[:, None], token[:, None])
         kept, acc = self._end_rows(slots, out, acc, real)
         self._roll_back(slots, kept, ssm=not replay)
         if replay:  # the gated delta rule's slots are untouched: run each row's kept tokens again (pad rows: none)

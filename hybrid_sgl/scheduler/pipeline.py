@@ -11,7 +11,7 @@ the same entries:
     advance(follow)    launch `follow` (the next batch the scheduler built without the in-flight
                        step's tokens, or None), then apply the step in flight
     takes_follow_up(items)  whether that next batch may go behind the step in flight
-    follow_extent()    how far that next batch's rows may lie past the step in flight's
+    follow_tokens()    tokens a row of the step in flight may gain, and a row behind it writes
     holders()          finished requests whose slot a step in flight still uses
     drop_in_flight()   after a failed step: forget the step in flight, free the slots it held
 
@@ -66,10 +66,10 @@ class StepPipeline(ABC):
     @abstractmethod
     def drop_in_flight(self) -> None: ...
 
-    def follow_extent(self) -> tuple[int, int]:
-        """(the most tokens a row of the step in flight gains, the tokens a row of a step behind it writes):
-        (1, 1) for decode steps, (k + 1, k + 1) for chained speculative iterations."""
-        return 1, 1
+    def follow_tokens(self) -> int:
+        """The most tokens a row of the step in flight gains, which is also what a row of a step behind it
+        writes: 1 for decode steps, k + 1 for chained speculative iterations."""
+        return 1
 
     def takes_follow_up(self, items: list[BatchItem]) -> bool:
         """Whether `items`, the next decode batch the scheduler built from the step in flight, may be

@@ -164,18 +164,18 @@ class Scheduler:
         if self.waiting or any(r.status is ReqStatus.RUNNING and not r.is_decoding for r in self.running):
             return None
         items, rows, pages = [], [], 0
-        gain, write = self.pipeline.follow_extent()
+        n = self.pipeline.follow_tokens()
         for j, it in enumerate(in_flight):
             req = it.req
             if req.status is not ReqStatus.RUNNING:
                 continue  # aborted while in flight
-            start = req.num_computed + gain  # where the row may start: at most `gain` tokens past the one in flight
+            start = req.num_computed + n  # where the row may start: at most n tokens past the one in flight
             # (a row the step in flight ends by length for sure stops here)
-            if len(req.output_ids) + 1 >= req.params.max_new_tokens or start + write >= self.context_length:
+            if len(req.output_ids) + 1 >= req.params.max_new_tokens or start + n >= self.context_length:
                 continue
-            items.append(BatchItem(req=req, start=start, end=start + write, sample=True))
+            items.append(BatchItem(req=req, start=start, end=start + n, sample=True))
             rows.append(j)
-            pages += self.allocator.extra_pages_needed(req.slot, start + write)
+            pages += self.allocator.extra_pages_needed(req.slot, start + n)
         stepping = {id(it.req) for it in in_flight}
         if (not items or any(r.is_decoding and id(r) not in stepping for r in self.running)
                 or not self.pipeline.takes_follow_up(items)):

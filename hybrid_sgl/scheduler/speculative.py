@@ -108,8 +108,8 @@ class SpecPipeline(OverlapPipeline):
     def holders(self) -> list[Req]:
         return [req for req, _ in self._chain.deferred] if self._chain is not None else super().holders()
 
-    def follow_extent(self) -> tuple[int, int]:
-        return (self.spec.k + 1,) * 2 if self._chain is not None else (1, 1)
+    def follow_tokens(self) -> int:
+        return self.spec.k + 1 if self._chain is not None else 1
 
     def takes_follow_up(self, items: list[BatchItem]) -> bool:
         """Behind a chained iteration: another while the batch still chains and speculates. Behind a plain
@@ -159,14 +159,7 @@ class SpecPipeline(OverlapPipeline):
             if req.status is not ReqStatus.RUNNING:
                 continue  # aborted while in flight
             assert tokens, f"the device ended {req.rid}'s row where the host's result rules did not end it"
-            start, applied = req.num_computed, 0
-            for token in tokens:
-                host.results.apply(BatchItem(req=req, start=start + applied, end=start + applied + 1, sample=True),
-                                   ItemResult(next_token=token))
-                applied += 1
-                if req.finished:
-                    break
-            req.spec_verify_ct += 1
+            applied = self._apply_row(req, [ItemResult(next_token=t) for t in tokens])
             spec.verified_rows += 1
             spec.verified_tokens += applied
             changed.append(req)
@@ -207,14 +200,7 @@ class SpecPipeline(OverlapPipeline):
         for it, draft, row in zip(items, drafts, rows):
             req, start = it.req, it.start
             if draft:
-                req.spec_verify_ct += 1
-                kept = 0
-                for result in row:
-                    host.results.apply(BatchItem(req=req, start=start + kept, end=start + kept + 1, sample=True),
-                                       result)
-                    kept += 1
-                    if req.finished:
-                        break
+                kept = self._apply_row(req, row)
                 spec.keep(req, 1 + len(draft), kept)
                 changed.append(req)
             else:
@@ -231,6 +217,19 @@ class SpecPipeline(OverlapPipeline):
                 host.release(req)
         self._draft(entries)
         return changed
+
+    def _apply_row(self, req: Req, results: list[ItemResult]) -> int:
+        """Apply a verify row's results to req one token at a time through the result rules, up to where they
+        end it (a stop, max_new_tokens): plain decoding's tokens and finish. Returns the tokens applied."""
+        start, applied = req.num_computed, 0
+        req.spec_verify_ct += 1
+        for result in results:
+            self.host.results.apply(BatchItem(req=req, start=start + applied, end=start + applied + 1, sample=True),
+                                    result)
+            applied += 1
+            if req.finished:
+                break
+        return applied
 
     def _draft(self, entries: list[DraftEntries]) -> None:
         """Propose the entries' drafts, each with pages up to its verify row's last token."""
