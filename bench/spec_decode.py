@@ -176,7 +176,7 @@ def run_case(a: argparse.Namespace) -> dict:
         if chain is not None and a.accept != "none":
             chain.forced_acceptance = float(a.accept)  # TEST-ONLY, as forced_verify
             if chain.graphs:  # captured before: again, with the forced acceptance inside
-                chain.capture_graphs(list(chain.graphs))
+                chain.capture_graphs(sorted({rows for rows, _ in chain.graphs}))  # keys: (rows, sampled)
         engine.generate(input_ids=ids, sampling_params={**params, "max_new_tokens": 8})  # warm-up: every shape
         rids = [f"r{i}" for i in range(batch)]
         # decode time = the whole run's wall time - that of the same prompts with two new tokens (the cache is
