@@ -9,8 +9,8 @@
 #   with the engine loop's cProfile and the kernels of each timed run in spec_profile.txt; SPEC_TOKEN_MAP=top:32768:
 #   the drafts choose among 32k token ids, --speculative-token-map; SPEC_LIMITS=0,default: one spec run per
 #   --speculative-disable-by-batch-size, 0 timing the speculative pipeline at every batch size; SPEC_ROLLBACKS=
-#   snapshots,replay: one spec run per --speculative-rollback; SPEC_CHAIN=1: the spec runs chain their iterations,
-#   --enable-speculative-overlap). `chain`: the chained iterations' CUDA tests, then specbench on the host path and
+#   snapshots,replay: one spec run per --speculative-rollback; SPEC_CHAIN=1: the spec runs chain their iterations
+#   (the default; else --disable-speculative-overlap)). `chain`: the chained iterations' CUDA tests, then specbench on the host path and
 #   chained (SPEC_BATCH default 1,16,64, SPEC_LIMITS default 0: drafts at every batch size).
 # `mamba`: the step profile of the Nemotron-H-8B and Falcon-H1-7B shapes (MAMBA_CONFIGS: others; TOP_KERNELS=N: each case's N kernels with
 #   the most device time, with their calls a step). `profile` and `mamba`: HOST_OPS=N lists each eager case's N host ops

@@ -70,7 +70,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rollbacks", default="snapshots",
                    help="--speculative-rollback of the spec runs, comma-separated (snapshots, replay): one run each")
     p.add_argument("--chain", action="store_true",
-                   help="--enable-speculative-overlap for the spec runs (chained iterations, runner/spec_chain.py)")
+                   help="the spec runs chain their iterations (the default; without --chain: "
+                        "--disable-speculative-overlap)")
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=None)
     p.add_argument("--profile", default=None, help="write a profile of each case's timed run here (appended): "
@@ -169,8 +170,8 @@ def run_case(a: argparse.Namespace) -> dict:
 
             SpecDecoder.verify = forced_verify
     params = {"max_new_tokens": a.output, "temperature": 0, "ignore_eos": True}
-    if spec and a.chain:
-        kw["enable_speculative_overlap"] = True
+    if spec and not a.chain:
+        kw["disable_speculative_overlap"] = True
     with Engine(**kw) as engine:
         chain = getattr(engine.scheduler.pipeline, "chain", None)
         if chain is not None and a.accept != "none":

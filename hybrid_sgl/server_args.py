@@ -127,12 +127,14 @@ class ServerArgs:
                                    "(less device time in its kernels from about 16 rows, yet slower end to end: "
                                    "1.08x plain decoding against 1.29x at 16 requests on one H100).",
                                    ["snapshots", "replay"])
-    enable_speculative_overlap: bool = _f(False, "Run verify steps (rows without a grammar, logprobs, logit "
-                                          "adjustments or their own seed) as chained iterations: verify, accept "
-                                          "(speculative sampling for sampled rows), rollback and the "
-                                          "drafts on the device, the next iteration launched before the host reads "
-                                          "this one (runner/spec_chain.py; one CUDA graph per row count). Exact "
-                                          "on CPU; not yet run on a GPU.")
+    disable_speculative_overlap: bool = _f(False, "Run every verify step on the host path (the host reads each "
+                                           "iteration's accepted tokens before the next). By default, verify steps "
+                                           "whose rows have no grammar, logprobs, logit adjustments or seed of "
+                                           "their own run as chained iterations beside the overlap schedule: "
+                                           "verify, accept (speculative sampling for sampled rows), rollback and "
+                                           "the drafts on the device, the next iteration launched before the host "
+                                           "reads this one (runner/spec_chain.py; one CUDA graph per row count). "
+                                           "--disable-overlap-schedule turns them off too.")
     speculative_disable_by_batch_size: int = _f(SPEC_DISABLE_BY_BATCH_SIZE, "While this many requests or more "
                                                 "run or wait (up to --max-running-requests), decode steps run "
                                                 "without drafts (plain decode steps, overlapped unless "
@@ -348,8 +350,6 @@ def _check_chat_template(path: str, tokenizer_path: str | None) -> None:
 def _check_speculative(args: ServerArgs) -> None:
     """The speculative-decoding flags this engine can run (a chain of MTP drafts), before any heavy work."""
     if args.speculative_algorithm is None:
-        if args.enable_speculative_overlap:
-            raise ValueError("--enable-speculative-overlap needs --speculative-algorithm NEXTN (or EAGLE)")
         if args.speculative_token_map is not None:
             raise ValueError("--speculative-token-map narrows the drafts' vocabulary and needs "
                              "--speculative-algorithm NEXTN (or EAGLE)")
@@ -371,9 +371,6 @@ def _check_speculative(args: ServerArgs) -> None:
                          f"verifies {args.speculative_num_steps + 1} tokens; use that or leave it unset")
     if args.tp_size > 1:
         raise ValueError("--speculative-algorithm with --tp-size > 1 is not supported yet: use --tp-size 1")
-    if args.enable_speculative_overlap and args.disable_overlap_schedule:
-        raise ValueError("--enable-speculative-overlap chains iterations beside the overlap schedule: drop "
-                         "--disable-overlap-schedule")
     if args.speculative_rollback == "replay" and args.speculative_num_steps + 1 > _short_row_tokens():
         raise ValueError(f"--speculative-rollback replay runs verify steps of at most {_short_row_tokens()} tokens a "
                          f"request: use --speculative-num-steps {_short_row_tokens() - 1} or fewer")

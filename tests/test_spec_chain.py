@@ -1,7 +1,7 @@
-"""Chained speculative iterations (--enable-speculative-overlap) on CPU, float32: greedy output equals plain
-decoding, with the MTP layer's drafts and with scripted ones accepted at a set rate, alone, batched, with
-mixed lengths, stop tokens and max_new_tokens ending rows inside an iteration, and beside requests that do not
-chain; iterations really run behind each other; the pools stay whole.
+"""Chained speculative iterations (the default; --disable-speculative-overlap: off) on CPU, float32: greedy
+output equals plain decoding, with the MTP layer's drafts and with scripted ones accepted at a set rate,
+alone, batched, with mixed lengths, stop tokens and max_new_tokens ending rows inside an iteration, and
+beside requests that do not chain; iterations really run behind each other; the pools stay whole.
 
 The scripted drafts (test-only) replace the device's proposals by the true continuation with probability p per
 token (a wrong token otherwise), looked up by slot and position from a plain run."""
@@ -15,7 +15,7 @@ from hybrid_sgl.engine import Engine
 from hybrid_sgl.runner.spec_chain import SpecChain
 from tests.test_speculative import BASE, FAMILIES, GREEDY, PROMPTS, SHARED_PREFIX_PROMPTS, SPEC, TIGHT
 
-CHAIN = {**SPEC, "enable_speculative_overlap": True}
+CHAIN = {**SPEC, "disable_speculative_overlap": False}  # the default
 
 
 def _run(path: str, prompts, params, **kw):
@@ -267,7 +267,7 @@ def test_abort_while_a_chained_iteration_is_in_flight(tiny_checkpoint, monkeypat
     from tests.test_hf_parity import make_scheduler
 
     path = tiny_checkpoint("qwen3_5", mtp=True)
-    s = make_scheduler(path, **SPEC, enable_speculative_overlap=True)
+    s = make_scheduler(path, **CHAIN)
     reqs = [Req(rid=f"r{i}", prompt_ids=q, params=SamplingParams(max_new_tokens=30, temperature=0, ignore_eos=True))
             for i, q in enumerate(PROMPTS)]
     for req in reqs:

@@ -19,7 +19,8 @@ from hybrid_sgl.server_args import ServerArgs
 
 FAMILIES = ["qwen3_5", "qwen3_5_moe", "qwen3_next"]
 BASE = dict(device="cpu", dtype="float32", log_level="warning")
-SPEC = dict(speculative_algorithm="NEXTN", speculative_num_steps=3)
+SPEC = dict(speculative_algorithm="NEXTN", speculative_num_steps=3,
+            disable_speculative_overlap=True)  # the host path; the chained iterations: tests/test_spec_chain.py
 GREEDY = {"max_new_tokens": 20, "temperature": 0, "ignore_eos": True}
 
 

@@ -1,6 +1,6 @@
 """Chained speculative iterations: verify, accept, roll back and draft on the device, with no host read
-between them, so the host may launch iteration N + 1 before it reads iteration N (scheduler/speculative.py,
---enable-speculative-overlap).
+between them, so the host may launch iteration N + 1 before it reads iteration N (scheduler/speculative.py;
+the default, --disable-speculative-overlap turns it off).
 
 An iteration over B rows of k + 1 tokens [x, d1..dk] (runner/speculative.py explains the method):
 1. verify: the model over the rows, each starting at its slot's length in `slot_lens` (on the device);

@@ -12,7 +12,7 @@ tokens, stop strings and max_new_tokens end it exactly where plain decoding woul
 then goes back to the state after the tokens kept. Pages for the next verify (the token and its
 drafts) are taken when the drafts are made, evicting cached prefixes if needed, else no drafts.
 
-Chained iterations (--enable-speculative-overlap, runner/spec_chain.py): a decode batch whose rows
+Chained iterations (the default; off: --disable-speculative-overlap; runner/spec_chain.py): a decode batch whose rows
 all chain (SpecChain.takes) and carry k drafts runs verify, accept, rollback and drafting on the device
 as one iteration, and the scheduler launches the next iteration behind it (Scheduler._follow_up, each
 row up to k + 1 tokens further, pages for that) before the host reads and applies this one, as
@@ -42,7 +42,7 @@ class SpecPipeline(OverlapPipeline):
         self.spec: SpecDecoder = runner.speculative
         self.overlap = overlap
         self.plain_decode_steps = 0  # decode steps without drafts, run as the batch reached disable_batch_size
-        self.chain: SpecChain | None = self.spec.chain  # (--enable-speculative-overlap)
+        self.chain: SpecChain | None = self.spec.chain if overlap else None  # (off: --disable-speculative-overlap)
         self._chain: PendingChain | None = None  # the chained iteration in flight
 
     @property

@@ -105,7 +105,7 @@ def test_constrained_and_logprob_requests_take_drafts_on_cuda(tiny_checkpoint, m
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
 def test_chained_iterations_replay_their_graphs_and_equal_plain_decoding(tiny_checkpoint, family):
-    """--enable-speculative-overlap on CUDA: every iteration of up to the captured row counts replays its graph
+    """Chained iterations (the default) on CUDA: every iteration of up to the captured row counts replays its graph
     (verify, accept, rollback, MTP passes) and greedy output equals plain decoding; so does a row sampled at a
     near-zero temperature beside them (the sampled graphs)."""
     from hybrid_sgl.runner.spec_chain import SpecChain
@@ -119,7 +119,7 @@ def test_chained_iterations_replay_their_graphs_and_equal_plain_decoding(tiny_ch
         eager[0] += not torch.cuda.is_current_stream_capturing() and (rows, sampled) not in self.graphs
         return iterate(self, rows, sampled)
 
-    with Engine(model_path=path, **{**BASE, **CUDA, **SPEC}, enable_speculative_overlap=True) as engine:
+    with Engine(model_path=path, **{**BASE, **CUDA, **SPEC, "disable_speculative_overlap": False}) as engine:
         chain = engine.runner.speculative.chain
         assert chain.graphs
         for graph, _ in chain.graphs.values():
