@@ -22,10 +22,12 @@ from hybrid_sgl.server.tool_parser import GRAMMAR_MODELS as TOOL_PARSERS
 
 logger = logging.getLogger(__name__)
 
-# decode batches of this many requests or more skip speculative decoding (--speculative-disable-by-batch-size):
-# the 9B's verify steps (3 drafts, accept length 2.95) gain 1.10x at 48 rows and lose at 56 (0.975x) and 64
-# (0.94x) on one H100 (bench/README.md)
+# decode batches of this many requests or more skip speculative decoding (--speculative-disable-by-batch-size),
+# the 9B shape on one H100 (bench/README.md, 3 drafts, accept length ~2.95): on the host path verify steps gain
+# 1.10x at 48 rows and lose at 56 (0.975x) and 64 (0.94x); chained iterations gain 1.272x at 64, the largest
+# batch measured, so they draft up to 64
 SPEC_DISABLE_BY_BATCH_SIZE = 56
+SPEC_DISABLE_BY_BATCH_SIZE_CHAINED = 65
 BUNDLED_MODEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                              "configs", "default-model")
 
@@ -135,12 +137,14 @@ class ServerArgs:
                                            "the drafts on the device, the next iteration launched before the host "
                                            "reads this one (runner/spec_chain.py; one CUDA graph per row count). "
                                            "--disable-overlap-schedule turns them off too.")
-    speculative_disable_by_batch_size: int = _f(SPEC_DISABLE_BY_BATCH_SIZE, "While this many requests or more "
-                                                "run or wait (up to --max-running-requests), decode steps run "
-                                                "without drafts (plain decode steps, overlapped unless "
-                                                "--disable-overlap-schedule), as vLLM's option of this name: at high "
-                                                "concurrency a verify step costs more than its extra tokens give "
-                                                "(the default is the measured crossover, bench/README.md). 0: never.")
+    speculative_disable_by_batch_size: int | None = _f(None, "While this many requests or more run or wait (up to "
+                                                       "--max-running-requests), decode steps run without drafts "
+                                                       "(plain decode steps, overlapped unless "
+                                                       "--disable-overlap-schedule), as vLLM's option of this name: "
+                                                       "at high concurrency a verify step costs more than its extra "
+                                                       "tokens give. 0: never. Default: 65 with chained iterations "
+                                                       "(they gain up to 64 requests, the most measured), 56 on the "
+                                                       "host path (its measured crossover; bench/README.md).")
     speculative_token_map: str | None = _f(None, "The drafts' small vocabulary (FR-Spec): a file of frequent token "
                                            "ids (torch.save of a list or 1-D tensor, as SGLang reads it, or a JSON "
                                            "list; tools/token_map.py writes one). Drafts choose among these ids "
@@ -207,6 +211,7 @@ class ServerArgs:
             served_model_name=self.served_model_name or os.path.basename(os.path.normpath(model_path)),
             speculative_num_draft_tokens=None if self.speculative_algorithm is None
             else self.speculative_num_draft_tokens or self.speculative_num_steps + 1,
+            speculative_disable_by_batch_size=_spec_batch_limit(self),
         )
 
     def check(self) -> None:
@@ -347,6 +352,14 @@ def _check_chat_template(path: str, tokenizer_path: str | None) -> None:
                      f"conversation ({errors[0]})")
 
 
+def _spec_batch_limit(args: ServerArgs) -> int:
+    """--speculative-disable-by-batch-size, or its default for the path verify steps take."""
+    if args.speculative_disable_by_batch_size is not None:
+        return args.speculative_disable_by_batch_size
+    chained = not (args.disable_speculative_overlap or args.disable_overlap_schedule)
+    return SPEC_DISABLE_BY_BATCH_SIZE_CHAINED if chained else SPEC_DISABLE_BY_BATCH_SIZE
+
+
 def _check_speculative(args: ServerArgs) -> None:
     """The speculative-decoding flags this engine can run (a chain of MTP drafts), before any heavy work."""
     if args.speculative_algorithm is None:
@@ -357,7 +370,7 @@ def _check_speculative(args: ServerArgs) -> None:
     if args.speculative_token_map is not None and not os.path.isfile(args.speculative_token_map):
         raise ValueError(f"--speculative-token-map {args.speculative_token_map}: no such file (a local .pt or .json "
                          "list of token ids)")
-    if args.speculative_disable_by_batch_size < 0:
+    if args.speculative_disable_by_batch_size is not None and args.speculative_disable_by_batch_size < 0:
         raise ValueError(f"--speculative-disable-by-batch-size must be >= 0 (0: never), got "
                          f"{args.speculative_disable_by_batch_size}")
     if args.speculative_eagle_topk != 1:

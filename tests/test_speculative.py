@@ -348,6 +348,18 @@ def test_the_batch_limit_of_speculation_is_checked_at_start(tiny_checkpoint):
                    speculative_disable_by_batch_size=-1).resolved()
 
 
+def test_the_batch_limit_defaults_to_the_measured_one_of_each_path(tiny_checkpoint):
+    path = tiny_checkpoint("qwen3_5", mtp=True)
+    chained = {**SPEC, "disable_speculative_overlap": False}
+
+    def limit(**kw):
+        return ServerArgs(model_path=path, **{**BASE, **kw}).resolved().speculative_disable_by_batch_size
+
+    assert limit(**chained) == 65
+    assert limit(**chained, disable_overlap_schedule=True) == limit(**SPEC) == 56
+    assert limit(**chained, speculative_disable_by_batch_size=0) == 0
+
+
 def test_a_batch_filling_up_by_chunked_prefill_decodes_plain_steps_from_its_start(tiny_checkpoint, monkeypatch):
     """Four requests prefilled one chunk at a time, limit 3: the first ones decode while the others still
     prefill or wait, yet they count toward the limit, so no row verifies drafts until two requests have
