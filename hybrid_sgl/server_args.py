@@ -172,6 +172,11 @@ class ServerArgs:
     allowed_origins: str | None = _f(None, "Comma-separated origins that browsers may call the API from (CORS), "
                                      "or '*' for any. Default: none (no CORS headers).")
 
+    @property
+    def chains_verify_steps(self) -> bool:
+        """Whether verify steps run as chained iterations (they need the overlap schedule)."""
+        return not (self.disable_speculative_overlap or self.disable_overlap_schedule)
+
     def resolved(self) -> ServerArgs:
         """A copy with every 'auto' / None default and every SGLang spelling replaced by its concrete
         value. Refuses, before any heavy work, what cannot run here, naming what to use instead."""
@@ -356,8 +361,7 @@ def _spec_batch_limit(args: ServerArgs) -> int:
     """--speculative-disable-by-batch-size, or its default for the path verify steps take."""
     if args.speculative_disable_by_batch_size is not None:
         return args.speculative_disable_by_batch_size
-    chained = not (args.disable_speculative_overlap or args.disable_overlap_schedule)
-    return SPEC_DISABLE_BY_BATCH_SIZE_CHAINED if chained else SPEC_DISABLE_BY_BATCH_SIZE
+    return SPEC_DISABLE_BY_BATCH_SIZE_CHAINED if args.chains_verify_steps else SPEC_DISABLE_BY_BATCH_SIZE
 
 
 def _check_speculative(args: ServerArgs) -> None:

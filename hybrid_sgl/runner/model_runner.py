@@ -149,8 +149,7 @@ class ModelRunner:
         self.last_hidden: torch.Tensor | None = None
         self.speculative = (SpecDecoder(self, self.spec_steps, args.speculative_disable_by_batch_size,
                                         replay=args.speculative_rollback == "replay",
-                                        chain=not (args.disable_speculative_overlap or
-                                                   args.disable_overlap_schedule)) if self.spec_steps else None)
+                                        chain=args.chains_verify_steps) if self.spec_steps else None)
         self.graphs, self.extend_graphs, self.verify_graphs = self._capture_graphs(backends)
         rows, pinned = self.plan.max_running_requests, self.device.type == "cuda"
         self._host_ids = [torch.empty(rows, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]

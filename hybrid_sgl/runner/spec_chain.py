@@ -60,7 +60,7 @@ class PendingChain:
         """Waits for the iteration; per row (the tokens it keeps, the next drafts)."""
         if self.done is not None:
             self.done.synchronize()
-        k1 = (self.host.shape[1]) // 2
+        k1 = self.host.shape[1] // 2
         return [(row[:row[k1]], row[k1 + 1:]) for row in self.host.tolist()]
 
 
@@ -217,12 +217,13 @@ class SpecChain:
         """Capture the whole iteration at each row count (largest first), greedy and with sampled rows, in one
         memory pool (one iteration runs at a time, and its outputs are read before the next replay), on pad rows."""
         k = self.k
-        empty = {mode: StepPlan(mode=mode, tokens=[], prefix_lens=[], slots=[]) for mode in ForwardMode}
+        no_verify = StepPlan(mode=ForwardMode.EXTEND, tokens=[], prefix_lens=[], slots=[])
+        no_drafts = StepPlan(mode=ForwardMode.DECODE, tokens=[], prefix_lens=[], slots=[])
 
         def prepare(key: tuple[int, bool]) -> None:
             rows, sampled = key
-            self.verify_inputs.fill(empty[ForwardMode.EXTEND], rows * (k + 1), rows)
-            self.chain_inputs.fill(empty[ForwardMode.DECODE], rows, rows)
+            self.verify_inputs.fill(no_verify, rows * (k + 1), rows)
+            self.chain_inputs.fill(no_drafts, rows, rows)
             self.filters[:rows, 0] = 0.0
 
         keys = [(rows, sampled) for rows in sorted(batch_sizes, reverse=True) for sampled in (True, False)]

@@ -42,7 +42,7 @@ class SpecPipeline(OverlapPipeline):
         self.spec: SpecDecoder = runner.speculative
         self.overlap = overlap
         self.plain_decode_steps = 0  # decode steps without drafts, run as the batch reached disable_batch_size
-        self.chain: SpecChain | None = self.spec.chain if overlap else None  # (off: --disable-speculative-overlap)
+        self.chain: SpecChain | None = self.spec.chain  # (None: ServerArgs.chains_verify_steps is off)
         self._chain: PendingChain | None = None  # the chained iteration in flight
 
     @property
