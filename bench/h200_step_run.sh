@@ -20,10 +20,12 @@
 #   cache on, off, and on without the fixed snapshot cuts (UNRELATED_CONFIG: another shape; FIXED_CUTS_RUN=0: the first two only).
 # `suite`: the CUDA suite (SUITE_ARGS: other pytest arguments, e.g. @FILE of test ids).
 # `launch`: bench/launch_overhead.py and the cached-launch CUDA test.
+# `cuts`: the 8 x 1k prefill step with and without the default snapshot cuts, with this tree's kernels and older ones
+#   carried in .before/triton_kernels.
 # `moe_prefill`: the step profile of Qwen3.5-35B-A3B's first 20 layers (MOE_CASES, default: prefill 8k and 2k, decode b32).
 # `prefix_cache_only`: the shared-prefix workload (SHARED_REQUESTS, default 2000) with the cache on, per config in
 #   PREFIX_CONFIGS (default: the 9B and Nemotron-H-8B shapes): hit rate, tok/s, mean TTFT.
-#   bash bench/h200_step_run.sh [tests|profile|mamba|launch|ttft|multiturn|suite|model_cuda|spec|specbench|chain|prefix|prefix_cache_only|moe_prefill|tests_fp8_spec|mtp_default|rollback|unrelated ...]   (default: tests profile)
+#   bash bench/h200_step_run.sh [tests|profile|mamba|launch|ttft|multiturn|suite|model_cuda|spec|specbench|chain|prefix|prefix_cache_only|moe_prefill|tests_fp8_spec|mtp_default|rollback|unrelated|cuts ...]   (default: tests profile)
 . "$(dirname "$0")/device_env.sh"
 git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || true  # the tree that travels may carry an older .git: results record the commit by hand too
 
@@ -98,6 +100,17 @@ for part in ${*:-tests profile}; do
         --config configs/$c --cases random --engine-arg snapshot_interval=1000000 \
         --out "$OUT/prefix_random_nofixedcuts_$c.json" 2>&1 | quiet > "$OUT/prefix_random_nofixedcuts_$c.log"
       grep -hE "output_tok_s|mean_ttft|rror" "$OUT"/prefix_random*.log ;;
+    cuts)  # the unrelated workload's step (8 cold 1k prompts) with and without the cache's default cuts, top kernels;
+      # the same with older kernels carried in .before/triton_kernels (the modules not there come from this tree)
+      for c in ${CUTS_CONFIGS:-qwen3_5-9b-text nemotron_h-8b}; do
+        for tree in . .before; do
+          [ -d "$tree/triton_kernels" ] || continue
+          [ "$tree" = . ] || { mkdir -p "$tree/bench"; cp bench/step_profile.py "$tree/bench/"; }
+          timeout 150 python3 "$tree/bench/step_profile.py" --config configs/$c --steps 10 --top-kernels 8 \
+            --cases "prefill 8x1k,prefill 8x1k default cuts" --out "$OUT/cuts_${c}_${tree#.}.json" 2>&1 | quiet \
+            | tee "$OUT/cuts_${c}_${tree#.}.log" | grep -E "^\| prefill|rror" | head -8
+        done
+      done ;;
     launch)  # cached Triton launches: host us a launch both ways, the CUDA test against Triton's own launches
       timeout 120 python3 bench/launch_overhead.py 2>&1 | quiet | tee "$OUT/launch_overhead.md"
       timeout 200 python3 -m pytest -q -rf -p no:cacheprovider tests/gpu/test_cached_launch_cuda.py 2>&1 \

@@ -67,6 +67,8 @@ VERIFY = {"verify 4 b1": (ForwardMode.EXTEND, 1, 512, 4), "verify 4 b32": (Forwa
 CASES.update(VERIFY)
 # a cold 4k prompt with and without the prefix cache's default cuts (scheduler/prefix_sharing.py)
 CASES["prefill 4k"] = CASES["prefill 4k default cuts"] = (ForwardMode.EXTEND, 1, 0, 4096)
+# the step of the unrelated-prompts workload (8 cold 1k prompts), with and without those cuts
+CASES["prefill 8x1k"] = CASES["prefill 8x1k default cuts"] = (ForwardMode.EXTEND, 8, 0, 1024)
 
 
 def make_items(runner: ModelRunner, mode: ForwardMode, n: int, cached: int, new: int, scale: float,

@@ -96,7 +96,7 @@ def test_step_profile_reports_every_case_on_cpu(tmp_path):
     cases = json.loads(out.read_text())["cases"]
     assert set(cases) == {"decode b1", "decode b32", "extend 64 after 4k", "prefill 512", "prefill 2k", "prefill 8k",
                           "extend 8x256 after 1k", "prefill 2k with 8 cuts", "verify 4 b1", "verify 4 b32",
-                          "prefill 4k", "prefill 4k default cuts"}
+                          "prefill 4k", "prefill 4k default cuts", "prefill 8x1k", "prefill 8x1k default cuts"}
     for row in cases.values():
         assert row["off"]["wall_ms"] > 0 and row["off, uncached"]["wall_ms"] > 0
         assert set(row["off"]["host_us_per_layer"]) == {"linear_attention+mlp", "full_attention+mlp"}

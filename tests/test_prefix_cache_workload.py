@@ -70,12 +70,14 @@ class RecordingRunner:
                                                             dtype=torch.float64)
         self.computed += len(tokens)
 
-    def run(self, mode, items):
+    def run(self, mode, items, while_running=None):
         slots = [it.req.slot for it in items]
         assert len(set(slots)) == len(slots) and None not in slots
         for it in items:
             assert it.req.status is ReqStatus.RUNNING and it.start == it.req.num_computed
             self._forward(it.req, it.start, it.req.token_slice(it.start, it.end), it.snapshots)
+        if while_running is not None:  # as on a device: after the step's writes are queued, before its results
+            while_running()
         return [ItemResult(next_token=self.rng.randrange(VOCAB) if it.sample else None) for it in items]
 
     can_overlap = staticmethod(ModelRunner.can_overlap)

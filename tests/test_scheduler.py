@@ -31,7 +31,7 @@ class FakeRunner:
         self.batches = []
         self.late_samples = 0  # decode steps sampled after their launch
 
-    def run(self, mode, items):
+    def run(self, mode, items, while_running=None):
         slots = [it.req.slot for it in items]
         assert len(set(slots)) == len(slots) and None not in slots
         if mode is ForwardMode.DECODE:
@@ -44,6 +44,8 @@ class FakeRunner:
             assert it.start == req.num_computed and it.end <= req.seq_len
             assert len(self.allocator.slot_pages[req.slot]) * self.allocator.page_size >= it.end
         self.batches.append((mode, len(items)))
+        if while_running is not None:
+            while_running()
         return [ItemResult(next_token=self.rng.randrange(50) if it.sample else None) for it in items]
 
     can_overlap = staticmethod(ModelRunner.can_overlap)

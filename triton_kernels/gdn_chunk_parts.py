@@ -224,10 +224,11 @@ def _gdn_chunk_state_kernel(
     the state in registers (fp32) as one or two [BK, BV] row blocks (K <= 2 * BK), as fla does.
 
     With HAS_SNAP, snap_pos / snap_slots [N, C] list the cuts p of each sequence (ascending, -1
-    after the last). A cut inside chunk [t0, t0 + BT) is that chunk's update truncated at p, as for
-    a sequence ending at p: V_new rows below p - t0 are those of the whole chunk (W and U of a row
-    depend only on the rows up to it), decayed from gamma at token p - 1. The next cut waits in a
-    register, so a chunk without cuts pays one comparison."""
+    after the last). A cut strictly inside chunk [t0, t0 + BT) is that chunk's update truncated at p,
+    as for a sequence ending at p: V_new rows below p - t0 are those of the whole chunk (W and U of a
+    row depend only on the rows up to it), decayed from gamma at token p - 1. A cut at the chunk's end
+    (the prefix cache's fixed cuts are multiples of 64) stores the updated state, as the SSD kernel
+    does. The next cut waits in a register, so a chunk without cuts pays two comparisons."""
     i_v, i_h, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     length = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
@@ -280,9 +281,9 @@ def _gdn_chunk_state_kernel(
         b_g_last = tl.load(g_cum + (tl.minimum(t0 + BT, length) - 1) * HV)
         p_k = kn + t0 * HK * K + o_c[None, :] * (HK * K)  # keys transposed: [BK, BT]
         if HAS_SNAP:
-            # cuts p in (t0, t_end]: the update over the chunk's first p - t0 tokens
+            # cuts p in (t0, t_end): the update over the chunk's first p - t0 tokens
             t_end = tl.minimum(t0 + BT, length)
-            while (p_cut > t0) & (p_cut <= t_end):
+            while (p_cut > t0) & (p_cut < t_end):
                 b_g_cut = tl.load(g_cum + (p_cut - 1) * HV)
                 m_cut = o_c < p_cut - t0
                 b_vc = (b_v * tl.where(m_cut, tl.exp(b_g_cut - b_g), 0.0)[:, None]).to(DT)
@@ -304,6 +305,14 @@ def _gdn_chunk_state_kernel(
         if K > BK:
             b_k = tl.load(p_k + o_k2[:, None], mask=m_k2[:, None] & m_c[None, :], other=0.0)
             b_h2 = b_h2 * b_decay + _dot(b_k, b_v, PREC)
+        if HAS_SNAP:  # noqa: SIM102 (compiled out without snapshots, where p_cut is undefined)
+            if p_cut == t_end:  # a cut at the chunk's end is the updated state: a store, no update of its own
+                p_snap = ssm_states + tl.load(snap_slots + i_cut).to(tl.int64) * stride_s + i_h * K * V
+                tl.store(p_snap + o_h, b_h1.to(ssm_states.dtype.element_ty), mask=m_h1)
+                if K > BK:
+                    tl.store(p_snap + BK * V + o_h, b_h2.to(ssm_states.dtype.element_ty), mask=m_h2)
+                i_cut += 1
+                p_cut = tl.where(i_cut < C, tl.load(snap_pos + tl.minimum(i_cut, C - 1)), -1)
 
     tl.store(p_s + o_h, b_h1.to(ssm_states.dtype.element_ty), mask=m_h1)
     if K > BK:

@@ -369,7 +369,9 @@ class ModelRunner:
         return self._masks.fill(matchers)
 
     @torch.inference_mode()
-    def run(self, mode: ForwardMode, items: list[BatchItem]) -> list[ItemResult]:
+    def run(self, mode: ForwardMode, items: list[BatchItem], while_running=None) -> list[ItemResult]:
+        """Run a step and read its results. while_running(): host work that needs the step launched but
+        not its results, called while the device computes it (before sampling waits for it)."""
         rows, sample_rows, lp_rows = self._logit_rows(items)
         results = [ItemResult() for _ in items]
         snapshots = [it.snapshots for it in items]
@@ -377,6 +379,8 @@ class ModelRunner:
                         prefix_lens=[it.start for it in items], slots=[it.req.slot for it in items],
                         snapshots=snapshots if any(snapshots) else None, logit_rows=rows)
         logits = self.forward_step(plan)
+        if while_running is not None:
+            while_running()
         if not rows:
             return results
         if sample_rows:

@@ -78,29 +78,36 @@ class StepPipeline(ABC):
 
     def run_to_end(self, mode: ForwardMode, items: list[BatchItem]) -> list[Req]:
         """Run a step, wait for it and apply its results. An extend step takes the prefix cache's
-        snapshots inside its chunks and then hands the cache what its chunks computed."""
+        snapshots inside its chunks and hands the cache what its chunks computed while the device
+        computes them: the cache records slots and pages, and its own state copies queue behind the
+        step, so nothing reads a snapshot before the step has written it."""
         host, extend = self.host, mode is ForwardMode.EXTEND
-        if extend:
-            host.sharing.plan_snapshots(items, host.waiting)
-        try:
+        if not extend:
             results = self.runner.run(mode, items)
+            return self._apply(items, results)
+        host.sharing.plan_snapshots(items, host.waiting)
+        try:
+            results = self.runner.run(mode, items, while_running=lambda: self._cache_chunks(items))
         except BaseException:
-            if extend:
-                host.sharing.drop_snapshots(items)
+            host.sharing.drop_snapshots(items)  # those the cache has not taken yet
             raise
-        if extend:
-            self.computed_prompt_tokens += sum(it.end - it.start for it in items)
-        changed = [item.req for item, result in zip(items, results) if host.results.apply(item, result)]
-        if extend:  # the snapshots taken inside the chunks go into the cache while their slots are held
-            for item in items:
-                host.sharing.snapshots_done(item)
+        self.computed_prompt_tokens += sum(it.end - it.start for it in items)
+        return self._apply(items, results)
+
+    def _cache_chunks(self, items: list[BatchItem]) -> None:
+        """The snapshots inside the step's chunks, and each chunk's prefix and end state, go into the
+        cache (a request that finishes in this step caches its sequence again at release: the same
+        entries)."""
+        for item in items:
+            self.host.sharing.snapshots_done(item)
+            if item.req.status is ReqStatus.RUNNING:
+                self.host.sharing.chunk_done(item.req, item.end)
+
+    def _apply(self, items: list[BatchItem], results) -> list[Req]:
+        changed = [item.req for item, result in zip(items, results) if self.host.results.apply(item, result)]
         for req in changed:
             if req.finished:
-                host.release(req)
-        if extend:  # so do the chunks' prefixes and end states (a finished request's: at its release)
-            for item in items:
-                if item.req.status is ReqStatus.RUNNING:
-                    host.sharing.chunk_done(item.req)
+                self.host.release(req)
         return changed
 
 

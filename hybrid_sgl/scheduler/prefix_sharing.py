@@ -174,12 +174,13 @@ class PrefixSharing(BasePrefixSharing):
             req.prompt_head = tuple(req.prompt_ids[:self.min_branch])
         return req.prompt_head
 
-    def chunk_done(self, req: Req) -> None:
-        """req computed a prompt chunk and goes on: cache what it has, lock that, drop the old lock."""
-        if req.branch_pos <= req.num_computed:
+    def chunk_done(self, req: Req, end: int) -> None:
+        """req's step computes a prompt chunk up to `end`: cache the prefix and the state there (its copy
+        queued behind the step), lock that, drop the old lock."""
+        if req.branch_pos <= end:
             req.branch_pos = 0
         old = req.cache_node
-        req.cache_node = self.cache.insert(req.fill_ids[:req.num_computed], self.allocator.slot_pages[req.slot],
+        req.cache_node = self.cache.insert(req.fill_ids[:end], self.allocator.slot_pages[req.slot],
                                            req.slot, keep=True)
         if old is not None:
             self.cache.release(old)

@@ -22,9 +22,10 @@ class BasePrefixSharing(ABC):
     Admission: `order` the waiting requests, `lookup` each one's reusable prefix (a Match; pos 0 when
     nothing is reused), skip it while `held_back`, `plan_branch`, `lock` the match before making room
     (`unlock` if none can be made), then `admit` it into its new slot. Extend steps: `plan_snapshots`
-    before, `drop_snapshots` if the step fails, `snapshots_done` per item once its tokens are applied,
-    `chunk_done` for each request that goes on. Release: `drop_lock`, then `cache_sequence` before the
-    slot is freed. Pages: `ensure_free_pages` may evict cached prefixes."""
+    before launch, `drop_snapshots` if the step fails, then, while the device computes the step (before
+    its results are applied), `snapshots_done` per item and `chunk_done` for each running request.
+    Release: `drop_lock`, then `cache_sequence` before the slot is freed. Pages: `ensure_free_pages` may
+    evict cached prefixes."""
 
     allocator: Allocator
 
@@ -49,7 +50,7 @@ class BasePrefixSharing(ABC):
     @abstractmethod
     def drop_snapshots(self, items: list[BatchItem]) -> None: ...
     @abstractmethod
-    def chunk_done(self, req: Req) -> None: ...
+    def chunk_done(self, req: Req, end: int) -> None: ...
     @abstractmethod
     def cache_sequence(self, req: Req, num_tokens: int | None) -> None: ...
     @abstractmethod
@@ -109,7 +110,7 @@ class NoPrefixSharing(BasePrefixSharing):
     def drop_snapshots(self, items: list[BatchItem]) -> None:
         pass
 
-    def chunk_done(self, req: Req) -> None:
+    def chunk_done(self, req: Req, end: int) -> None:
         pass
 
     def cache_sequence(self, req: Req, num_tokens: int | None) -> None:

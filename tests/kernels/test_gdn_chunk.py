@@ -175,6 +175,8 @@ SNAP_CASES = [  # (lens, has_init, cuts per sequence, hk, hv, dk, dv)
     ([130], [True], [[1, 63, 64, 65, 100, 130]], 1, 2, 16, 16),
     ([5, 63, 64, 65], [False, True, True, False], [[2, 5], [], [64], [1, 30, 31, 65]], 2, 4, 32, 16),
     ([70], [False], [[33, 70]], 1, 1, 128, 32),  # K = 128: the state in two row blocks
+    # chunk ends one after another, then one inside the next chunk and the sequence end (two row blocks)
+    ([200], [True], [[64, 128, 150, 192, 200]], 1, 1, 128, 16),
 ]
 
 
