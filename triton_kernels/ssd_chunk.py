@@ -26,6 +26,12 @@ from triton_kernels.host_math import cdiv, next_power_of_2
 from triton_kernels.ssd_chunk_parts import _ssd_chunk_output_kernel, _ssd_chunk_state_kernel, _ssd_dt_kernel
 from triton_kernels.varlen import num_virtual_chunks, snapshot_cuts
 
+# With snapshot cuts the state kernel updates a chunk in windows of this many tokens, so that a cut at a multiple of
+# it costs a store (the prefix cache's fixed cuts are multiples of 64 from 128 on): at 128-token tiles a cut inside a
+# chunk took a second 128-token MMA (Nemotron-H-8B's 8 x 1k prefill: the state kernel 9.3 -> 16.6 ms with the default
+# cuts, H100).
+SNAPSHOT_WINDOW = 64
+
 
 def tile_tokens(chunk_size: int, N: int) -> int:
     """Tokens per kernel chunk: the config's chunk_size rounded up to a power of two >= 16 (the
@@ -139,7 +145,7 @@ def _mamba2_prefill_fwd(x, dt, A_log, B, C, D, dt_bias, z, ssm_states, cu_seqlen
         state_slots if snap_pos is None else snap_pos, state_slots if snap_slots is None else snap_slots,
         x.stride(0), x.stride(1), B.stride(0), B.stride(1), ssm_states.stride(0), T, num_cuts,
         H=H, G=G, P=P, N=N, BT=tile, BP=block_p, BN=BN, BC=next_power_of_2(max(num_cuts, 1)),
-        HAS_SNAP=snap_pos is not None, PREC=prec,
+        BS=min(tile, SNAPSHOT_WINDOW), HAS_SNAP=snap_pos is not None, PREC=prec,
         num_warps=state_warps, num_stages=state_stages,
     )
     zz = x if z is None else z

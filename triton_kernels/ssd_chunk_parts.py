@@ -124,6 +124,7 @@ def _ssd_chunk_state_kernel(
     BP: tl.constexpr,
     BN: tl.constexpr,
     BC: tl.constexpr,
+    BS: tl.constexpr,
     HAS_SNAP: tl.constexpr,
     PREC: tl.constexpr,
 ):
@@ -133,10 +134,12 @@ def _ssd_chunk_state_kernel(
 
     With HAS_SNAP, row i_n of snap_pos / snap_slots ([num_seqs, num_cuts] int32, distinct cuts p,
     -1 for none; BC >= num_cuts) asks for the state after the first p tokens in pool slot
-    snap_slots. A cut at a chunk's end stores the updated state; a cut strictly inside a chunk
-    splits the chunk's update in two MMAs: the first is the update as if the sequence ended at p
-    (tokens >= p masked, decay from dA_cum[p - 1]), stored, the second continues from it. Where no
-    cut falls, the snapshot store is predicated off."""
+    snap_slots. With cuts the chunks are updated in windows of BS tokens (BS divides BT: the same
+    arithmetic in smaller MMAs), so that a cut at a window's end (the prefix cache's fixed cuts are
+    multiples of 64) stores the updated state; a cut strictly inside a window splits the window's
+    update in two MMAs: the first is the update as if the sequence ended at p (tokens >= p masked,
+    decay from dA_cum[p - 1]), stored, the second continues from it. Where no cut falls, the
+    snapshot store is predicated off."""
     i_p, i_h, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     length = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
@@ -161,29 +164,32 @@ def _ssd_chunk_state_kernel(
     h += ((bos // BT + i_n) * H + i_h) * P * N  # the state entering the sequence's first chunk
     DT = h.dtype.element_ty
     if HAS_SNAP:
-        # one flat loop over segments [lo, hi): the chunks, split where a cut falls inside one (a loop
+        # one flat loop over segments [lo, hi): the windows, split where a cut falls inside one (a loop
         # nested in the chunk loop makes the compiler spill the state at P block 64, N 128). The cuts
         # stay in registers: a load in the loop would put its latency on every step's path.
         o_c = tl.arange(0, BC)
         m_c = o_c < num_cuts
+        o_w = tl.arange(0, BS)
         b_pos = tl.load(snap_pos + i_n * num_cuts + o_c, mask=m_c, other=-1)
         b_slot = tl.load(snap_slots + i_n * num_cuts + o_c, mask=m_c, other=0).to(tl.int64)
-        num_inside = tl.sum(((b_pos > 0) & (b_pos < length) & (b_pos % BT != 0)).to(tl.int32), 0)
+        num_inside = tl.sum(((b_pos > 0) & (b_pos < length) & (b_pos % BS != 0)).to(tl.int32), 0)
         lo = bos * 0  # int64
         b_lo = 0.0  # dA_cum at token lo - 1, 0 at a chunk's start (the cumsum restarts per chunk)
-        for _ in range(tl.cdiv(length, BT) + num_inside):
+        for _ in range(tl.cdiv(length, BS) + num_inside):
             t0 = lo // BT * BT
             t1 = tl.minimum(t0 + BT, length)
-            hi = tl.min(tl.where((b_pos > lo) & (b_pos < t1), b_pos, t1), 0)  # the first cut after lo, or t1
+            s0 = lo // BS * BS  # the window holding lo
+            s1 = tl.minimum(s0 + BS, length)
+            hi = tl.min(tl.where((b_pos > lo) & (b_pos < s1), b_pos, s1), 0)  # the first cut after lo, or s1
             # stores predicated by a bound rather than branched on: a branch also makes it spill
             p_h = P * (lo == t0).to(tl.int32)
             tl.store(h + lo // BT * H * P * N + o_s, b_s.to(DT), mask=(o_p < p_h)[:, None] & m_n[None, :])
-            m_t = o_t < length - t0
-            b_cum = tl.load(dA_cum + t0 + o_t, mask=m_t, other=0.0)
+            m_w = o_w < length - s0
+            b_cum = tl.load(dA_cum + s0 + o_w, mask=m_w, other=0.0)
             b_hi = tl.load(dA_cum + hi - 1)
-            b_s = _segment_update(b_s, x + t0 * stride_x_t, B + t0 * stride_B_t, stride_x_t, stride_B_t, o_t, m_t,
-                                  (o_t >= lo - t0) & (o_t < hi - t0), o_p, m_p, o_n, m_n,
-                                  tl.exp(b_hi - b_cum) * tl.load(dt + t0 + o_t, mask=m_t, other=0.0), b_hi - b_lo,
+            b_s = _segment_update(b_s, x + s0 * stride_x_t, B + s0 * stride_B_t, stride_x_t, stride_B_t, o_w, m_w,
+                                  (o_w >= lo - s0) & (o_w < hi - s0), o_p, m_p, o_n, m_n,
+                                  tl.exp(b_hi - b_cum) * tl.load(dt + s0 + o_w, mask=m_w, other=0.0), b_hi - b_lo,
                                   DT, PREC)
             at_cut = b_pos == hi  # [BC], at most one set
             p_c = ssm_states + tl.sum(tl.where(at_cut, b_slot, 0), 0) * stride_s + i_h * P * N

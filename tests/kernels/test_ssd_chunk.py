@@ -245,6 +245,9 @@ SNAP_CASES = [  # (lens, cuts per sequence, has_init, heads, groups, head_dim, c
      [True, False, True, False, True], 2, 1, 16, 16, True),
     # 32-token chunks, two P blocks of the state kernel, no gate
     ([70, 33, 5], [[31, 32, 33, 69], [1], []], [False, True, True], 2, 2, 32, 32, False),
+    # 128-token chunks updated in 64-token windows: cuts at window ends inside a chunk, at chunk ends,
+    # inside windows of either half, one token before the end and at it
+    ([300, 130], [[64, 96, 128, 192, 256, 299], [1, 64, 127, 130]], [True, False], 2, 1, 16, 128, True),
 ]
 
 
@@ -335,8 +338,8 @@ def build(tag, dtype, H, G, P, N, chunk_size, num_tokens, num_seqs, prec):
     for has_snap in (False, True):
         out[f"{tag} state snap={has_snap} {launch}"] = compile_sm90(
             parts._ssd_chunk_state_kernel, kernel_types,
-            dict(**dims, BP=min(launch.state_block_p, BP), BN=BN, BC=4 if has_snap else 1, HAS_SNAP=has_snap,
-                 PREC=prec),
+            dict(**dims, BP=min(launch.state_block_p, BP), BN=BN, BC=4 if has_snap else 1,
+                 BS=min(tile, ssd_chunk.SNAPSHOT_WINDOW), HAS_SNAP=has_snap, PREC=prec),
             *ssd_chunk.state_warps_stages(launch, torch_dtype, has_snap))
     for has_z in (False, True):
         out[f"{tag} output z={has_z} {launch}"] = compile_sm90(
