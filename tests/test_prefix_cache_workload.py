@@ -216,3 +216,25 @@ def test_preempted_request_recomputes_from_the_cache():
     assert runner.computed < total + sum(len(r.prompt_ids) + len(r.output_ids) for r in reqs if r.num_preemptions)
     assert s.flush_cache()
     check(s)
+
+
+def test_an_extend_step_caches_its_chunks_while_the_device_computes_it():
+    """The snapshots inside an extend step's chunks and the chunk ends reach the cache between the step's
+    launch and the reading of its results (ModelRunner.run's while_running), not after."""
+    runner, s = make(num_slots=2, num_pages=32, page_size=4, context_length=64, num_snapshots=8, seed=1)
+    cache = s.sharing.cache
+    seen = []
+    step = runner.run
+
+    def run(mode, items, while_running=None):
+        def inside():
+            before = cache.snapshots_taken
+            while_running()
+            seen.append((mode, cache.snapshots_taken - before, [it.req.num_computed == it.start for it in items]))
+        return step(mode, items, inside if while_running is not None else None)
+
+    runner.run = run
+    _serve(s, [_req("a", list(range(1, 31)))])  # 30 tokens in chunks of 16: cuts at 12 and 24, chunk end 16
+    extend = [(taken, unapplied) for mode, taken, unapplied in seen if mode.name == "EXTEND"]
+    assert extend and sum(taken for taken, _ in extend) >= 3  # 12, 16 (the chunk's end), 24, 29 (last but one)
+    assert all(all(unapplied) for _, unapplied in extend)  # results not applied yet when the cache took them
