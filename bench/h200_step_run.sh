@@ -21,7 +21,7 @@
 # `suite`: the CUDA suite (SUITE_ARGS: other pytest arguments, e.g. @FILE of test ids).
 # `launch`: bench/launch_overhead.py and the cached-launch CUDA test.
 # `cuts`: the 8 x 1k prefill step with and without the default snapshot cuts, with this tree's kernels and older ones
-#   carried in .before/triton_kernels.
+#   carried in .before/triton_kernels (CUTS_WINDOWS="128 64": also with the SSD kernel's 64-token update windows).
 # `moe_prefill`: the step profile of Qwen3.5-35B-A3B's first 20 layers (MOE_CASES, default: prefill 8k and 2k, decode b32).
 # `prefix_cache_only`: the shared-prefix workload (SHARED_REQUESTS, default 2000) with the cache on, per config in
 #   PREFIX_CONFIGS (default: the 9B and Nemotron-H-8B shapes): hit rate, tok/s, mean TTFT.
@@ -106,9 +106,12 @@ for part in ${*:-tests profile}; do
         for tree in . .before; do
           [ -d "$tree/triton_kernels" ] || continue
           [ "$tree" = . ] || { mkdir -p "$tree/bench"; cp bench/step_profile.py "$tree/bench/"; }
-          timeout 150 python3 "$tree/bench/step_profile.py" --config configs/$c --steps 10 --top-kernels 8 \
-            --cases "prefill 8x1k,prefill 8x1k default cuts" --out "$OUT/cuts_${c}_${tree#.}.json" 2>&1 | quiet \
-            | tee "$OUT/cuts_${c}_${tree#.}.log" | grep -E "^\| prefill|rror" | head -8
+          for w in ${CUTS_WINDOWS:-128}; do  # the SSD state kernel's update windows with cuts (64: HYBRID_SGL_SSD_SNAPSHOT_WINDOW)
+            HYBRID_SGL_SSD_SNAPSHOT_WINDOW=$w timeout 150 python3 "$tree/bench/step_profile.py" --config configs/$c \
+              --steps 10 --top-kernels 8 --cases "prefill 8x1k,prefill 8x1k default cuts" \
+              --out "$OUT/cuts_${c}_${tree#.}w$w.json" 2>&1 | quiet | tee "$OUT/cuts_${c}_${tree#.}w$w.log" \
+              | grep -E "^\| prefill|rror" | head -8
+          done
         done
       done ;;
     launch)  # cached Triton launches: host us a launch both ways, the CUDA test against Triton's own launches

@@ -18,6 +18,7 @@ chunk ending at p. Kernels and scratch: ssd_chunk_parts.py.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 import torch.nn.functional as F
@@ -26,11 +27,12 @@ from triton_kernels.host_math import cdiv, next_power_of_2
 from triton_kernels.ssd_chunk_parts import _ssd_chunk_output_kernel, _ssd_chunk_state_kernel, _ssd_dt_kernel
 from triton_kernels.varlen import num_virtual_chunks, snapshot_cuts
 
-# With snapshot cuts the state kernel updates a chunk in windows of this many tokens, so that a cut at a multiple of
-# it costs a store (the prefix cache's fixed cuts are multiples of 64 from 128 on): at 128-token tiles a cut inside a
-# chunk took a second 128-token MMA (Nemotron-H-8B's 8 x 1k prefill: the state kernel 9.3 -> 16.6 ms with the default
-# cuts, H100).
-SNAPSHOT_WINDOW = 64
+# With snapshot cuts the state kernel updates a chunk in windows of at most this many tokens, so that a cut at a
+# multiple of the window costs a store: at 128-token tiles a cut inside a chunk takes a second 128-token MMA
+# (Nemotron-H-8B's 8 x 1k prefill: the state kernel 9.2 -> 16.6 ms with the prefix cache's default cuts, one H100),
+# while its fixed cuts from 128 on are multiples of 64. 64-token windows (HYBRID_SGL_SSD_SNAPSHOT_WINDOW=64) are
+# checked on the CPU only (interpreter parity, the sm_90a build): off by default until they are timed on a GPU.
+SNAPSHOT_WINDOW = int(os.environ.get("HYBRID_SGL_SSD_SNAPSHOT_WINDOW", "128"))
 
 
 def tile_tokens(chunk_size: int, N: int) -> int:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.kernels.sm90 import compile_sm90_in_subprocess
+from triton_kernels import ssd_chunk
 from triton_kernels.ssd_chunk import SSDLaunch, _mamba2_prefill_fwd, mamba2_prefill, mamba2_prefill_ref
 from triton_kernels.ssm_step import mamba2_decode_ref
 
@@ -251,12 +252,16 @@ SNAP_CASES = [  # (lens, cuts per sequence, has_init, heads, groups, head_dim, c
 ]
 
 
+@pytest.mark.parametrize("window", [128, 64])  # the state kernel's update windows with cuts (SNAPSHOT_WINDOW)
 @pytest.mark.parametrize("lens,cuts,has_init,heads,groups,head_dim,chunk_size,gated", SNAP_CASES)
-def test_prefill_snapshots(lens, cuts, has_init, heads, groups, head_dim, chunk_size, gated):
+def test_prefill_snapshots(lens, cuts, has_init, heads, groups, head_dim, chunk_size, gated, window, monkeypatch):
     """Snapshots of the state after p tokens, written by the kernel into their slots: (a) kernel ==
     reference on the whole pool, outputs and final states as without cuts; (b) the reference's
     snapshot == the reference's final state over the first p tokens alone; (c) the kernel
     continuing from a snapshot over the remaining tokens == the uncut run (outputs, final state)."""
+    if window < 128 and chunk_size <= window:
+        pytest.skip("windows as large as the chunks: the same kernel as the default window's case")
+    monkeypatch.setattr(ssd_chunk, "SNAPSHOT_WINDOW", window)
     x = ssd_inputs(sum(lens), heads, groups, head_dim, 16, gated=gated, seed=21)
     slots = [3, 0, 5, 1, 4][: len(lens)]
     snap, flat = snapshot_args(cuts, first_slot=6)
@@ -335,11 +340,11 @@ def build(tag, dtype, H, G, P, N, chunk_size, num_tokens, num_seqs, prec):
     BP, BN = max(16, triton.next_power_of_2(P)), max(16, triton.next_power_of_2(N))
     output_bp = min(BP, 64 if N <= 128 else 32)  # as the launcher picks it
     out[f"{tag} dt"] = compile_sm90(parts._ssd_dt_kernel, dt_types, dict(H=H, BT=tile, BH=16, BLOCK_N=64), 4, 1)
-    for has_snap in (False, True):
-        out[f"{tag} state snap={has_snap} {launch}"] = compile_sm90(
+    for has_snap, window in [(False, tile), (True, tile)] + ([(True, 64)] if tile > 64 else []):
+        out[f"{tag} state snap={has_snap} window={window} {launch}"] = compile_sm90(
             parts._ssd_chunk_state_kernel, kernel_types,
             dict(**dims, BP=min(launch.state_block_p, BP), BN=BN, BC=4 if has_snap else 1,
-                 BS=min(tile, ssd_chunk.SNAPSHOT_WINDOW), HAS_SNAP=has_snap, PREC=prec),
+                 BS=window, HAS_SNAP=has_snap, PREC=prec),
             *ssd_chunk.state_warps_stages(launch, torch_dtype, has_snap))
     for has_z in (False, True):
         out[f"{tag} output z={has_z} {launch}"] = compile_sm90(
@@ -366,4 +371,4 @@ def test_kernels_compile_for_hopper_without_spills():
     results = compile_sm90_in_subprocess(SSD_SM90)
     spilling = {name: r for name, r in results.items() if r[1] > 0}
     assert not spilling, f"(registers, spilled bytes) of configs that spill: {spilling}"
-    assert len(results) == 30 and all(regs <= 255 for regs, _ in results.values())
+    assert len(results) == 35 and all(regs <= 255 for regs, _ in results.values())
