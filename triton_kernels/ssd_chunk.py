@@ -33,6 +33,8 @@ from triton_kernels.varlen import num_virtual_chunks, snapshot_cuts
 # while its fixed cuts from 128 on are multiples of 64. 64-token windows (HYBRID_SGL_SSD_SNAPSHOT_WINDOW=64) are
 # checked on the CPU only (interpreter parity, the sm_90a build): off by default until they are timed on a GPU.
 SNAPSHOT_WINDOW = int(os.environ.get("HYBRID_SGL_SSD_SNAPSHOT_WINDOW", "128"))
+if SNAPSHOT_WINDOW < 16 or SNAPSHOT_WINDOW & (SNAPSHOT_WINDOW - 1):
+    raise ValueError(f"HYBRID_SGL_SSD_SNAPSHOT_WINDOW={SNAPSHOT_WINDOW}: a power of two from 16 on")
 
 
 def tile_tokens(chunk_size: int, N: int) -> int:
