@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hybrid_sgl.batch import ForwardMode
 from hybrid_sgl.memory.allocator import Allocator
 from hybrid_sgl.memory.kv_pool import KVPool
 from hybrid_sgl.memory.prefix_cache import PrefixCache
@@ -235,6 +236,6 @@ def test_an_extend_step_caches_its_chunks_while_the_device_computes_it():
 
     runner.run = run
     _serve(s, [_req("a", list(range(1, 31)))])  # 30 tokens in chunks of 16: cuts at 12 and 24, chunk end 16
-    extend = [(taken, unapplied) for mode, taken, unapplied in seen if mode.name == "EXTEND"]
+    extend = [(taken, unapplied) for mode, taken, unapplied in seen if mode is ForwardMode.EXTEND]
     assert extend and sum(taken for taken, _ in extend) >= 3  # 12, 16 (the chunk's end), 24, 29 (last but one)
     assert all(all(unapplied) for _, unapplied in extend)  # results not applied yet when the cache took them
