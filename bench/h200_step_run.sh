@@ -22,7 +22,8 @@
 # `launch`: bench/launch_overhead.py and the cached-launch CUDA test.
 # `cuts`: the 8 x 1k prefill step with and without the default snapshot cuts, with this tree's kernels and older ones
 #   carried in .before/triton_kernels (CUTS_WINDOWS="128 64": also with the SSD kernel's 64-token update windows).
-# `few_rows`: decode b1 / b32 steps with the few-rows GEMM as served and with HYBRID_SGL_FEW_ROWS_GEMM=0 (every linear on cuBLAS).
+# `few_rows`: decode b1 / b32 steps as served (eager steps' linears on cuBLAS) and with HYBRID_SGL_FEW_ROWS_GEMM=2 (the few-rows
+#   GEMM in eager steps too, as before).
 # `moe_prefill`: the step profile of Qwen3.5-35B-A3B's first 20 layers (MOE_CASES, default: prefill 8k and 2k, decode b32).
 # `prefix_cache_only`: the shared-prefix workload (SHARED_REQUESTS, default 2000) with the cache on, per config in
 #   PREFIX_CONFIGS (default: the 9B and Nemotron-H-8B shapes): hit rate, tok/s, mean TTFT.
@@ -115,9 +116,9 @@ for part in ${*:-tests profile}; do
           done
         done
       done ;;
-    few_rows)  # decode steps with the few-rows GEMM allowed (as served) and with every linear on cuBLAS, graphed and eager
+    few_rows)  # decode steps as served and with the few-rows GEMM in eager steps too (HYBRID_SGL_FEW_ROWS_GEMM=2)
       for c in ${FEW_ROWS_CONFIGS:-falcon_h1-7b qwen3_5-9b-text}; do
-        for f in 1 0; do
+        for f in 1 2; do
           HYBRID_SGL_FEW_ROWS_GEMM=$f timeout 200 python3 bench/step_profile.py --config configs/$c --steps 10 \
             --cases "decode b1,decode b32" --out "$OUT/few_rows${f}_$c.json" 2>&1 | quiet \
             | tee "$OUT/few_rows${f}_$c.log" | grep -E "^\| decode|rror" | head -8

@@ -46,6 +46,7 @@ from hybrid_sgl.runner.tp_step import step_message
 from hybrid_sgl.runner.warm_up import CompileWatch, warm_up_eager_steps, warm_up_sampler
 from hybrid_sgl.scheduler.request import Req
 from hybrid_sgl.server_args import ServerArgs
+from triton_kernels.dense_linear import eager_step
 
 logger = logging.getLogger(__name__)
 
@@ -412,7 +413,8 @@ class ModelRunner:
                 hidden = graphs.run(plan, shape)
                 break
         else:
-            hidden = self.model(self.eager_batch(plan, prev_ids))
+            with eager_step():  # host-bound at decode sizes: linears on cuBLAS (triton_kernels/dense_linear.py)
+                hidden = self.model(self.eager_batch(plan, prev_ids))
         if self.speculative is not None:
             self.last_hidden = hidden
         if rows is None:

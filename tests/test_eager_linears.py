@@ -1,0 +1,45 @@
+"""Eager steps run their 16-bit linears on cuBLAS (triton_kernels/dense_linear.py): at decode sizes such a
+step waits on its host, where a few-rows GEMM launch costs more than `F.linear`. Steps replayed from CUDA
+graphs (captured outside `eager_step`) keep the timed choice. On the CPU every step is eager: the test
+records, at each dense linear of a served request, whether the few-rows kernel was allowed."""
+
+import pytest
+
+import hybrid_sgl.layers.backends as backends
+import triton_kernels.dense_linear as dl
+from tests.test_hf_parity import full_request, make_scheduler, prompt_of
+
+
+def test_the_few_rows_kernel_is_allowed_outside_eager_steps_only(monkeypatch):
+    monkeypatch.setattr(dl, "FEW_ROWS", "1")
+    assert dl._few_rows_allowed()
+    with dl.eager_step():
+        assert not dl._few_rows_allowed()
+        with dl.eager_step():
+            assert not dl._few_rows_allowed()
+        assert not dl._few_rows_allowed()  # the inner one restored the outer's state
+    assert dl._few_rows_allowed()
+    monkeypatch.setattr(dl, "FEW_ROWS", "2")
+    with dl.eager_step():
+        assert dl._few_rows_allowed()
+    monkeypatch.setattr(dl, "FEW_ROWS", "0")
+    assert not dl._few_rows_allowed()
+
+
+@pytest.mark.parametrize("setting,allowed", [("1", False), ("2", True)])
+def test_a_served_requests_eager_steps_run_linears_on_cublas(tiny_checkpoint, monkeypatch, setting, allowed):
+    monkeypatch.setattr(backends, "_dense_of", lambda backend, device: backends.dense_ops(
+        "triton" if backend != "torch" else "torch"))  # the dense ops CUDA serves (dense_linear among them)
+    monkeypatch.setattr(dl, "FEW_ROWS", setting)
+    seen = []
+    allowed_now = dl._few_rows_allowed
+    monkeypatch.setattr(dl, "_few_rows_allowed", lambda: seen.append(allowed_now()) or False)
+    s = make_scheduler(tiny_checkpoint("qwen3_5"), chunked_prefill_size=32, attention_backend="triton",
+                       linear_attn_backend="triton", disable_overlap_schedule=True)
+    assert s.runner._backends.dense.name == "triton"
+    req = full_request("a", prompt_of(6, 1, s.vocab_size), s.vocab_size, max_new=3)
+    s.add(req)
+    while not req.finished:
+        s.step()
+    assert len(req.output_ids) == 3
+    assert seen and set(seen) == {allowed}, seen
