@@ -135,8 +135,8 @@ def run_case(a: argparse.Namespace) -> dict:
     """One (batch, spec on / off) case in this process."""
     from hybrid_sgl import Engine
     from hybrid_sgl.config import ModelConfig
-    from hybrid_sgl.runner.model_runner import ItemResult
     from hybrid_sgl.runner.speculative import SpecDecoder
+    from hybrid_sgl.runner.step_results import ItemResult
 
     batch, mode = a.run.split(":", 1)
     mode, _, rollback = mode.partition("@")

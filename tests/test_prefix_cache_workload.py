@@ -16,7 +16,8 @@ from hybrid_sgl.memory.allocator import Allocator
 from hybrid_sgl.memory.kv_pool import KVPool
 from hybrid_sgl.memory.prefix_cache import PrefixCache
 from hybrid_sgl.memory.state_pool import StatePool
-from hybrid_sgl.runner.model_runner import ItemResult, ModelRunner
+from hybrid_sgl.runner.model_runner import ModelRunner
+from hybrid_sgl.runner.step_results import ItemResult
 from hybrid_sgl.sampling_params import SamplingParams
 from hybrid_sgl.scheduler.prefix_sharing import PrefixSharing
 from hybrid_sgl.scheduler.request import Req, ReqStatus

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from hybrid_sgl.batch import ForwardMode
 from hybrid_sgl.memory.allocator import Allocator
-from hybrid_sgl.runner.model_runner import ItemResult, ModelRunner
+from hybrid_sgl.runner.model_runner import ModelRunner
+from hybrid_sgl.runner.step_results import ItemResult
 from hybrid_sgl.sampling_params import SamplingParams
 from hybrid_sgl.scheduler.request import Req, ReqStatus
 from hybrid_sgl.scheduler.scheduler import AdmissionError, Scheduler

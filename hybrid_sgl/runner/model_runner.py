@@ -39,9 +39,10 @@ from hybrid_sgl.models.base import Backends
 from hybrid_sgl.models.loader import build_model
 from hybrid_sgl.runner.cuda_graph import StepGraphs, decode_sizes, extend_shapes, short_row_shapes
 from hybrid_sgl.runner.draft_vocab import DraftVocab, load_token_map
-from hybrid_sgl.runner.sampler import Sampler, ids_logprobs, logprobs_of
+from hybrid_sgl.runner.sampler import Sampler
 from hybrid_sgl.runner.speculative import SpecDecoder
 from hybrid_sgl.runner.step_inputs import StepInputs
+from hybrid_sgl.runner.step_results import ItemResult, input_logprobs_into, logit_rows, sampled_into
 from hybrid_sgl.runner.tp_step import step_message
 from hybrid_sgl.runner.warm_up import CompileWatch, warm_up_eager_steps, warm_up_sampler
 from hybrid_sgl.scheduler.request import Req
@@ -62,18 +63,6 @@ class BatchItem:
     end: int  # one past the last
     sample: bool  # sample the next token from the last row
     snapshots: list[tuple[int, int]] = field(default_factory=list)  # (position in (start, end), snapshot index)
-
-
-@dataclass
-class ItemResult:
-    next_token: int | None = None
-    token_logprob: float | None = None
-    top_logprobs: list = field(default_factory=list)
-    # prompt positions whose logprob was computed this step: (position, logprob, top pairs)
-    input_logprobs: list[tuple[int, float, list]] = field(default_factory=list)
-    # token_ids_logprob: (logprob, id) of each chosen id, at the sampled position and at those prompt positions
-    token_ids_logprobs: list[tuple[float, int]] | None = None
-    input_token_ids_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
 
 
 @dataclass
@@ -373,7 +362,7 @@ class ModelRunner:
     def run(self, mode: ForwardMode, items: list[BatchItem], while_running=None) -> list[ItemResult]:
         """Run a step and read its results. while_running(): host work that needs the step launched but
         not its results, called while the device computes it (before sampling waits for it)."""
-        rows, sample_rows, lp_rows = self._logit_rows(items)
+        rows, sample_rows, lp_rows = logit_rows(items)
         results = [ItemResult() for _ in items]
         snapshots = [it.snapshots for it in items]
         plan = StepPlan(mode=mode, tokens=[it.req.token_slice(it.start, it.end) for it in items],
@@ -387,7 +376,7 @@ class ModelRunner:
         if sample_rows:
             self._sample(logits, items, results, sample_rows)
         if lp_rows:
-            self._input_logprobs(logits, items, results, lp_rows)
+            input_logprobs_into(results, logits, items, lp_rows)
         return results
 
     def forward_step(self, plan: StepPlan, *, prev_ids: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -432,55 +421,11 @@ class ModelRunner:
                                                             plan.num_tokens, plan.num_rows)
         return inputs.eager_batch(plan, prev_ids=prev_ids)
 
-    def _logit_rows(self, items: list[BatchItem]):
-        """Rows of the packed batch that need logits. sample_rows: (item, logits row);
-        lp_rows: (item, logits row, prompt position p whose logits score token p + 1)."""
-        rows, sample_rows, lp_rows, offset = [], [], [], 0
-        for i, it in enumerate(items):
-            req = it.req
-            if req.wants_input_logprobs():
-                lo = req.input_logprob_pos - 1
-                for p in range(max(it.start, lo), min(it.end, len(req.prompt_ids) - 1)):
-                    lp_rows.append((i, len(rows), p))
-                    rows.append(offset + p - it.start)
-            if it.sample:
-                last = offset + it.end - it.start - 1
-                if rows and rows[-1] == last:
-                    sample_rows.append((i, len(rows) - 1))
-                else:
-                    sample_rows.append((i, len(rows)))
-                    rows.append(last)
-            offset += it.end - it.start
-        return rows, sample_rows, lp_rows
-
     def _sample(self, logits, items, results, sample_rows) -> None:
+        """Sample the rows (item, logits row) into their items' results, with the logprobs asked for."""
         idx = torch.tensor([r for _, r in sample_rows], device=self.device)
         reqs = [items[i].req for i, _ in sample_rows]
         chosen = logits[idx]
         mask = self._grammar_mask(reqs, chosen.shape[-1])
         next_ids = self.sampler(chosen, reqs, self.config.eos_token_ids, mask)
-        want = [r.return_logprob for r in reqs]
-        top_k = max([r.top_logprobs_num for r in reqs if r.return_logprob], default=0)
-        lps, tops = logprobs_of(chosen, next_ids, top_k, mask) if any(want) else (None, None)
-        for j, ((i, _), token) in enumerate(zip(sample_rows, next_ids.tolist())):
-            results[i].next_token = token
-            if want[j]:
-                results[i].token_logprob = lps[j]
-                results[i].top_logprobs = tops[j][: reqs[j].top_logprobs_num]
-        if any(r.return_logprob and r.token_ids_logprob for r in reqs):
-            chosen_lps = ids_logprobs(chosen, [r.token_ids_logprob if r.return_logprob else None for r in reqs], mask)
-            for j, (i, _) in enumerate(sample_rows):
-                if want[j] and reqs[j].token_ids_logprob:
-                    results[i].token_ids_logprobs = chosen_lps[j]
-
-    def _input_logprobs(self, logits, items, results, lp_rows) -> None:
-        idx = torch.tensor([r for _, r, _ in lp_rows], device=self.device)
-        targets = torch.tensor([items[i].req.prompt_ids[p + 1] for i, _, p in lp_rows], device=self.device)
-        top_k = max(items[i].req.top_logprobs_num for i, _, _ in lp_rows)
-        lps, tops = logprobs_of(logits[idx], targets, top_k)
-        for (i, _, p), lp, top in zip(lp_rows, lps, tops):
-            results[i].input_logprobs.append((p + 1, lp, top[: items[i].req.top_logprobs_num]))
-        ids = [items[i].req.token_ids_logprob for i, _, _ in lp_rows]
-        if any(ids):
-            for (i, _, _), chosen_lps in zip(lp_rows, ids_logprobs(logits[idx], ids)):
-                results[i].input_token_ids_logprobs.append(chosen_lps)
+        sampled_into(results, chosen, next_ids, reqs, sample_rows, mask)

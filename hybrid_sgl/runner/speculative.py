@@ -50,11 +50,12 @@ from hybrid_sgl.batch import ForwardMode, StepPlan, device_index
 from hybrid_sgl.layers.gdn import GatedDeltaNet
 from hybrid_sgl.runner.cuda_graph import StepGraphs
 from hybrid_sgl.runner.spec_chain import SpecChain
+from hybrid_sgl.runner.step_results import ItemResult
 from hybrid_sgl.runner.verify_scoring import accepted_tokens, add_logprobs, fit_grammars, scored_logits
 from triton_kernels.dense_linear import eager_step
 
 if TYPE_CHECKING:
-    from hybrid_sgl.runner.model_runner import BatchItem, ItemResult, ModelRunner
+    from hybrid_sgl.runner.model_runner import BatchItem, ModelRunner
     from hybrid_sgl.scheduler.request import Req
 
 
@@ -166,7 +167,6 @@ class SpecDecoder:
         logprobs when the request asks); a row without drafts: its one token, sampled as usual.
         A constrained request's drafts are first cut (in `drafts`, in place) before the first one its grammar
         rejects or that would end it, and each verify position is scored under the grammar's mask there."""
-        from hybrid_sgl.runner.model_runner import ItemResult
 
         r = self.runner
         masks = fit_grammars(items, drafts, r.config.vocab_size)

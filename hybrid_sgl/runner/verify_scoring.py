@@ -24,7 +24,8 @@ from hybrid_sgl.runner.sampler import adjust_logits, apply_token_bitmask, filter
 from hybrid_sgl.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from hybrid_sgl.runner.model_runner import BatchItem, ItemResult
+    from hybrid_sgl.runner.model_runner import BatchItem
+    from hybrid_sgl.runner.step_results import ItemResult
     from hybrid_sgl.scheduler.request import Req
 
 

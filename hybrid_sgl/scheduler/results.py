@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from hybrid_sgl.constrained.stop_regex import find_stop_regex
-from hybrid_sgl.runner.model_runner import BatchItem, ItemResult
+from hybrid_sgl.runner.model_runner import BatchItem
+from hybrid_sgl.runner.step_results import ItemResult
 from hybrid_sgl.scheduler.request import Req
 
 

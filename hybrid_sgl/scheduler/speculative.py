@@ -28,9 +28,10 @@ iterations takes its drafts back to the host for its next verify step.
 from __future__ import annotations
 
 from hybrid_sgl.batch import ForwardMode
-from hybrid_sgl.runner.model_runner import BatchItem, ItemResult, ModelRunner
+from hybrid_sgl.runner.model_runner import BatchItem, ModelRunner
 from hybrid_sgl.runner.spec_chain import PendingChain, SpecChain
 from hybrid_sgl.runner.speculative import DraftEntries, SpecDecoder
+from hybrid_sgl.runner.step_results import ItemResult
 from hybrid_sgl.scheduler.overlap import OverlapPipeline
 from hybrid_sgl.scheduler.pipeline import StepHost
 from hybrid_sgl.scheduler.request import Req, ReqStatus
