@@ -7,6 +7,7 @@ import pytest
 
 import hybrid_sgl.layers.backends as backends
 import triton_kernels.dense_linear as dl
+from hybrid_sgl.runner.warm_up import warm_up_eager_steps
 from tests.test_hf_parity import full_request, make_scheduler, prompt_of
 
 
@@ -43,3 +44,15 @@ def test_a_served_requests_eager_steps_run_linears_on_cublas(tiny_checkpoint, mo
         s.step()
     assert len(req.output_ids) == 3
     assert seen and set(seen) == {allowed}, seen
+
+
+def test_the_eager_warm_up_runs_linears_as_eager_steps_do(tiny_checkpoint, monkeypatch):
+    # the dense ops CUDA serves under the torch mixers (the interpreter runs the dense kernels only: faster)
+    monkeypatch.setattr(backends, "_dense_of", lambda backend, device: backends.dense_ops("triton"))
+    s = make_scheduler(tiny_checkpoint("qwen3_5"), chunked_prefill_size=32, disable_overlap_schedule=True)
+    assert s.runner._backends.dense.name == "triton"
+    seen = []
+    allowed_now = dl._few_rows_allowed
+    monkeypatch.setattr(dl, "_few_rows_allowed", lambda: seen.append(allowed_now()) or False)
+    assert warm_up_eager_steps(s.runner) > 0
+    assert seen and set(seen) == {False}
