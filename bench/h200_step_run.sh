@@ -18,6 +18,7 @@
 # `prefix`: the shared-prefix (SHARED_REQUESTS, default 1000) and unrelated-prompts workloads, cache on / off.
 # `rollback`: bench/verify_rollback.py (the two GDN rollback designs); `unrelated`: the unrelated-prompts workload with the
 #   cache on, off, and on without the fixed snapshot cuts (UNRELATED_CONFIG: another shape; FIXED_CUTS_RUN=0: the first two only).
+# `multiturn`: 48 users x 6 turns over HTTP, cache on and off (MULTITURN_FLAGS: more launch_server flags for both servers).
 # `suite`: the CUDA suite (SUITE_ARGS: other pytest arguments, e.g. @FILE of test ids).
 # `launch`: bench/launch_overhead.py and the cached-launch CUDA test.
 # `cuts`: the 8 x 1k prefill step with and without the default snapshot cuts, with this tree's kernels and older ones
@@ -52,7 +53,7 @@ for part in ${*:-tests profile}; do
         --out "$OUT/prefix_ttft_9b.json" 2>&1 | quiet | tee "$OUT/prefix_ttft_9b.log" | tail -12 ;;
     multiturn)
       timeout 400 python3 bench/prefix_cache.py multiturn --config configs/qwen3_5-9b-text --users 48 --turns 6 \
-        --out "$OUT/multiturn_9b.json" 2>&1 | quiet | tee "$OUT/multiturn_9b.log" | tail -6 ;;
+        ${MULTITURN_FLAGS:+--server-args "$MULTITURN_FLAGS"} --out "$OUT/multiturn_9b.json" 2>&1 | quiet | tee "$OUT/multiturn_9b.log" | tail -6 ;;
     spec)
       timeout 150 python3 -m pytest -q -rf -p no:cacheprovider -n 3 tests/gpu/test_speculative_cuda.py tests/kernels/test_gdn_short_rows.py \
         tests/gpu/test_step_graphs_cuda.py::test_snapshot_cuts_inside_graphed_extend_steps tests/gpu/test_warm_up_cuda.py 2>&1 \
