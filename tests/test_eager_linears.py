@@ -3,6 +3,8 @@ step waits on its host, where a few-rows GEMM launch costs more than `F.linear`.
 graphs (captured outside `eager_step`) keep the timed choice. On the CPU every step is eager: the test
 records, at each dense linear of a served request, whether the few-rows kernel was allowed."""
 
+import threading
+
 import pytest
 
 import hybrid_sgl.layers.backends as backends
@@ -19,6 +21,11 @@ def test_the_few_rows_kernel_is_allowed_outside_eager_steps_only(monkeypatch):
         with dl.eager_step():
             assert not dl._few_rows_allowed()
         assert not dl._few_rows_allowed()  # the inner one restored the outer's state
+        other = []
+        thread = threading.Thread(target=lambda: other.append(dl._few_rows_allowed()))
+        thread.start()
+        thread.join()
+        assert other == [True]  # another thread's step is not this one's
     assert dl._few_rows_allowed()
     monkeypatch.setattr(dl, "FEW_ROWS", "2")
     with dl.eager_step():

@@ -13,6 +13,7 @@ HYBRID_SGL_FEW_ROWS_GEMM at start: 0 runs every linear on cuBLAS, 2 lets eager s
 kernel too (both to compare the ways' host and device time)."""
 
 import os
+import threading
 from contextlib import contextmanager
 
 import torch
@@ -25,18 +26,23 @@ from triton_kernels.host_math import next_power_of_2
 FEW_ROWS = os.environ.get("HYBRID_SGL_FEW_ROWS_GEMM", "1")
 if FEW_ROWS not in ("0", "1", "2"):
     raise ValueError(f"HYBRID_SGL_FEW_ROWS_GEMM={FEW_ROWS}: 0, 1 or 2")
-_in_eager_step = False
+
+
+class _Step(threading.local):
+    eager = False  # inside eager_step, in this thread
+
+
+_step = _Step()
 
 
 @contextmanager
 def eager_step():
     """Around an eager step's forward: its linears run cuBLAS (unless HYBRID_SGL_FEW_ROWS_GEMM=2)."""
-    global _in_eager_step
-    outer, _in_eager_step = _in_eager_step, True
+    outer, _step.eager = _step.eager, True
     try:
         yield
     finally:
-        _in_eager_step = outer
+        _step.eager = outer
 
 
 def dense_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -55,7 +61,7 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 
 def _few_rows_allowed() -> bool:
-    return FEW_ROWS == "2" or (FEW_ROWS == "1" and not _in_eager_step)
+    return FEW_ROWS == "2" or (FEW_ROWS == "1" and not _step.eager)
 
 
 def dense_linear_choice(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str | None:
