@@ -402,8 +402,7 @@ class ModelRunner:
                 hidden = graphs.run(plan, shape)
                 break
         else:
-            with eager_step():  # host-bound at decode sizes: linears on cuBLAS (triton_kernels/dense_linear.py)
-                hidden = self.model(self.eager_batch(plan, prev_ids))
+            hidden = self.eager_forward(plan, prev_ids)
         if self.speculative is not None:
             self.last_hidden = hidden
         if rows is None:
@@ -414,12 +413,15 @@ class ModelRunner:
             return self.model.compute_logits(hidden)
         return self.model.compute_logits(hidden[self.inputs.logit_rows(rows)])
 
-    def eager_batch(self, plan: StepPlan, prev_ids: torch.Tensor | None = None):
-        """The plan's ForwardBatch from the static step inputs (or one-off ones when it does not fit)."""
+    def eager_forward(self, plan: StepPlan, prev_ids: torch.Tensor | None = None, forward=None) -> torch.Tensor:
+        """The plan's step without a graph: forward(fb) (the model's forward by default; [T, H] hidden states),
+        fb the plan's ForwardBatch from the static step inputs (or one-off ones when it does not fit). Such a
+        step waits on its host at decode sizes, so its linears run cuBLAS (triton_kernels/dense_linear.py)."""
         fits = self.inputs.fits(plan.num_tokens, plan.num_rows)
         inputs = self.inputs if fits else self._step_inputs(self.allocator, self.kv_pool, self.state_pool,
                                                             plan.num_tokens, plan.num_rows)
-        return inputs.eager_batch(plan, prev_ids=prev_ids)
+        with eager_step():
+            return (forward or self.model)(inputs.eager_batch(plan, prev_ids=prev_ids))
 
     def _sample(self, logits, items, results, sample_rows) -> None:
         """Sample the rows (item, logits row) into their items' results, with the logprobs asked for."""

@@ -52,7 +52,6 @@ from hybrid_sgl.runner.cuda_graph import StepGraphs
 from hybrid_sgl.runner.spec_chain import SpecChain
 from hybrid_sgl.runner.step_results import ItemResult
 from hybrid_sgl.runner.verify_scoring import accepted_tokens, add_logprobs, fit_grammars, scored_logits
-from triton_kernels.dense_linear import eager_step
 
 if TYPE_CHECKING:
     from hybrid_sgl.runner.model_runner import BatchItem, ModelRunner
@@ -129,9 +128,7 @@ class SpecDecoder:
         r = self.runner
         shape = graphs.shape_for(plan) if graphs is not None else None
         if shape is None:
-            with eager_step():  # host-bound: linears on cuBLAS, as the runner's eager steps
-                fb = r.eager_batch(plan, prev_ids)
-                return r.model.draft_hidden(fb.input_ids, hidden, fb)
+            return r.eager_forward(plan, prev_ids, lambda fb: r.model.draft_hidden(fb.input_ids, hidden, fb))
         self.draft_in[: hidden.shape[0]].copy_(hidden)
         return graphs.run(plan, shape, prev_ids=prev_ids)
 

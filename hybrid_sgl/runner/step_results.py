@@ -73,13 +73,13 @@ def input_logprobs_into(results: list[ItemResult], logits: torch.Tensor, items: 
                         lp_rows: list[tuple[int, int, int]]) -> None:
     """The prompt logprobs of each lp row (item, logits row, position p: its logits score token p + 1) from
     logits [R, V] into results[item]."""
-    idx = torch.tensor([r for _, r, _ in lp_rows], device=logits.device)
+    rows = logits[torch.tensor([r for _, r, _ in lp_rows], device=logits.device)]
     targets = torch.tensor([items[i].req.prompt_ids[p + 1] for i, _, p in lp_rows], device=logits.device)
     top_k = max(items[i].req.top_logprobs_num for i, _, _ in lp_rows)
-    lps, tops = logprobs_of(logits[idx], targets, top_k)
+    lps, tops = logprobs_of(rows, targets, top_k)
     for (i, _, p), lp, top in zip(lp_rows, lps, tops):
         results[i].input_logprobs.append((p + 1, lp, top[: items[i].req.top_logprobs_num]))
     ids = [items[i].req.token_ids_logprob for i, _, _ in lp_rows]
     if any(ids):
-        for (i, _, _), chosen_lps in zip(lp_rows, ids_logprobs(logits[idx], ids)):
+        for (i, _, _), chosen_lps in zip(lp_rows, ids_logprobs(rows, ids)):
             results[i].input_token_ids_logprobs.append(chosen_lps)

@@ -21,7 +21,6 @@ from hybrid_sgl.batch import ForwardMode, StepPlan
 from hybrid_sgl.runner.sampler import Sampler
 from hybrid_sgl.sampling_params import SamplingParams
 from hybrid_sgl.scheduler.request import Req
-from triton_kernels.dense_linear import eager_step
 from triton_kernels.host_math import next_power_of_2
 
 logger = logging.getLogger(__name__)
@@ -146,8 +145,7 @@ def warm_up_eager_steps(runner) -> int:
             ends = [end - 1 for end in itertools.accumulate(lens)]
             plan = StepPlan(mode=mode, tokens=tokens, prefix_lens=prefix_lens, slots=slots,
                             snapshots=snapshots if any(snapshots) else None, logit_rows=ends)
-            with eager_step():  # as the runner's eager steps run (their linears on cuBLAS)
-                hidden = runner.model(runner.eager_batch(plan))
+            hidden = runner.eager_forward(plan)
             runner.model.compute_logits(hidden[runner.inputs.logit_rows(ends)])
             ran += 1
         finally:
